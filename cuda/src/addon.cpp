@@ -1,0 +1,345 @@
+// N-API binding of the codec core (node-addon-api). Codec work runs on libuv worker threads (AsyncWorker) and
+// fans out to its own threads per chunk, so the JavaScript event loop never waits on a codec call.
+// The JavaScript surface is documented in src/native.ts.
+#include <napi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "entropy.h"
+#include "errors.h"
+#include "frame.h"
+#include "gpu/probe.h"
+
+namespace {
+
+using tzip::Codec;
+using tzip::Dtype;
+using tzip::Error;
+using tzip::ErrorCode;
+
+uint32_t default_threads() {
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc ? hc : 1;
+}
+
+Napi::Error make_error(Napi::Env env, const Error& e) {
+  Napi::Error err = Napi::Error::New(env, e.what());
+  err.Set("code", Napi::String::New(env, tzip::error_code_name(e.code())));
+  if (e.need_bytes()) err.Set("needBytes", Napi::Number::New(env, double(e.need_bytes())));
+  return err;
+}
+
+[[noreturn]] void invalid(const std::string& what) { throw Error(ErrorCode::InvalidArgument, what); }
+
+/// A byte view of a Uint8Array/Buffer argument (any offset, any alignment).
+struct Bytes {
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+};
+
+Bytes bytes_of(const Napi::Value& v, const char* what) {
+  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    invalid(std::string(what) + " must be a Uint8Array or Buffer");
+  auto a = v.As<Napi::Uint8Array>();
+  return {a.Data(), a.ByteLength()};
+}
+
+uint64_t u64_of(const Napi::Value& v, const char* what) {
+  if (v.IsBigInt()) {
+    bool lossless = true;
+    uint64_t x = v.As<Napi::BigInt>().Uint64Value(&lossless);
+    if (!lossless) invalid(std::string(what) + " is out of range");
+    return x;
+  }
+  if (!v.IsNumber()) invalid(std::string(what) + " must be a non-negative integer");
+  const double d = v.As<Napi::Number>().DoubleValue();
+  if (!(d >= 0) || d != double(uint64_t(d)) || d > 9007199254740991.0)
+    invalid(std::string(what) + " must be a non-negative integer");
+  return uint64_t(d);
+}
+
+uint32_t threads_opt(const Napi::Object& o) {
+  if (!o.Has("threads") || o.Get("threads").IsUndefined()) return default_threads();
+  const uint64_t t = u64_of(o.Get("threads"), "threads");
+  if (t < 1 || t > 1024) invalid("threads must be between 1 and 1024");
+  return uint32_t(t);
+}
+
+Napi::Object options_of(const Napi::CallbackInfo& info, size_t i) {
+  if (info.Length() <= i || info[i].IsUndefined()) return Napi::Object::New(info.Env());
+  if (!info[i].IsObject()) invalid("options must be an object");
+  return info[i].As<Napi::Object>();
+}
+
+Napi::Value bigsafe(Napi::Env env, uint64_t v) { return Napi::Number::New(env, double(v)); }
+
+// ---------------------------------------------------------------- compress
+
+class CompressWorker : public Napi::AsyncWorker {
+ public:
+  CompressWorker(Napi::Env env, Napi::Value input, Bytes in, Dtype dtype, std::vector<uint64_t> shape, Codec codec,
+                 bool is_auto, uint32_t threads, uint32_t chunk)
+      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), in_(in), dtype_(dtype),
+        shape_(std::move(shape)), codec_(codec), auto_(is_auto), threads_(threads), chunk_(chunk) {
+    input_ref_ = Napi::Persistent(input.As<Napi::Object>());
+  }
+  Napi::Promise Promise() { return deferred_.Promise(); }
+
+  void Execute() override {
+    try {
+      const uint64_t cap = tzip::max_frame_bytes(in_.size, uint32_t(shape_.size()), chunk_);
+      out_ = static_cast<uint8_t*>(std::malloc(cap ? cap : 1));
+      if (!out_) throw Error(ErrorCode::InvalidArgument, "out of memory allocating " + std::to_string(cap) + " bytes");
+      tzip::EncodeOptions opt;
+      opt.codec = auto_ ? tzip::resolve_auto(in_.data, in_.size, dtype_, chunk_, threads_) : codec_;
+      opt.threads = threads_;
+      opt.chunk_bytes = chunk_;
+      len_ = tzip::encode_frame(in_.data, in_.size, dtype_, shape_, opt, out_);
+      if (uint8_t* shrunk = static_cast<uint8_t*>(std::realloc(out_, len_ ? len_ : 1))) out_ = shrunk;
+    } catch (const Error& e) {
+      error_ = std::make_unique<Error>(e);
+    } catch (const std::bad_alloc&) {
+      error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, "out of memory");
+    }
+  }
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (error_) {
+      std::free(out_);
+      deferred_.Reject(make_error(env, *error_).Value());
+      return;
+    }
+    uint8_t* data = out_;
+    out_ = nullptr;
+    deferred_.Resolve(Napi::Buffer<uint8_t>::New(env, data, len_, [](Napi::Env, uint8_t* p) { std::free(p); }));
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  Napi::ObjectReference input_ref_;
+  Bytes in_;
+  Dtype dtype_;
+  std::vector<uint64_t> shape_;
+  Codec codec_;
+  bool auto_;
+  uint32_t threads_, chunk_;
+  uint8_t* out_ = nullptr;
+  uint64_t len_ = 0;
+  std::unique_ptr<Error> error_;
+};
+
+Napi::Value Compress(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  try {
+    if (info.Length() < 1) invalid("compress(input, options) needs an input");
+    const Bytes in = bytes_of(info[0], "input");
+    const Napi::Object o = options_of(info, 1);
+    if (!o.Has("dtype") || !o.Get("dtype").IsString()) invalid("options.dtype must be a safetensors dtype name");
+    Dtype dtype;
+    const std::string dname = o.Get("dtype").As<Napi::String>().Utf8Value();
+    if (!tzip::parse_dtype_name(dname, &dtype)) invalid("unknown dtype '" + dname + "' (pass U8 for opaque bytes)");
+    std::vector<uint64_t> shape;
+    if (!o.Has("shape") || !o.Get("shape").IsArray()) invalid("options.shape must be an array of dimensions");
+    const Napi::Array sa = o.Get("shape").As<Napi::Array>();
+    if (sa.Length() > tzip::kMaxNdim) invalid("at most 32 dimensions are supported");
+    for (uint32_t i = 0; i < sa.Length(); ++i) shape.push_back(u64_of(sa.Get(i), "shape entries"));
+    Codec codec = Codec::MAX;
+    bool is_auto = true;
+    if (o.Has("codec") && !o.Get("codec").IsUndefined()) {
+      const std::string cname = o.Get("codec").ToString().Utf8Value();
+      if (!tzip::parse_codec_name(cname, &codec, &is_auto))
+        invalid("unknown codec '" + cname + "' (auto, fast, max, bytes, raw)");
+    }
+    uint32_t chunk = tzip::kDefaultChunkBytes;
+    if (o.Has("chunkSize") && !o.Get("chunkSize").IsUndefined()) {
+      const uint64_t c = u64_of(o.Get("chunkSize"), "chunkSize");
+      if (c > tzip::kMaxChunkBytes) invalid("chunkSize must be at most 65536 bytes");
+      chunk = uint32_t(c);
+    }
+    auto* w = new CompressWorker(env, info[0], in, dtype, std::move(shape), codec, is_auto, threads_opt(o), chunk);
+    Napi::Promise p = w->Promise();
+    w->Queue();
+    return p;
+  } catch (const Error& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(make_error(env, e).Value());
+    return d.Promise();
+  }
+}
+
+// ---------------------------------------------------------------- decompress
+
+class DecompressWorker : public Napi::AsyncWorker {
+ public:
+  DecompressWorker(Napi::Env env, Napi::Value frame, Bytes f, Napi::Uint8Array out, bool verify, uint32_t threads)
+      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), f_(f), verify_(verify),
+        threads_(threads) {
+    frame_ref_ = Napi::Persistent(frame.As<Napi::Object>());
+    out_ref_ = Napi::Persistent(out.As<Napi::Object>());
+    out_ = out.Data();
+    out_len_ = out.ByteLength();
+  }
+  Napi::Promise Promise() { return deferred_.Promise(); }
+  void Execute() override {
+    try {
+      tzip::decode_frame(f_.data, f_.size, out_, out_len_, verify_, threads_);
+    } catch (const Error& e) {
+      error_ = std::make_unique<Error>(e);
+    } catch (const std::bad_alloc&) {
+      error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, "out of memory");
+    }
+  }
+  void OnOK() override {
+    if (error_) deferred_.Reject(make_error(Env(), *error_).Value());
+    else deferred_.Resolve(out_ref_.Value());
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  Napi::ObjectReference frame_ref_, out_ref_;
+  Bytes f_;
+  uint8_t* out_ = nullptr;
+  uint64_t out_len_ = 0;
+  bool verify_;
+  uint32_t threads_;
+  std::unique_ptr<Error> error_;
+};
+
+Napi::Value Decompress(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  try {
+    if (info.Length() < 1) invalid("decompress(frame, options) needs a frame");
+    const Bytes f = bytes_of(info[0], "frame");
+    const Napi::Object o = options_of(info, 1);
+    const tzip::FrameHeader h = tzip::parse_frame_header(f.data, f.size);
+    Napi::Uint8Array out;
+    if (o.Has("out") && !o.Get("out").IsUndefined()) {
+      bytes_of(o.Get("out"), "options.out");
+      out = o.Get("out").As<Napi::Uint8Array>();
+      if (out.ByteLength() != h.nbytes)
+        invalid("options.out is " + std::to_string(out.ByteLength()) + " bytes, the frame holds " + std::to_string(h.nbytes));
+    } else {
+      out = Napi::Buffer<uint8_t>::New(env, size_t(h.nbytes));
+    }
+    const bool verify = !o.Has("verify") || o.Get("verify").IsUndefined() || o.Get("verify").ToBoolean().Value();
+    auto* w = new DecompressWorker(env, info[0], f, out, verify, threads_opt(o));
+    Napi::Promise p = w->Promise();
+    w->Queue();
+    return p;
+  } catch (const Error& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(make_error(env, e).Value());
+    return d.Promise();
+  }
+}
+
+// ---------------------------------------------------------------- synchronous helpers
+
+Napi::Value ReadHeader(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  try {
+    if (info.Length() < 1) invalid("readHeader(frame) needs a frame");
+    const Bytes f = bytes_of(info[0], "frame");
+    const tzip::FrameHeader h = tzip::parse_frame_header(f.data, f.size);
+    Napi::Object r = Napi::Object::New(env);
+    r.Set("formatVersion", h.version);
+    r.Set("dtype", tzip::dtype_name(h.dtype));
+    r.Set("codec", tzip::codec_name(h.codec));
+    Napi::Array shape = Napi::Array::New(env, h.shape.size());
+    for (uint32_t i = 0; i < h.shape.size(); ++i) shape.Set(i, bigsafe(env, h.shape[i]));
+    r.Set("shape", shape);
+    r.Set("nbytes", bigsafe(env, h.nbytes));
+    r.Set("chunkSize", h.chunk_bytes);
+    r.Set("nChunks", bigsafe(env, h.n_chunks));
+    r.Set("headerBytes", bigsafe(env, h.header_bytes));
+    r.Set("payloadBytes", bigsafe(env, h.payload_bytes));
+    r.Set("frameBytes", bigsafe(env, h.frame_bytes()));
+    r.Set("checksum", h.checksum);
+    return r;
+  } catch (const Error& e) {
+    throw make_error(env, e);
+  }
+}
+
+Napi::Value MaxCompressedSize(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  try {
+    if (info.Length() < 2) invalid("maxCompressedSize(nbytes, ndim, chunkSize?)");
+    const uint64_t n = u64_of(info[0], "nbytes"), ndim = u64_of(info[1], "ndim");
+    if (ndim > tzip::kMaxNdim) invalid("at most 32 dimensions are supported");
+    uint64_t chunk = tzip::kDefaultChunkBytes;
+    if (info.Length() > 2 && !info[2].IsUndefined()) chunk = u64_of(info[2], "chunkSize");
+    if (chunk < tzip::kMinChunkBytes || chunk > tzip::kMaxChunkBytes || chunk % tzip::kChunkBytesMultiple)
+      invalid("chunkSize must be a multiple of 256 between 4096 and 65536 bytes");
+    return bigsafe(env, tzip::max_frame_bytes(n, uint32_t(ndim), uint32_t(chunk)));
+  } catch (const Error& e) {
+    throw make_error(env, e);
+  }
+}
+
+Napi::Value Entropy(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  try {
+    if (info.Length() < 2 || !info[1].IsString()) invalid("entropy(input, dtype)");
+    const Bytes in = bytes_of(info[0], "input");
+    Dtype dtype;
+    const std::string dname = info[1].As<Napi::String>().Utf8Value();
+    if (!tzip::parse_dtype_name(dname, &dtype)) invalid("unknown dtype '" + dname + "'");
+    if (in.size % tzip::dtype_size(dtype)) invalid("input is not a whole number of " + dname + " elements");
+    const tzip::EntropyReport rep = tzip::entropy_report(in.data, in.size, dtype);
+    Napi::Object r = Napi::Object::New(env);
+    r.Set("boundBytes", rep.bound_bytes);
+    Napi::Array planes = Napi::Array::New(env, rep.planes.size());
+    for (uint32_t i = 0; i < rep.planes.size(); ++i) {
+      Napi::Object p = Napi::Object::New(env);
+      p.Set("name", rep.planes[i].name);
+      p.Set("bits", rep.planes[i].bits);
+      p.Set("entropyBits", rep.planes[i].entropy_bits);
+      planes.Set(i, p);
+    }
+    r.Set("planes", planes);
+    return r;
+  } catch (const Error& e) {
+    throw make_error(env, e);
+  }
+}
+
+Napi::Value Gpu(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const tzip::gpu::Probe p = tzip::gpu::probe();
+  Napi::Object r = Napi::Object::New(env);
+  r.Set("available", p.available);
+  r.Set("reason", p.reason);
+  Napi::Array devs = Napi::Array::New(env, p.devices.size());
+  for (uint32_t i = 0; i < p.devices.size(); ++i) {
+    Napi::Object d = Napi::Object::New(env);
+    d.Set("name", p.devices[i].name);
+    d.Set("uuid", p.devices[i].uuid);
+    d.Set("sms", p.devices[i].sms);
+    d.Set("computeCapability", std::to_string(p.devices[i].major) + "." + std::to_string(p.devices[i].minor));
+    d.Set("totalMemory", double(p.devices[i].totalMemory));
+    devs.Set(i, d);
+  }
+  r.Set("devices", devs);
+  return r;
+}
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("compress", Napi::Function::New(env, Compress));
+  exports.Set("decompress", Napi::Function::New(env, Decompress));
+  exports.Set("readHeader", Napi::Function::New(env, ReadHeader));
+  exports.Set("maxCompressedSize", Napi::Function::New(env, MaxCompressedSize));
+  exports.Set("entropy", Napi::Function::New(env, Entropy));
+  exports.Set("gpu", Napi::Function::New(env, Gpu));
+  exports.Set("formatVersion", Napi::Number::New(env, tzip::kFormatVersion));
+  exports.Set("defaultChunkSize", Napi::Number::New(env, tzip::kDefaultChunkBytes));
+  exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(tzip, Init)

@@ -1,0 +1,49 @@
+// libFuzzer target for the frame decoder (every decoder entry point: header parse, chunk table, each stream mode)
+// and for encode->decode round trips. Built and run by scripts/fuzz.sh with ASan and UBSan.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "errors.h"
+#include "frame.h"
+
+using namespace tzip;
+
+namespace {
+
+void decode_hostile(const uint8_t* data, size_t size) {
+  try {
+    const FrameHeader h = parse_frame_header(data, size);
+    if (h.nbytes > (16u << 20)) return;  // keep allocations small; bounds are checked before any write anyway
+    std::vector<uint8_t> out(h.nbytes);
+    decode_frame(data, size, out.data(), out.size(), true, 1);
+  } catch (const Error&) {
+  }
+}
+
+void roundtrip(const uint8_t* data, size_t size) {
+  if (size < 2) return;
+  const Dtype dtype = Dtype(data[0] % kNumDtypes);
+  const Codec codec = Codec((data[0] / kNumDtypes) % kNumCodecs);
+  const uint32_t chunk = kMinChunkBytes + kChunkBytesMultiple * (data[1] % 8);
+  data += 2;
+  size -= 2;
+  const uint32_t esize = dtype_size(dtype);
+  const uint64_t n = size / esize;
+  std::vector<uint8_t> frame(max_frame_bytes(n * esize, 1, chunk));
+  EncodeOptions opt;
+  opt.codec = codec;
+  opt.chunk_bytes = chunk;
+  const uint64_t len = encode_frame(data, n * esize, dtype, {n}, opt, frame.data());
+  std::vector<uint8_t> back(n * esize);
+  decode_frame(frame.data(), len, back.data(), back.size(), true, 1);
+  if (std::memcmp(back.data(), data, back.size()) != 0) __builtin_trap();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  decode_hostile(data, size);
+  roundtrip(data, size);
+  return 0;
+}
