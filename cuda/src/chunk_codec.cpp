@@ -10,10 +10,24 @@
 #include "tzip/bitpack.h"
 #include "tzip/rans.h"
 
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the CPU backend's fast paths assume a little-endian host");
+
 namespace tzip {
 namespace {
 
 [[noreturn]] void corrupt(const std::string& what) { throw Error(ErrorCode::Corrupt, "corrupt chunk: " + what); }
+
+/// Padding must be zero: the stream is canonical, so any other byte is corruption.
+void expect_zero(const uint8_t* p, uint64_t len, const char* what) {
+  for (uint64_t i = 0; i < len; ++i)
+    if (p[i]) corrupt(std::string("non-zero padding ") + what);
+}
+
+/// Unused high bits of the last byte of n packed k-bit symbols must be zero.
+void expect_packed_tail_zero(const uint8_t* packed, uint64_t n, uint32_t k) {
+  const uint64_t bits = n * k;
+  if (bits % 8 && (packed[bits / 8] >> (bits % 8))) corrupt("non-zero bits after the last packed symbol");
+}
 
 bool split_float(Dtype d, Codec c) { return (c == Codec::FAST || c == Codec::MAX) && dtype_is_split_float(d); }
 
@@ -132,15 +146,17 @@ void write_lut_section(const uint8_t* sym, uint64_t n, uint32_t k, const uint8_t
   std::memset(code_of, uint8_t(esc), sizeof code_of);
   for (uint32_t j = cap; j-- > 0;) code_of[lut[j]] = uint8_t(j);
   // Lower LUT index wins, so zero padding past the present symbols never shadows a real symbol 0.
-  s.tmp.resize(n);
+  s.tmp.resize(2 * n + 1);
   uint8_t* codes = s.tmp.data();
-  uint8_t* exc = out + lut_exceptions_offset(k, n);
+  uint8_t* exc = codes + n;  // staged here: the branch-free loop writes one slot past the last exception
   uint32_t n_exc = 0;
   for (uint64_t i = 0; i < n; ++i) {
-    uint8_t c = code_of[sym[i]];
+    const uint8_t c = code_of[sym[i]];
     codes[i] = c;
-    if (c == esc) exc[n_exc++] = sym[i];
+    exc[n_exc] = sym[i];
+    n_exc += c == esc;
   }
+  std::memcpy(out + lut_exceptions_offset(k, n), exc, n_exc);
   store_le32(out, n_exc);
   std::memcpy(out + 4, lut, cap);
   std::memset(out + 4 + cap, 0, lut_codes_offset(k) - 4 - cap);
@@ -150,8 +166,52 @@ void write_lut_section(const uint8_t* sym, uint64_t n, uint32_t k, const uint8_t
   std::memset(out + codes_end, 0, lut_exceptions_offset(k, n) - codes_end);
 }
 
-void read_lut_section(const uint8_t* in, uint64_t bytes, uint64_t n, uint32_t k, uint32_t w, uint8_t* sym,
-                      ChunkScratch& s) {
+/// Decodes n k-bit LUT codes (escape = 2^k - 1 takes the next exception). K is a compile-time width so the
+/// shifts unroll; groups of 8 codes are exactly K bytes.
+template <uint32_t K>
+uint32_t lut_decode(const uint8_t* codes, uint64_t n, const uint8_t* lut, const uint8_t* exc, uint32_t n_exc,
+                    uint8_t* sym) {
+  constexpr uint32_t esc = (1u << K) - 1;
+  uint8_t table[esc + 1];
+  std::memcpy(table, lut, esc);
+  table[esc] = 0;
+  uint32_t e = 0;
+  const uint64_t full = n / 8, codes_len = packed_bytes(n, K);
+  for (uint64_t g = 0; g < full; ++g) {
+    uint64_t v = 0;
+    if (g * K + 8 <= codes_len) std::memcpy(&v, codes + g * K, 8);  // whole 8-byte load stays in the codes
+    else v = load_le_bytes(codes + g * K, K);
+    uint8_t* out = sym + 8 * g;
+    uint32_t escapes = 0;
+    for (uint32_t j = 0; j < 8; ++j) {
+      const uint32_t c = uint32_t(v >> (j * K)) & esc;
+      out[j] = table[c];
+      escapes |= uint32_t(c == esc) << j;
+    }
+    while (escapes) {  // rare: symbols outside the LUT
+      const uint32_t j = uint32_t(__builtin_ctz(escapes));
+      escapes &= escapes - 1;
+      if (e >= n_exc) corrupt("more escapes than exceptions");
+      out[j] = exc[e++];
+    }
+  }
+  const uint64_t rest = n - full * 8;
+  if (rest) {
+    const uint64_t v = load_le_bytes(codes + full * K, uint32_t(packed_bytes(rest, K)));
+    for (uint32_t j = 0; j < rest; ++j) {
+      const uint32_t c = uint32_t(v >> (j * K)) & esc;
+      if (c == esc) {
+        if (e >= n_exc) corrupt("more escapes than exceptions");
+        sym[full * 8 + j] = exc[e++];
+      } else {
+        sym[full * 8 + j] = table[c];
+      }
+    }
+  }
+  return e;
+}
+
+void read_lut_section(const uint8_t* in, uint64_t bytes, uint64_t n, uint32_t k, uint32_t w, uint8_t* sym) {
   if (k < 1 || k >= w) corrupt("LUT code width " + std::to_string(k) + " out of range");
   if (bytes < lut_codes_offset(k)) corrupt("LUT section too short");
   const uint32_t n_exc = load_le32(in);
@@ -159,22 +219,24 @@ void read_lut_section(const uint8_t* in, uint64_t bytes, uint64_t n, uint32_t k,
   const uint32_t cap = (1u << k) - 1;
   const uint8_t* lut = in + 4;
   for (uint32_t j = 0; j < cap; ++j) if (lut[j] >> w) corrupt("LUT symbol wider than its stream");
-  unpack_symbols(in + lut_codes_offset(k), n, k, sym);
   const uint8_t* exc = in + lut_exceptions_offset(k, n);
-  uint32_t e = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint8_t c = sym[i];
-    if (c == cap) {
-      if (e >= n_exc) corrupt("more escapes than exceptions");
-      const uint8_t v = exc[e++];
-      if (v >> w) corrupt("exception symbol wider than its stream");
-      sym[i] = v;
-    } else {
-      sym[i] = lut[c];
-    }
+  for (uint32_t j = 0; j < n_exc; ++j) if (exc[j] >> w) corrupt("exception symbol wider than its stream");
+  const uint8_t* codes = in + lut_codes_offset(k);
+  expect_zero(lut + cap, lut_codes_offset(k) - 4 - cap, "after the LUT");
+  const uint64_t codes_end = lut_codes_offset(k) + packed_bytes(n, k);
+  expect_zero(in + codes_end, lut_exceptions_offset(k, n) - codes_end, "after the LUT codes");
+  expect_packed_tail_zero(codes, n, k);
+  uint32_t used = 0;
+  switch (k) {
+    case 1: used = lut_decode<1>(codes, n, lut, exc, n_exc, sym); break;
+    case 2: used = lut_decode<2>(codes, n, lut, exc, n_exc, sym); break;
+    case 3: used = lut_decode<3>(codes, n, lut, exc, n_exc, sym); break;
+    case 4: used = lut_decode<4>(codes, n, lut, exc, n_exc, sym); break;
+    case 5: used = lut_decode<5>(codes, n, lut, exc, n_exc, sym); break;
+    case 6: used = lut_decode<6>(codes, n, lut, exc, n_exc, sym); break;
+    default: used = lut_decode<7>(codes, n, lut, exc, n_exc, sym); break;
   }
-  if (e != n_exc) corrupt("fewer escapes than exceptions");
-  (void)s;
+  if (used != n_exc) corrupt("fewer escapes than exceptions");
 }
 
 // ---------------------------------------------------------------- RANS mode
@@ -189,8 +251,16 @@ void build_cum(RansTable& t) {
   for (uint32_t s = 0; s < 256; ++s) t.cum[s + 1] = t.cum[s] + t.freq[s];
 }
 
-/// Encodes n symbols with 32 interleaved lanes; returns the word count (words at words[0, count)).
+/// Encodes n symbols with 32 interleaved lanes; returns the word count (words at buf[0, count)).
+/// Same arithmetic as rans_encode_step, with x / f done by a multiply: m = ceil(2^44 / f) gives
+/// floor(x / f) = (x * m) >> 44 exactly for every x < 2^32 and f <= 4096 (round-up reciprocal, Granlund and
+/// Montgomery 1994: the error x * (m * f - 2^44) / 2^44 stays below 1 / f).
 uint32_t rans_encode(const uint8_t* sym, uint64_t n, const RansTable& t, uint32_t* states, std::vector<uint16_t>& buf) {
+  struct Enc { uint64_t m; uint32_t freq, cum; } enc[256];
+  for (uint32_t s = 0; s < 256; ++s) {
+    const uint64_t f = t.freq[s] ? t.freq[s] : 1;
+    enc[s] = {((uint64_t(1) << 44) + f - 1) / f, uint32_t(f), t.cum[s]};
+  }
   buf.resize(n + kRansLanes);
   uint64_t pos = buf.size();
   uint32_t x[kRansLanes];
@@ -202,9 +272,14 @@ uint32_t rans_encode(const uint8_t* sym, uint64_t n, const RansTable& t, uint32_
     const uint64_t base = g * kRansLanes;
     const uint32_t active = uint32_t(std::min<uint64_t>(kRansLanes, n - base));
     for (uint32_t l = 0; l < active; ++l) {
-      const uint8_t s = sym[base + l];
-      uint16_t w;
-      if (rans_encode_step(x[l], t.freq[s], t.cum[s], &w)) words[e++] = w;
+      const Enc& c = enc[sym[base + l]];
+      uint32_t v = x[l];
+      const bool emit = v >= (c.freq << 20);  // x_max = ((L >> 12) << 16) * f, as in rans_encode_step
+      words[e] = uint16_t(v);                 // branch-free: the slot is kept only when emitting
+      e += emit;
+      v = emit ? v >> 16 : v;
+      const uint32_t q = uint32_t((uint64_t(v) * (unsigned __int128)c.m) >> 44);
+      x[l] = (q << kRansProbBits) + (v - q * c.freq) + c.cum;
     }
     pos -= e;
     std::memcpy(&buf[pos], words, e * sizeof(uint16_t));
@@ -251,9 +326,10 @@ void read_rans_section(const uint8_t* in, uint64_t bytes, uint64_t n, uint32_t w
   }
   if (sum != kRansProbScale) corrupt("RANS frequencies do not sum to 4096");
   build_cum(t);
-  uint8_t slot_sym[kRansProbScale];
+  // One lookup per symbol: slot -> symbol | freq << 8 | (slot - cum) << 20, so x' = freq * (x >> 12) + (slot - cum).
+  uint32_t slot_info[kRansProbScale];
   for (uint32_t s = 0; s < 256; ++s)
-    if (t.freq[s]) std::memset(slot_sym + t.cum[s], int(s), t.freq[s]);
+    for (uint32_t j = 0; j < t.freq[s]; ++j) slot_info[t.cum[s] + j] = s | (t.freq[s] << 8) | (j << 20);
   const uint8_t* st = in + rans_states_offset(m);
   uint32_t x[kRansLanes];
   for (uint32_t l = 0; l < kRansLanes; ++l) {
@@ -263,28 +339,27 @@ void read_rans_section(const uint8_t* in, uint64_t bytes, uint64_t n, uint32_t w
   const uint32_t n_words = load_le32(st + 4 * kRansLanes);
   if (n_words > n || bytes != rans_words_offset(m) + 2ull * n_words) corrupt("RANS section size does not match its word count");
   const uint8_t* words = in + rans_words_offset(m);
+  expect_zero(in + kRansBitmapBytes + 2 * m, rans_states_offset(m) - kRansBitmapBytes - 2 * m, "after the RANS frequencies");
+  expect_zero(st + 4 * kRansLanes + 4, rans_words_offset(m) - rans_states_offset(m) - 4 * kRansLanes - 4,
+              "after the RANS word count");
   uint32_t pos = 0;
+  auto step = [&](uint32_t l) -> uint8_t {
+    const uint32_t info = slot_info[x[l] & (kRansProbScale - 1)];
+    uint32_t y = ((info >> 8) & 0xFFF) * (x[l] >> kRansProbBits) + (info >> 20);
+    if (y < kRansLow) {
+      if (pos >= n_words) corrupt("RANS word stream exhausted");
+      y = (y << 16) | load_le16(words + 2 * pos++);
+    }
+    x[l] = y;
+    return uint8_t(info);
+  };
   const uint64_t full_steps = n / kRansLanes;
   for (uint64_t g = 0; g < full_steps; ++g) {
     uint8_t* out = sym + g * kRansLanes;
-    for (uint32_t l = 0; l < kRansLanes; ++l) {
-      const uint8_t s = slot_sym[x[l] & (kRansProbScale - 1)];
-      out[l] = s;
-      if (rans_decode_advance(x[l], t.freq[s], t.cum[s])) {
-        if (pos >= n_words) corrupt("RANS word stream exhausted");
-        x[l] = (x[l] << 16) | load_le16(words + 2 * pos++);
-      }
-    }
+    for (uint32_t l = 0; l < kRansLanes; ++l) out[l] = step(l);
   }
   const uint32_t rest = uint32_t(n - full_steps * kRansLanes);
-  for (uint32_t l = 0; l < rest; ++l) {
-    const uint8_t s = slot_sym[x[l] & (kRansProbScale - 1)];
-    sym[full_steps * kRansLanes + l] = s;
-    if (rans_decode_advance(x[l], t.freq[s], t.cum[s])) {
-      if (pos >= n_words) corrupt("RANS word stream exhausted");
-      x[l] = (x[l] << 16) | load_le16(words + 2 * pos++);
-    }
-  }
+  for (uint32_t l = 0; l < rest; ++l) sym[full_steps * kRansLanes + l] = step(l);
   if (pos != n_words) corrupt("RANS words left over");
   for (uint32_t l = 0; l < kRansLanes; ++l)
     if (x[l] != kRansLow) corrupt("RANS lane did not return to its initial state");
@@ -466,6 +541,8 @@ void decode_chunk(const uint8_t* in, uint64_t size, uint64_t raw_len, Dtype d, C
   if (load_le32(in + 4) != n) corrupt("element count does not match the chunk size");
   const uint8_t* ptr[kMaxStreams];
   uint64_t off = chunk_sections_offset(lay.count);
+  expect_zero(in + kChunkHeaderBytes + kStreamDescriptorBytes * lay.count,
+              off - kChunkHeaderBytes - kStreamDescriptorBytes * lay.count, "after the stream descriptors");
   for (uint32_t j = 0; j < lay.count; ++j) {
     const uint8_t* dsc = in + kChunkHeaderBytes + kStreamDescriptorBytes * j;
     const uint32_t w = lay.bits[j];
@@ -473,8 +550,11 @@ void decode_chunk(const uint8_t* in, uint64_t size, uint64_t raw_len, Dtype d, C
     const uint32_t param = dsc[1];
     const uint64_t bytes = load_le32(dsc + 4);
     if (load_le16(dsc + 2) != 0) corrupt("reserved stream field is not zero");
-    off = align16(off);
-    if (off > size || bytes > size - off) corrupt("stream section runs past the chunk");
+    const uint64_t aligned = align16(off);
+    if (aligned > size) corrupt("stream section runs past the chunk");
+    expect_zero(in + off, aligned - off, "between stream sections");
+    off = aligned;
+    if (bytes > size - off) corrupt("stream section runs past the chunk");
     const uint8_t* sec = in + off;
     off += bytes;
     s.streams[j].resize(n);
@@ -487,10 +567,14 @@ void decode_chunk(const uint8_t* in, uint64_t size, uint64_t raw_len, Dtype d, C
         break;
       case StreamMode::RAW:
         if (bytes != packed_bytes(n, w) || param != 0) corrupt("RAW stream size does not match");
-        if (w == 8) ptr[j] = sec;
-        else unpack_symbols(sec, n, w, sym);
+        if (w == 8) {
+          ptr[j] = sec;
+        } else {
+          expect_packed_tail_zero(sec, n, w);
+          unpack_symbols(sec, n, w, sym);
+        }
         break;
-      case StreamMode::LUT: read_lut_section(sec, bytes, n, param, w, sym, s); break;
+      case StreamMode::LUT: read_lut_section(sec, bytes, n, param, w, sym); break;
       case StreamMode::RANS:
         if (param != 0) corrupt("bad RANS parameter");
         read_rans_section(sec, bytes, n, w, sym);

@@ -254,7 +254,12 @@ void decode_frame(const uint8_t* f, uint64_t len, uint8_t* out, uint64_t out_len
     const uint8_t* e = table + kChunkEntryBytes * i;
     const uint64_t begin = i * h.chunk_bytes, raw_len = std::min<uint64_t>(h.chunk_bytes, h.nbytes - begin);
     try {
-      decode_chunk(payload + load_le64(e), load_le32(e + 8), raw_len, h.dtype, h.codec, out + begin, scratch[w]);
+      const uint64_t off = load_le64(e), size = load_le32(e + 8);
+      if (i + 1 < h.n_chunks) {  // padding up to the next chunk must be zero (the stream is canonical)
+        for (uint64_t p = off + size; p < align16(off + size); ++p)
+          if (payload[p]) throw Error(ErrorCode::Corrupt, "non-zero padding after the chunk");
+      }
+      decode_chunk(payload + off, size, raw_len, h.dtype, h.codec, out + begin, scratch[w]);
     } catch (const Error& err) {
       throw Error(err.code(), "chunk " + std::to_string(i) + ": " + err.what());
     }
