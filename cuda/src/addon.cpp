@@ -3,6 +3,13 @@
 // The JavaScript surface is documented in src/native.ts.
 #include <napi.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -327,7 +334,42 @@ Napi::Value Gpu(const Napi::CallbackInfo& info) {
   return r;
 }
 
+// mapShared(path, writable): the whole file under /dev/shm mapped MAP_SHARED, as a Buffer that unmaps itself when
+// garbage collected. Lets the daemon read and write a client's shared-memory tensors without copying them.
+Napi::Value MapShared(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  try {
+    if (info.Length() < 2 || !info[0].IsString()) invalid("mapShared(path, writable)");
+    const std::string path = info[0].As<Napi::String>().Utf8Value();
+    const bool writable = info[1].ToBoolean().Value();
+    char real[PATH_MAX];
+    if (!realpath(path.c_str(), real)) invalid("cannot resolve " + path + ": " + std::strerror(errno));
+    if (std::strncmp(real, "/dev/shm/", 9) != 0) invalid(path + " is not a shared-memory file under /dev/shm");
+    const int fd = open(real, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0) invalid("cannot open " + path + ": " + std::strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(fd);
+      invalid(path + " is not a regular file");
+    }
+    const size_t size = size_t(st.st_size);
+    if (size == 0) {
+      close(fd);
+      return Napi::Buffer<uint8_t>::New(env, 0);
+    }
+    void* p = mmap(nullptr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    const int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) invalid("cannot map " + path + ": " + std::strerror(err));
+    return Napi::Buffer<uint8_t>::New(env, static_cast<uint8_t*>(p), size,
+                                      [size](Napi::Env, uint8_t* q) { munmap(q, size); });
+  } catch (const Error& e) {
+    throw make_error(env, e);
+  }
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("mapShared", Napi::Function::New(env, MapShared));
   exports.Set("compress", Napi::Function::New(env, Compress));
   exports.Set("decompress", Napi::Function::New(env, Decompress));
   exports.Set("readHeader", Napi::Function::New(env, ReadHeader));
