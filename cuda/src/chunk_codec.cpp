@@ -50,7 +50,7 @@ void merge_streams(const uint8_t* const* st, uint64_t n, Dtype d, Codec c, uint8
       }
     } else if (d == Dtype::F16) {
       for_each_element(n, [&](uint64_t i) {
-        uint8_t sym[3] = {st[0][i], st[1][i], st[2][i]};
+        uint8_t sym[kMaxStreams] = {st[0][i], st[1][i], st[2][i]};
         merge_element(d, c, sym, out + 2 * i);
       });
     } else {

@@ -22,32 +22,28 @@ TZIP_HD uint32_t xxh32_round(uint32_t acc, uint32_t input) {
 
 /// XXH32 of `len` bytes at `p` with `seed`. Reads bytes one at a time through load_le32, so `p` may be unaligned.
 TZIP_HD uint32_t xxh32(const uint8_t* p, uint64_t len, uint32_t seed) {
-  const uint8_t* end = p + len;
+  uint64_t i = 0;  // offsets, not pointer arithmetic: p may be null when len is 0
   uint32_t h;
   if (len >= 16) {
     uint32_t v1 = seed + kXXH32Prime1 + kXXH32Prime2, v2 = seed + kXXH32Prime2, v3 = seed, v4 = seed - kXXH32Prime1;
-    const uint8_t* limit = end - 16;
-    do {
-      v1 = xxh32_round(v1, load_le32(p));
-      v2 = xxh32_round(v2, load_le32(p + 4));
-      v3 = xxh32_round(v3, load_le32(p + 8));
-      v4 = xxh32_round(v4, load_le32(p + 12));
-      p += 16;
-    } while (p <= limit);
+    for (; i + 16 <= len; i += 16) {
+      v1 = xxh32_round(v1, load_le32(p + i));
+      v2 = xxh32_round(v2, load_le32(p + i + 4));
+      v3 = xxh32_round(v3, load_le32(p + i + 8));
+      v4 = xxh32_round(v4, load_le32(p + i + 12));
+    }
     h = rotl32(v1, 1) + rotl32(v2, 7) + rotl32(v3, 12) + rotl32(v4, 18);
   } else {
     h = seed + kXXH32Prime5;
   }
   h += uint32_t(len);
-  while (p + 4 <= end) {
-    h += load_le32(p) * kXXH32Prime3;
+  for (; i + 4 <= len; i += 4) {
+    h += load_le32(p + i) * kXXH32Prime3;
     h = rotl32(h, 17) * kXXH32Prime4;
-    p += 4;
   }
-  while (p < end) {
-    h += uint32_t(*p) * kXXH32Prime5;
+  for (; i < len; ++i) {
+    h += uint32_t(p[i]) * kXXH32Prime5;
     h = rotl32(h, 11) * kXXH32Prime1;
-    ++p;
   }
   h ^= h >> 15;
   h *= kXXH32Prime2;
