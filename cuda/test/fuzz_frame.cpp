@@ -37,7 +37,7 @@ void roundtrip(const uint8_t* data, size_t size) {
   const uint64_t len = encode_frame(data, n * esize, dtype, {n}, opt, frame.data());
   std::vector<uint8_t> back(n * esize);
   decode_frame(frame.data(), len, back.data(), back.size(), true, 1);
-  if (std::memcmp(back.data(), data, back.size()) != 0) __builtin_trap();
+  if (!back.empty() && std::memcmp(back.data(), data, back.size()) != 0) __builtin_trap();
 }
 
 }  // namespace
