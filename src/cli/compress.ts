@@ -1,0 +1,63 @@
+/**
+ * `tzip compress IN.safetensors -o OUT.tzip`: safetensors file -> .tzip container.
+ */
+import type { Command } from 'commander';
+import type { Codec } from '../native.js';
+import { compressFile } from '../writer.js';
+import { formatGBps, formatSize, formatRatio, gbPerSecond } from './format.js';
+import { chunkSizeOption, codecOption, outputOption, threadsOption, type GlobalOptions } from './options.js';
+import { printResult } from './output.js';
+import { startProgress } from './progress.js';
+
+interface CompressOptions extends GlobalOptions {
+  output: string;
+  codec: Codec;
+  threads?: number;
+  chunkSize?: number;
+}
+
+/** Adds the `compress` command to `program`. */
+export function registerCompress(program: Command): void {
+  program
+    .command('compress')
+    .description('compress a safetensors file into a .tzip file (lossless, byte-identical on decompress)')
+    .argument('<input>', 'safetensors file')
+    .addOption(outputOption('.tzip file to write'))
+    .addOption(codecOption())
+    .addOption(threadsOption())
+    .addOption(chunkSizeOption())
+    .action(async (input: string, _opts: unknown, cmd: Command) => {
+      const opts = cmd.optsWithGlobals<CompressOptions>();
+      const progress = startProgress(input, opts.json !== true);
+      let result;
+      try {
+        result = await compressFile(input, opts.output, {
+          codec: opts.codec,
+          threads: opts.threads,
+          chunkSize: opts.chunkSize,
+          onProgress: (done, total) => progress.update(done, total),
+        });
+      } finally {
+        progress.stop();
+      }
+      const gbps = gbPerSecond(result.inputBytes, result.seconds);
+      printResult(opts.json, {
+        command: 'compress',
+        input,
+        output: opts.output,
+        codec: opts.codec,
+        inputBytes: result.inputBytes,
+        outputBytes: result.outputBytes,
+        ratio: result.inputBytes === 0 ? null : result.outputBytes / result.inputBytes,
+        seconds: result.seconds,
+        compressGBps: gbps,
+        entries: result.entries.map((e) => ({
+          name: e.name, kind: e.kind, dtype: e.fileDtype, codecDtype: e.dtype, shape: e.shape,
+          dataBegin: e.dataBegin, dataEnd: e.dataEnd, frameOffset: e.frameOffset, frameBytes: e.frameBytes,
+        })),
+      }, () =>
+        `${input} (${formatSize(result.inputBytes)}) -> ${opts.output} (${formatSize(result.outputBytes)}): ` +
+        `ratio ${formatRatio(result.outputBytes, result.inputBytes)}, ${result.entries.length} entries, ` +
+        `${result.seconds.toFixed(2)} s, ${formatGBps(gbps)} GB/s`);
+    });
+}

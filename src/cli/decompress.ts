@@ -1,0 +1,47 @@
+/**
+ * `tzip decompress IN.tzip -o OUT.safetensors`: .tzip container -> the original safetensors file, byte for byte.
+ */
+import type { Command } from 'commander';
+import { decompressFile } from '../restore.js';
+import { formatGBps, formatSize, gbPerSecond } from './format.js';
+import { outputOption, threadsOption, type GlobalOptions } from './options.js';
+import { printResult } from './output.js';
+import { startProgress } from './progress.js';
+
+interface DecompressOptions extends GlobalOptions {
+  output: string;
+  threads?: number;
+}
+
+/** Adds the `decompress` command to `program`. */
+export function registerDecompress(program: Command): void {
+  program
+    .command('decompress')
+    .description('rebuild the original safetensors file from a .tzip file (every digest is checked)')
+    .argument('<input>', '.tzip file')
+    .addOption(outputOption('safetensors file to write'))
+    .addOption(threadsOption())
+    .action(async (input: string, _opts: unknown, cmd: Command) => {
+      const opts = cmd.optsWithGlobals<DecompressOptions>();
+      const progress = startProgress(input, opts.json !== true);
+      let result;
+      try {
+        result = await decompressFile(input, opts.output, { threads: opts.threads, onProgress: (d, t) => progress.update(d, t) });
+      } finally {
+        progress.stop();
+      }
+      const gbps = gbPerSecond(result.outputBytes, result.seconds);
+      printResult(opts.json, {
+        command: 'decompress',
+        input,
+        output: opts.output,
+        inputBytes: result.inputBytes,
+        outputBytes: result.outputBytes,
+        entries: result.entryCount,
+        seconds: result.seconds,
+        decompressGBps: gbps,
+      }, () =>
+        `${input} (${formatSize(result.inputBytes)}) -> ${opts.output} (${formatSize(result.outputBytes)}): ` +
+        `${result.entryCount} entries, ${result.seconds.toFixed(2)} s, ${formatGBps(gbps)} GB/s`);
+    });
+}

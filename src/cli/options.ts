@@ -1,0 +1,44 @@
+/**
+ * Parsers and definitions of the options several `tzip` commands share. Values are validated
+ * with zod; a bad value becomes commander's InvalidArgumentError (exit code 1).
+ */
+import { InvalidArgumentError, Option } from 'commander';
+import { z } from 'zod';
+import { CODECS } from '../native.js';
+
+const positiveInt = z.coerce.number().int().positive().max(Number.MAX_SAFE_INTEGER);
+
+/** Parses a positive integer option value, e.g. "--threads 4". */
+export function parsePositiveInt(value: string): number {
+  const parsed = positiveInt.safeParse(value.trim() === '' ? Number.NaN : value);
+  if (!parsed.success) throw new InvalidArgumentError(`'${value}' is not a positive integer.`);
+  return parsed.data;
+}
+
+/** `--threads N`: addon worker threads (default: all cores). */
+export function threadsOption(): Option {
+  return new Option('--threads <n>', 'worker threads (default: all cores)').argParser(parsePositiveInt);
+}
+
+/** `--codec NAME`: one of auto, fast, max, bytes, raw. */
+export function codecOption(): Option {
+  return new Option('--codec <codec>', 'codec: auto picks per dtype; fast/max trade speed for ratio; bytes = byte planes; raw = stored')
+    .choices(CODECS)
+    .default('auto');
+}
+
+/** `--chunk-size BYTES`: bytes of original data per independently coded chunk. */
+export function chunkSizeOption(): Option {
+  return new Option('--chunk-size <bytes>', 'bytes of original data per independently coded chunk: a multiple of 256 from 4096 to 65536 (default: 65536)').argParser(parsePositiveInt);
+}
+
+/** `-o, --output PATH` (required). */
+export function outputOption(what: string): Option {
+  return new Option('-o, --output <path>', what).makeOptionMandatory();
+}
+
+/** Options every command receives from the root program (commander's optsWithGlobals()). */
+export interface GlobalOptions {
+  /** Print one JSON document on stdout instead of text. */
+  json?: boolean;
+}

@@ -1,0 +1,234 @@
+/**
+ * Parsing and validation of a safetensors header.
+ *
+ * A safetensors file is: a u64 little-endian header length N, N bytes of UTF-8 JSON, then the data
+ * section (file bytes from 8+N to the end). The JSON maps tensor names to
+ * `{dtype, shape, data_offsets: [begin, end]}` (offsets relative to the data section) and may hold
+ * a `__metadata__` object. See https://github.com/huggingface/safetensors.
+ */
+import { constants as bufferConstants } from 'node:buffer';
+import { open, type FileHandle } from 'node:fs/promises';
+import { z } from 'zod';
+import { DTYPE_BYTES, isKnownDtype } from './dtype.js';
+import { TzipError, toTzipError } from './errors.js';
+import { readExactly } from './positioned-io.js';
+
+/** Largest header accepted, in bytes of JSON (the limit of the reference implementation). */
+export const MAX_HEADER_BYTES = 100_000_000;
+
+/** Most dimensions the codec records in a frame (kMaxNdim in cuda/include/tzip/format.h); tensors with more are coded as bytes. */
+export const CODEC_MAX_DIMS = 32;
+
+/** Bytes of the little-endian u64 length prefix. */
+export const LENGTH_PREFIX_BYTES = 8;
+
+/** One tensor of a safetensors file, validated. Offsets are in bytes, relative to the data section. */
+export interface SafetensorsTensor {
+  /** Key in the header JSON. */
+  name: string;
+  /** dtype as written in the file (may be one the codec does not know). */
+  dtype: string;
+  /** shape as written in the file. */
+  shape: number[];
+  /** First byte, relative to the data section. */
+  begin: number;
+  /** One past the last byte, relative to the data section. */
+  end: number;
+  /**
+   * dtype handed to the codec: `dtype` when known, the byte length equals prod(shape) * element size and
+   * the shape has at most {@link CODEC_MAX_DIMS} dimensions; otherwise 'U8' (the bytes are compressed as opaque bytes).
+   */
+  codecDtype: string;
+  /** shape handed to the codec: `shape`, or `[end - begin]` when `codecDtype` fell back to 'U8'. */
+  codecShape: number[];
+}
+
+/** A validated safetensors header. */
+export interface SafetensorsHeader {
+  /** N: bytes of JSON after the 8-byte length prefix. */
+  headerLength: number;
+  /** 8 + N: where the data section starts in the file. */
+  dataOffset: number;
+  /** Bytes in the data section: file size - 8 - N. */
+  dataLength: number;
+  /** Tensors sorted by (begin, end, name in UTF-8 byte order); they do not overlap. */
+  tensors: SafetensorsTensor[];
+  /** The `__metadata__` object, if any. */
+  metadata: Record<string, unknown> | undefined;
+}
+
+const offset = z.number().int().nonnegative();
+const tensorSchema = z.object({
+  dtype: z.string().min(1),
+  shape: z.array(offset),
+  data_offsets: z.tuple([offset, offset]),
+});
+const headerSchema = z.record(z.string(), z.unknown());
+const metadataSchema = z.record(z.string(), z.unknown());
+
+/** Orders tensors by position; ties (empty tensors at one offset) by name in UTF-8 byte order. */
+export function compareTensors(a: SafetensorsTensor, b: SafetensorsTensor): number {
+  return a.begin - b.begin || a.end - b.end || Buffer.compare(Buffer.from(a.name, 'utf8'), Buffer.from(b.name, 'utf8'));
+}
+
+function elementCount(shape: readonly number[]): bigint {
+  return shape.reduce((acc, d) => acc * BigInt(d), 1n);
+}
+
+/**
+ * Reads the header length N from the first 8 bytes of a safetensors file.
+ * @param fileSize size of the whole safetensors file in bytes.
+ * @throws TzipError TZIP_TRUNCATED when fewer than 8 bytes exist or N > fileSize - 8;
+ *   TZIP_CORRUPT when N exceeds {@link MAX_HEADER_BYTES}. Errors name `file`.
+ */
+export function parseHeaderLength(prefix: Uint8Array, fileSize: number, file: string): number {
+  if (prefix.byteLength < LENGTH_PREFIX_BYTES || fileSize < LENGTH_PREFIX_BYTES) {
+    throw new TzipError('TZIP_TRUNCATED', `safetensors file of ${fileSize} bytes has no 8-byte header length`, { file });
+  }
+  const n = Buffer.from(prefix.buffer, prefix.byteOffset, LENGTH_PREFIX_BYTES).readBigUInt64LE(0);
+  if (n > BigInt(MAX_HEADER_BYTES)) {
+    throw new TzipError('TZIP_CORRUPT', `safetensors header length ${n} exceeds the ${MAX_HEADER_BYTES}-byte limit`, { file });
+  }
+  const length = Number(n);
+  if (length > fileSize - LENGTH_PREFIX_BYTES) {
+    throw new TzipError('TZIP_TRUNCATED',
+      `safetensors header length ${length} exceeds the ${fileSize - LENGTH_PREFIX_BYTES} bytes after the length prefix`, { file });
+  }
+  return length;
+}
+
+/**
+ * Parses and validates a safetensors header.
+ * @param prefix the file's first 8 + N bytes (length prefix and JSON; more bytes are ignored).
+ * @param fileSize size of the whole safetensors file in bytes (the data section is what follows 8 + N).
+ * @param file path used in error messages.
+ * @throws TzipError TZIP_TRUNCATED (header or tensors reach past the end of the file) or TZIP_CORRUPT (bad JSON,
+ *   bad fields, overlapping tensors), naming `file` and the tensor.
+ */
+export function parseSafetensorsHeader(prefix: Uint8Array, fileSize: number, file: string): SafetensorsHeader {
+  const headerLength = parseHeaderLength(prefix, fileSize, file);
+  if (prefix.byteLength < LENGTH_PREFIX_BYTES + headerLength) {
+    throw new TzipError('TZIP_TRUNCATED', `safetensors header needs ${LENGTH_PREFIX_BYTES + headerLength} bytes, got ${prefix.byteLength}`, { file });
+  }
+  const dataOffset = LENGTH_PREFIX_BYTES + headerLength;
+  const dataLength = fileSize - dataOffset;
+
+  let json: unknown;
+  try {
+    const text = new TextDecoder('utf-8', { fatal: true }).decode(prefix.subarray(LENGTH_PREFIX_BYTES, dataOffset));
+    json = JSON.parse(text.replace(/\0+$/, ''));
+  } catch (err) {
+    throw new TzipError('TZIP_CORRUPT', `safetensors header is not UTF-8 JSON: ${(err as Error).message}`, { file, cause: err });
+  }
+  if (!headerSchema.safeParse(json).success) throw new TzipError('TZIP_CORRUPT', 'safetensors header is not a JSON object', { file });
+
+  let metadata: Record<string, unknown> | undefined;
+  const tensors: SafetensorsTensor[] = [];
+  // Iterate JSON.parse's own object, not zod's copy: a copy made by assignment would turn a tensor
+  // named "__proto__" into a prototype and lose it.
+  for (const [name, value] of Object.entries(json as Record<string, unknown>)) {
+    if (name === '__metadata__') {
+      const parsed = metadataSchema.safeParse(value);
+      if (!parsed.success) throw new TzipError('TZIP_CORRUPT', '__metadata__ is not a JSON object', { file });
+      metadata = parsed.data;
+      continue;
+    }
+    const parsed = tensorSchema.safeParse(value);
+    if (!parsed.success) {
+      throw new TzipError('TZIP_CORRUPT', `bad tensor entry: ${z.prettifyError(parsed.error).replace(/\n\s*/g, ' ')}`, { file, tensor: name });
+    }
+    const { dtype, shape, data_offsets: [begin, end] } = parsed.data;
+    if (begin > end) {
+      throw new TzipError('TZIP_CORRUPT', `data_offsets [${begin}, ${end}] are reversed`, { file, tensor: name });
+    }
+    if (end > dataLength) {
+      throw new TzipError('TZIP_TRUNCATED', `data_offsets [${begin}, ${end}] reach past the ${dataLength}-byte data section`, { file, tensor: name });
+    }
+    const nbytes = end - begin;
+    const sizeMatches = isKnownDtype(dtype) && shape.length <= CODEC_MAX_DIMS &&
+      elementCount(shape) * BigInt(DTYPE_BYTES[dtype]) === BigInt(nbytes);
+    tensors.push({
+      name,
+      dtype,
+      shape,
+      begin,
+      end,
+      codecDtype: sizeMatches ? dtype : 'U8',
+      codecShape: sizeMatches ? shape : [nbytes],
+    });
+  }
+
+  tensors.sort(compareTensors);
+  let cursor = 0;
+  let previous: SafetensorsTensor | undefined;
+  for (const t of tensors) {
+    if (previous !== undefined && t.begin < cursor) {
+      throw new TzipError('TZIP_CORRUPT',
+        `data_offsets [${t.begin}, ${t.end}] overlap tensor '${previous.name}' at [${previous.begin}, ${previous.end}]`, { file, tensor: t.name });
+    }
+    if (t.end > cursor) {
+      cursor = t.end;
+      previous = t;
+    }
+  }
+  return { headerLength, dataOffset, dataLength, tensors, metadata };
+}
+
+/** An open safetensors file: its validated header and positioned reads of its data section. */
+export interface SafetensorsFile {
+  /** Path as given to {@link openSafetensors}. */
+  path: string;
+  /** Size of the file in bytes. */
+  fileSize: number;
+  /** The file's first 8 + N bytes (length prefix and JSON), verbatim. */
+  headerBytes: Buffer;
+  header: SafetensorsHeader;
+  /**
+   * Reads data-section bytes [begin, end) (offsets relative to the data section) with positioned reads.
+   * @throws TzipError TZIP_IO / TZIP_TRUNCATED naming the file; TZIP_UNSUPPORTED when the range exceeds Node's largest buffer.
+   */
+  read(begin: number, end: number): Promise<Buffer>;
+  /** Closes the file. */
+  close(): Promise<void>;
+}
+
+/**
+ * Opens a safetensors file and reads and validates its header (only the first 8 + N bytes are read).
+ * @throws TzipError naming the file: TZIP_IO (cannot open/read), or as {@link parseSafetensorsHeader}.
+ */
+export async function openSafetensors(path: string): Promise<SafetensorsFile> {
+  let handle: FileHandle;
+  try {
+    handle = await open(path, 'r');
+  } catch (err) {
+    throw toTzipError(err, { file: path });
+  }
+  try {
+    const fileSize = (await handle.stat()).size;
+    const lengthBytes = Buffer.alloc(LENGTH_PREFIX_BYTES);
+    const { bytesRead } = await handle.read(lengthBytes, 0, LENGTH_PREFIX_BYTES, 0);
+    const headerLength = parseHeaderLength(lengthBytes.subarray(0, bytesRead), fileSize, path);
+    const headerBytes = Buffer.alloc(LENGTH_PREFIX_BYTES + headerLength);
+    lengthBytes.copy(headerBytes);
+    await readExactly(handle, headerBytes.subarray(LENGTH_PREFIX_BYTES), LENGTH_PREFIX_BYTES, path);
+    const header = parseSafetensorsHeader(headerBytes, fileSize, path);
+    return {
+      path,
+      fileSize,
+      headerBytes,
+      header,
+      read: async (begin, end) => {
+        if (end - begin > bufferConstants.MAX_LENGTH) {
+          throw new TzipError('TZIP_UNSUPPORTED', `${end - begin} bytes exceed the largest buffer Node can allocate (${bufferConstants.MAX_LENGTH})`, { file: path });
+        }
+        const bytes = Buffer.allocUnsafe(end - begin);
+        await readExactly(handle, bytes, header.dataOffset + begin, path);
+        return bytes;
+      },
+      close: () => handle.close(),
+    };
+  } catch (err) {
+    await handle.close();
+    throw toTzipError(err, { file: path });
+  }
+}

@@ -1,0 +1,276 @@
+// The .tzip container end to end through the native addon: byte-identical round trips, random
+// access, and rejection of damaged files with the file (and tensor) named.
+import { createHash } from 'node:crypto';
+import { readdir, readFile, truncate, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import fc from 'fast-check';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { INDEX_ENTRY_BYTES, PREFIX_BYTES, TRAILER_BYTES } from '../src/container.js';
+import { TzipError } from '../src/errors.js';
+import { CODECS, type Codec } from '../src/native.js';
+import { openTzip } from '../src/reader.js';
+import { decompressFile, verifyFile } from '../src/restore.js';
+import { compressFile } from '../src/writer.js';
+import { bf16From, buildSafetensors, flip, gap, randomTensor, weightLikeF32, type Piece, type TensorPiece } from './helpers/safetensors-builder.js';
+import { useTempDir } from './helpers/temp-dir.js';
+
+const tmp = useTempDir('container');
+
+function sha256(bytes: Uint8Array): string {
+  return createHash('sha256').update(bytes).digest('hex');
+}
+
+const weights = weightLikeF32('layer.0.weight', [64, 96], 7);
+
+/** Every kind of entry: floats, ints, unknown dtype, size mismatch, gaps, empty tensors, trailing bytes. */
+const RICH: Piece[] = [
+  gap(13), // bytes before the first tensor
+  weights,
+  bf16From(weights, 'layer.0.weight.bf16'),
+  randomTensor('f16', 'F16', [3, 5, 7], 2),
+  randomTensor('ids', 'I64', [1, 512], 8),
+  gap(3),
+  randomTensor('mask', 'BOOL', [33], 1),
+  randomTensor('fp8', 'F8_E4M3', [100], 1),
+  randomTensor('quant', 'Q4_K', [17, 3], 1), // unknown dtype
+  { kind: 'tensor', name: 'mismatch', dtype: 'F32', shape: [5], bytes: Buffer.alloc(7, 1) }, // size does not match
+  randomTensor('empty.a', 'F32', [0], 4),
+  randomTensor('empty.b', 'BF16', [2, 0], 2),
+  randomTensor('empty.c', 'F16', [0, 4096], 2),
+  randomTensor('u16', 'U16', [9], 2),
+  randomTensor('f64', 'F64', [4, 4], 8),
+  randomTensor('名前/ü', 'I32', [6], 4), // non-ASCII name
+  randomTensor('__proto__', 'U8', [4], 1), // a name that is special to JavaScript objects
+  gap(21), // trailing bytes
+];
+
+describe('compress / decompress round trip', () => {
+  let source: string;
+  let original: Buffer;
+  beforeAll(async () => {
+    original = buildSafetensors(RICH, { metadata: { format: 'pt', note: 'test' } });
+    source = join(tmp(), 'rich.safetensors');
+    await writeFile(source, original);
+  });
+
+  it.each(CODECS)('is byte-identical with codec %s', async (codec: Codec) => {
+    const packed = join(tmp(), `rich.${codec}.tzip`);
+    const restored = join(tmp(), `rich.${codec}.safetensors`);
+    const result = await compressFile(source, packed, { codec });
+    expect(result.inputBytes).toBe(original.byteLength);
+    expect(result.entries.filter((e) => e.kind === 'tensor')).toHaveLength(RICH.filter((p) => p.kind === 'tensor').length);
+    expect((await verifyFile(packed)).ok).toBe(true);
+    await decompressFile(packed, restored);
+    expect(sha256(await readFile(restored))).toBe(sha256(original));
+  });
+
+  it('writes the documented layout', async () => {
+    const packed = join(tmp(), 'layout.tzip');
+    const result = await compressFile(source, packed);
+    const bytes = await readFile(packed);
+    expect(bytes.subarray(0, 8)).toEqual(Buffer.from([0x89, 0x54, 0x5a, 0x49, 0x50, 0x0d, 0x0a, 0x1a]));
+    expect(bytes.readUInt16LE(8)).toBe(1);
+    expect(bytes.readBigUInt64LE(16)).toBe(BigInt(original.byteLength));
+    const headerBytes = 8 + Number(original.readBigUInt64LE(0));
+    expect(bytes.subarray(PREFIX_BYTES, PREFIX_BYTES + headerBytes)).toEqual(original.subarray(0, headerBytes));
+    const trailer = bytes.subarray(bytes.byteLength - TRAILER_BYTES);
+    expect(trailer.subarray(24, 28).toString('latin1')).toBe('TZIX');
+    const indexOffset = Number(trailer.readBigUInt64LE(0));
+    expect(indexOffset % 16).toBe(0);
+    expect(trailer.readUInt32LE(8)).toBe(result.entries.length);
+    expect(indexOffset + result.entries.length * INDEX_ENTRY_BYTES + TRAILER_BYTES).toBe(bytes.byteLength);
+    let expectedBegin = 0;
+    for (let i = 0; i < result.entries.length; i++) {
+      const at = indexOffset + i * INDEX_ENTRY_BYTES;
+      expect(Number(bytes.readBigUInt64LE(at))).toBe(expectedBegin);
+      expectedBegin = Number(bytes.readBigUInt64LE(at + 8));
+      expect(Number(bytes.readBigUInt64LE(at + 16)) % 16).toBe(0);
+    }
+    expect(expectedBegin).toBe(original.byteLength - headerBytes);
+  });
+
+  it('reads every tensor by name, identical to its bytes in the original', async () => {
+    const packed = join(tmp(), 'random-access.tzip');
+    await compressFile(source, packed, { codec: 'max' });
+    const reader = await openTzip(packed);
+    try {
+      const tensors = RICH.filter((p): p is TensorPiece => p.kind === 'tensor');
+      expect(reader.tensorNames().sort()).toEqual(tensors.map((t) => t.name).sort());
+      for (const t of tensors) expect((await reader.readTensor(t.name)).equals(t.bytes)).toBe(true);
+      const e = await reader.readTensor('no.such.tensor').catch((err: unknown) => err);
+      expect(e).toBeInstanceOf(TzipError);
+      expect((e as TzipError).code).toBe('TZIP_USAGE');
+      expect((e as TzipError).message).toContain(packed);
+      const quant = reader.entry('quant');
+      expect([quant.fileDtype, quant.fileShape, quant.dtype, quant.shape]).toEqual(['Q4_K', [17, 3], 'U8', [51]]);
+      const header = await reader.frameHeader(reader.entry('empty.c'));
+      expect([header.nbytes, header.shape]).toEqual([0, [0, 4096]]);
+    } finally {
+      await reader.close();
+    }
+  });
+
+  it('reads frame headers whose chunk table is larger than the first read', async () => {
+    const big = weightLikeF32('big', [512, 1024], 11); // 2 MiB: 512 chunks of 4096 bytes
+    const src = join(tmp(), 'big.safetensors');
+    await writeFile(src, buildSafetensors([big]));
+    await compressFile(src, join(tmp(), 'big.tzip'), { chunkSize: 4096 });
+    const reader = await openTzip(join(tmp(), 'big.tzip'));
+    try {
+      const header = await reader.frameHeader(reader.entry('big'));
+      expect(header.nChunks).toBe(512);
+      expect(header.headerBytes).toBeGreaterThan(4096);
+      expect((await reader.readTensor('big')).equals(big.bytes)).toBe(true);
+    } finally {
+      await reader.close();
+    }
+  });
+
+  it('round-trips files with no tensors and with no data at all', async () => {
+    for (const [name, file] of [
+      ['header-only', buildSafetensors([], { metadata: { a: 'b' } })],
+      ['gap-only', buildSafetensors([gap(1000)])],
+      ['empty-only', buildSafetensors([randomTensor('e', 'F32', [0], 4)])],
+      ['unpadded', buildSafetensors([randomTensor('x', 'U8', [3], 1)], { headerPadding: 0 })],
+      ['wide-padding', buildSafetensors([randomTensor('x', 'F32', [3], 4)], { headerPadding: 77 })],
+    ] as const) {
+      const src = join(tmp(), `${name}.safetensors`);
+      await writeFile(src, file);
+      await compressFile(src, join(tmp(), `${name}.tzip`));
+      await decompressFile(join(tmp(), `${name}.tzip`), join(tmp(), `${name}.out`));
+      expect(sha256(await readFile(join(tmp(), `${name}.out`))), name).toBe(sha256(file));
+    }
+  });
+
+  it('round-trips random layouts byte for byte', async () => {
+    const dtypes = [['F32', 4], ['BF16', 2], ['F16', 2], ['U8', 1], ['I64', 8], ['X9', 1]] as const;
+    const piece = fc.oneof(
+      fc.record({ d: fc.constantFrom(...dtypes), shape: fc.array(fc.nat(6), { maxLength: 3 }) })
+        .map(({ d, shape }): Piece => randomTensor('t', d[0], shape, d[1])),
+      fc.integer({ min: 1, max: 50 }).map((n) => gap(n)),
+    );
+    let run = 0;
+    await fc.assert(fc.asyncProperty(fc.array(piece, { maxLength: 8 }), fc.constantFrom<Codec>('auto', 'fast', 'max'), async (generated, codec) => {
+      const pieces = generated.map((p, i): Piece => (p.kind === 'tensor' ? { ...p, name: `t${i}` } : p));
+      const file = buildSafetensors(pieces);
+      const base = join(tmp(), `prop-${run++}`);
+      await writeFile(`${base}.safetensors`, file);
+      await compressFile(`${base}.safetensors`, `${base}.tzip`, { codec });
+      await decompressFile(`${base}.tzip`, `${base}.out`);
+      expect((await readFile(`${base}.out`)).equals(file)).toBe(true);
+    }), { numRuns: 25 });
+  });
+});
+
+describe('damaged input', () => {
+  let good: Buffer;
+  let packedPath: string;
+  let indexOffset: number;
+  beforeAll(async () => {
+    const src = join(tmp(), 'damage.safetensors');
+    await writeFile(src, buildSafetensors(RICH));
+    packedPath = join(tmp(), 'damage.tzip');
+    await compressFile(src, packedPath);
+    good = await readFile(packedPath);
+    indexOffset = Number(good.readBigUInt64LE(good.byteLength - TRAILER_BYTES));
+  });
+
+  async function damaged(name: string, edit: (b: Buffer) => Buffer): Promise<string> {
+    const path = join(tmp(), `${name}.tzip`);
+    await writeFile(path, edit(Buffer.from(good)));
+    return path;
+  }
+
+  async function expectOpenError(path: string, codes: string[]): Promise<TzipError> {
+    const err = await openTzip(path).then(async (r) => { await r.close(); return undefined; }, (e: unknown) => e);
+    expect(err).toBeInstanceOf(TzipError);
+    const e = err as TzipError;
+    expect(codes).toContain(e.code);
+    expect(e.file).toBe(path);
+    expect(e.message).toContain(path);
+    return e;
+  }
+
+  it('rejects a bad magic, version and flags', async () => {
+    await expectOpenError(await damaged('magic', (b) => { b[1] = 0x55; return b; }), ['TZIP_CORRUPT']);
+    await expectOpenError(await damaged('version', (b) => { b.writeUInt16LE(2, 8); return b; }), ['TZIP_UNSUPPORTED']);
+    await expectOpenError(await damaged('flags', (b) => { b.writeUInt16LE(1, 10); return b; }), ['TZIP_UNSUPPORTED']);
+  });
+
+  it('rejects a corrupted index (digest mismatch)', async () => {
+    const e = await expectOpenError(await damaged('index', (b) => { flip(b, indexOffset + 20, 0x10); return b; }), ['TZIP_CORRUPT']);
+    expect(e.message).toContain('digest');
+  });
+
+  it('rejects a corrupted trailer', async () => {
+    await expectOpenError(await damaged('trailer-magic', (b) => { flip(b, b.byteLength - 6, 1); return b; }), ['TZIP_CORRUPT']);
+    await expectOpenError(await damaged('trailer-offset', (b) => { flip(b, b.byteLength - TRAILER_BYTES, 0x20); return b; }), ['TZIP_CORRUPT']);
+    await expectOpenError(await damaged('trailer-size', (b) => { flip(b, b.byteLength - 16, 1); return b; }), ['TZIP_CORRUPT']);
+  });
+
+  it('rejects truncated files', async () => {
+    for (const keep of [good.byteLength - 1, indexOffset, 200, 40, 10, 0]) {
+      const path = join(tmp(), `truncated-${keep}.tzip`);
+      await writeFile(path, good);
+      await truncate(path, keep);
+      await expectOpenError(path, ['TZIP_CORRUPT', 'TZIP_TRUNCATED']);
+    }
+  });
+
+  it('rejects a changed safetensors header that no longer matches the index', async () => {
+    // Shift one tensor's offsets by one byte: the header still parses but its layout differs from the index.
+    const e = await expectOpenError(await damaged('header', (b) => {
+      const text = b.toString('latin1');
+      const m = /"f16":\{"dtype":"F16","shape":\[3,5,7\],"data_offsets":\[(\d+),(\d+)\]\}/.exec(text);
+      if (m === null) throw new Error('test setup: f16 entry not found');
+      const replaced = m[0].replace(`[${m[1]},${m[2]}]`, `[${Number(m[1]) + 1},${Number(m[2]) + 1}]`);
+      if (replaced.length !== m[0].length) throw new Error('test setup: length changed');
+      b.write(replaced, m.index, 'latin1');
+      return b;
+    }), ['TZIP_CORRUPT']);
+    expect(e.message).toMatch(/index|overlap/);
+  });
+
+  it('reports a damaged frame for its tensor in verify, readTensor and decompress', async () => {
+    const reader = await openTzip(packedPath);
+    const entry = reader.entry('layer.0.weight');
+    await reader.close();
+    const path = await damaged('frame', (b) => { flip(b, entry.frameOffset + entry.frameBytes - 5, 0x40); return b; });
+    const verified = await verifyFile(path);
+    expect(verified.ok).toBe(false);
+    const bad = verified.entries.filter((e) => e.error !== undefined);
+    expect(bad.map((e) => e.entry.name)).toEqual(['layer.0.weight']);
+    expect(['TZIP_CHECKSUM', 'TZIP_CORRUPT']).toContain(bad[0]?.error?.code);
+    expect(bad[0]?.error?.message).toContain(path);
+    expect(bad[0]?.error?.message).toContain('layer.0.weight');
+
+    const damagedReader = await openTzip(path);
+    try {
+      const err = await damagedReader.readTensor('layer.0.weight').catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(TzipError);
+      expect((err as TzipError).tensor).toBe('layer.0.weight');
+      expect((await damagedReader.readTensor('f16')).byteLength).toBe(3 * 5 * 7 * 2); // other tensors still readable
+    } finally {
+      await damagedReader.close();
+    }
+
+    const err = await decompressFile(path, join(tmp(), 'frame.out')).catch((e: unknown) => e);
+    expect((err as TzipError).tensor).toBe('layer.0.weight');
+    // The failed decompression left no temporary or partial file behind.
+    expect((await readdir(tmp())).filter((n) => n.startsWith('.frame.out') || n === 'frame.out')).toEqual([]);
+  });
+
+  it('names the file for missing inputs and invalid safetensors', async () => {
+    const missing = join(tmp(), 'missing.safetensors');
+    const err = await compressFile(missing, join(tmp(), 'missing.tzip')).catch((e: unknown) => e);
+    expect((err as TzipError).code).toBe('TZIP_IO');
+    expect((err as TzipError).message).toContain(missing);
+
+    const junk = join(tmp(), 'junk.safetensors');
+    await writeFile(junk, Buffer.from('this is not a safetensors file at all'));
+    const err2 = await compressFile(junk, join(tmp(), 'junk.tzip')).catch((e: unknown) => e);
+    expect(['TZIP_CORRUPT', 'TZIP_TRUNCATED']).toContain((err2 as TzipError).code);
+    expect((err2 as TzipError).message).toContain(junk);
+    expect((await readdir(tmp())).filter((n) => n.includes('junk.tzip'))).toEqual([]);
+  });
+});

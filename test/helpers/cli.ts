@@ -1,0 +1,46 @@
+/**
+ * Test helper: runs the compiled `tzip` CLI (dist/src/cli/main.js) in a child process, compiling
+ * the TypeScript first when dist is missing or older than src (scripts/setup.sh normally builds it).
+ */
+import { execFile, execFileSync } from 'node:child_process';
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const MAIN = join(ROOT, 'dist', 'src', 'cli', 'main.js');
+
+function newestMtime(dir: string): number {
+  let newest = 0;
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    newest = Math.max(newest, entry.isDirectory() ? newestMtime(path) : statSync(path).mtimeMs);
+  }
+  return newest;
+}
+
+/**
+ * Compiles src/ to dist/ with the project's tsc unless dist/src holds main.js and was written after
+ * the newest source file (tsc leaves unchanged outputs alone, so the newest output file is compared).
+ */
+export function ensureBuilt(): void {
+  if (existsSync(MAIN) && newestMtime(join(ROOT, 'dist', 'src')) >= newestMtime(join(ROOT, 'src'))) return;
+  execFileSync(process.execPath, [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(ROOT, 'tsconfig.json')], { stdio: 'inherit' });
+}
+
+/** What a CLI run produced. */
+export interface CliResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs `tzip ...args` with `cwd`; never rejects (the exit code is in the result). */
+export function runTzip(args: readonly string[], cwd: string): Promise<CliResult> {
+  return new Promise((resolve) => {
+    execFile(process.execPath, [MAIN, ...args], { cwd, maxBuffer: 64 << 20, env: { ...process.env, FORCE_COLOR: '0' } }, (error, stdout, stderr) => {
+      const code = error === null ? 0 : typeof error.code === 'number' ? error.code : -1;
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
