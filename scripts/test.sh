@@ -13,6 +13,10 @@ rm -rf "$results"; mkdir -p "$results"
 passed=0 failed=0 skipped=0 bad=()
 add() { passed=$((passed + $1)) failed=$((failed + $2)) skipped=$((skipped + $3)); }
 
+# --- TypeScript type check (vitest runs TS without checking types) ---------------
+say "typecheck (src, test, examples)"
+if npx --no-install tsc -p tsconfig.test.json; then add 1 0 0; else bad+=(typecheck); add 0 1 0; fi
+
 # --- TypeScript (vitest) --------------------------------------------------------
 say "vitest"
 npx --no-install vitest run --reporter=default --reporter=json --outputFile.json="$results/vitest.json"
