@@ -64,7 +64,7 @@ export interface FrameHeader {
   payloadBytes: number;
   /** headerBytes + payloadBytes: the whole frame. */
   frameBytes: number;
-  /** XXH32 of the original bytes as stored in the frame. */
+  /** Frame checksum: XXH32 (seed 0) of the little-endian array of the chunks' XXH32 digests of original bytes. */
   checksum: number;
 }
 

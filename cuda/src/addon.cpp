@@ -163,7 +163,8 @@ Napi::Value Compress(const Napi::CallbackInfo& info) {
     uint32_t chunk = tzip::kDefaultChunkBytes;
     if (o.Has("chunkSize") && !o.Get("chunkSize").IsUndefined()) {
       const uint64_t c = u64_of(o.Get("chunkSize"), "chunkSize");
-      if (c > tzip::kMaxChunkBytes) invalid("chunkSize must be at most 65536 bytes");
+      if (c < tzip::kMinChunkBytes || c > tzip::kMaxChunkBytes || c % tzip::kChunkBytesMultiple)
+        invalid("chunkSize must be a multiple of 256 between 4096 and 65536 bytes");
       chunk = uint32_t(c);
     }
     auto* w = new CompressWorker(env, info[0], in, dtype, std::move(shape), codec, is_auto, threads_opt(o), chunk);
@@ -229,7 +230,12 @@ Napi::Value Decompress(const Napi::CallbackInfo& info) {
       if (out.ByteLength() != h.nbytes)
         invalid("options.out is " + std::to_string(out.ByteLength()) + " bytes, the frame holds " + std::to_string(h.nbytes));
     } else {
-      out = Napi::Buffer<uint8_t>::New(env, size_t(h.nbytes));
+      try {
+        out = Napi::Buffer<uint8_t>::New(env, size_t(h.nbytes));
+      } catch (const Napi::Error&) {
+        throw Error(ErrorCode::Unsupported, "cannot allocate a Buffer of " + std::to_string(h.nbytes) +
+                                                " bytes for the decoded tensor; pass options.out");
+      }
     }
     const bool verify = !o.Has("verify") || o.Get("verify").IsUndefined() || o.Get("verify").ToBoolean().Value();
     auto* w = new DecompressWorker(env, info[0], f, out, verify, threads_opt(o));

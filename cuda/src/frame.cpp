@@ -208,6 +208,8 @@ FrameHeader parse_frame_header(const uint8_t* f, uint64_t avail) {
     throw Error(ErrorCode::Truncated, "truncated frame: the shape needs " + std::to_string(table_off) + " bytes", table_off);
   h.shape.resize(ndim);
   for (uint32_t d = 0; d < ndim; ++d) h.shape[d] = load_le64(f + kOffShape + 8 * d);
+  for (uint64_t p = kOffShape + 8ull * ndim; p < table_off; ++p)
+    if (f[p]) corrupt("non-zero padding between the shape and the chunk table");
   uint64_t expect;
   if (!shape_bytes(h.shape, dtype_size(h.dtype), &expect) || expect != h.nbytes) corrupt("shape does not match the byte count");
   if (h.payload_bytes > h.nbytes) corrupt("payload larger than the tensor");

@@ -27,7 +27,9 @@ TZIP_HD uint64_t chunk_table_offset(uint32_t ndim) { return align16(kFixedHeader
 TZIP_HD uint64_t frame_header_bytes(uint32_t ndim, uint64_t n_chunks) {
   return chunk_table_offset(ndim) + uint64_t(kChunkEntryBytes) * n_chunks;
 }
-TZIP_HD uint64_t num_chunks(uint64_t nbytes, uint32_t chunk_bytes) { return (nbytes + chunk_bytes - 1) / chunk_bytes; }
+TZIP_HD uint64_t num_chunks(uint64_t nbytes, uint32_t chunk_bytes) {
+  return nbytes / chunk_bytes + (nbytes % chunk_bytes != 0);  // no overflow near 2^64
+}
 /// Exact upper bound of a frame's size in bytes: the payload never exceeds the input, because a chunk whose
 /// coded form (padded to 16 bytes) is not smaller than its raw bytes is stored raw (docs/format.md, "Bound").
 TZIP_HD uint64_t max_frame_bytes(uint64_t nbytes, uint32_t ndim, uint32_t chunk_bytes) {
