@@ -1,17 +1,22 @@
 """tzip: lossless GPU/CPU compression for PyTorch tensors.
 
-tzip compresses the raw bytes of tensors -- bf16/fp16/fp32 model weights and
-gradients, and any other safetensors dtype -- without losing a bit: a
-decompressed tensor is byte-identical to the original. Floating-point data is
-coded field by field (the exponents of real weights and gradients take few
-distinct values and compress well; the remaining bits much less). The codec
-runs on the CPU and, where available, on an NVIDIA GPU, and writes one
-self-describing frame per tensor (docs/format.md).
+tzip compresses the raw bytes of tensors -- bf16/fp16/fp32 model weights and gradients, and any other
+safetensors dtype -- without losing a bit: a decompressed tensor is byte-identical to the original. Floating-point
+data is coded field by field (docs/format.md). The codec lives in the tzip daemon (``tzip serve``); this package
+talks to it over ZeroMQ and hands it shared-memory handles, so tensor bytes never cross the socket
+(docs/protocol.md)::
 
-This Python package is the bridge to that codec. For now it holds the
-demo/benchmark inputs (:mod:`tzip.demo_data`); the daemon client comes later.
+    import tzip
+    client = tzip.connect()            # starts a daemon if none runs
+    ct = client.compress(tensor)       # CompressedTensor: payload, dtype, shape, codec, ratio
+    back = client.decompress(ct)       # bit-identical to tensor
+
+Also here: the demo inputs (:mod:`tzip.demo_data`) and a pure-Python reference decoder (:mod:`tzip.reference`).
 """
+
+from .client import Client, DaemonUnavailableError, TzipDaemonError, connect
+from .compressed import CompressedTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["Client", "CompressedTensor", "DaemonUnavailableError", "TzipDaemonError", "connect", "__version__"]

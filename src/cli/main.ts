@@ -15,6 +15,7 @@ import { registerDecompress } from './decompress.js';
 import { EXIT_CODES_HELP, EXIT_INTERNAL, EXIT_OK, exitCodeFor } from './exit-codes.js';
 import { registerExtract } from './extract.js';
 import { registerInspect } from './inspect.js';
+import { registerServe } from './serve.js';
 import { registerVerify } from './verify.js';
 
 function packageVersion(): string {
@@ -37,6 +38,7 @@ function buildProgram(): Command {
   registerInspect(program);
   registerExtract(program);
   registerBench(program);
+  registerServe(program);
   return program;
 }
 

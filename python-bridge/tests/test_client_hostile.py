@@ -1,0 +1,283 @@
+"""Hostile and broken input sent straight to a real daemon over the socket: random bytes, wrong types,
+unknown ops, oversized messages, huge declared sizes, other clients' memory, GPU handles, bad layouts.
+Every one must get an error reply (with the request id where there is one) and the daemon must go on
+serving; leases lapse for clients that go silent.
+"""
+
+from __future__ import annotations
+
+
+import os
+import random
+import time
+
+import msgpack
+import pytest
+
+from test_client_support import DaemonProcess, RawConn, daemon, shared_daemon, sock_dir  # noqa: F401
+
+
+@pytest.fixture
+def conn(shared_daemon):
+    c = RawConn(shared_daemon.socket)
+    assert c.hello()["ok"]
+    yield c
+    c.close()
+
+
+def shm_file(name: str, size: int, fill: bytes = b"") -> str:
+    path = f"/dev/shm/{name}"
+    with open(path, "wb") as f:
+        f.truncate(size)
+        if fill:
+            f.seek(0)
+            f.write(fill)
+    return path
+
+
+@pytest.fixture
+def files(conn):
+    made = []
+
+    def make(suffix: str, size: int, fill: bytes = b"", prefix: str | None = None) -> str:
+        name = (prefix or conn.prefix) + suffix
+        made.append(shm_file(name, size, fill))
+        return name
+
+    yield make
+    for p in made:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def tensor(name: str, shape=(16,), code=2, bits=32, offset=0, size=None, byte_offset=0, device=1, strides=None):
+    nbytes = bits // 8
+    for d in shape:
+        nbytes *= d
+    t = {"device": {"type": device, "id": 0}, "dtype": {"code": code, "bits": bits, "lanes": 1}, "shape": list(shape),
+         "byte_offset": byte_offset, "data": {"kind": "shm", "name": name, "offset": offset, "size": nbytes if size is None else size}}
+    if strides is not None:
+        t["strides"] = strides
+    return t
+
+
+def out(name: str, offset: int, size: int):
+    return {"kind": "shm", "name": name, "offset": offset, "size": size}
+
+
+def assert_error(reply, code, id_=7, contains=None):
+    assert reply["ok"] is False, reply
+    assert reply["error"]["code"] == code, reply
+    assert reply["id"] == id_
+    if contains:
+        assert contains in reply["error"]["message"], reply
+
+
+def test_random_bytes_get_error_replies(conn):
+    rng = random.Random(1234)
+    for i in range(200):
+        junk = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 300)))
+        if not junk:
+            continue  # an empty message is ZeroMQ's connect/disconnect notice, not a request
+        r = conn.send_raw(junk)
+        assert r["ok"] is False and r["error"]["code"] == "TZIP_PROTOCOL", (i, junk, r)
+    assert conn.alive()
+
+
+@pytest.mark.parametrize("msg, where", [
+    ([1, 2, 3], "map"),
+    ({"op": "hello"}, "id"),
+    ("hello", "map"),
+    ({"id": "seven", "op": "heartbeat", "sid": "x"}, None),
+    ({"id": 7, "op": 42}, "op"),
+    ({"id": 7, "op": "format_disk"}, "unknown op"),
+    ({"id": 7, "op": "heartbeat"}, "sid"),
+    ({"id": 7, "op": "heartbeat", "sid": "0" * 32, "extra": 1}, "extra"),
+    ({"id": 7, "op": "hello", "versions": [1], "pid": 1, "shm_prefix": "../../etc/"}, "shm_prefix"),
+    ({"id": 7, "op": "hello", "versions": "1", "pid": 1, "shm_prefix": "tzip-1-0123abcd-"}, "versions"),
+    ({"id": 7, "op": "hello", "versions": [1], "pid": -5, "shm_prefix": "tzip-1-0123abcd-"}, "pid"),
+    ({"id": -1, "op": "stats"}, None),
+    ({"id": 2 ** 64 - 1, "op": "stats"}, None),
+])
+def test_wrong_types_get_protocol_errors(conn, msg, where):
+    r = conn.req(msg)
+    assert r["ok"] is False and r["error"]["code"] == "TZIP_PROTOCOL", r
+    if isinstance(msg, dict) and isinstance(msg.get("id"), int) and 0 <= msg["id"] < 2 ** 53:
+        assert r["id"] == msg["id"]
+    if where:
+        assert where in r["error"]["message"], r
+    assert conn.alive()
+
+
+def test_wrong_types_inside_compress(conn, files):
+    name = files("in", 4096)
+    bad_tensors = [
+        {**tensor(name), "shape": [-1]},
+        {**tensor(name), "shape": [1.5]},
+        {**tensor(name), "dtype": {"code": 2, "bits": 0, "lanes": 1}},
+        {**tensor(name), "data": {"kind": "nfs", "name": name, "offset": 0, "size": 64}},
+        {**tensor(name), "data": {"kind": "shm", "name": "../../etc/passwd", "offset": 0, "size": 64}},
+        {**tensor(name), "data": {"kind": "shm", "name": name, "offset": "0", "size": 64}},
+        {**tensor(name), "shape": list(range(1, 70))},
+    ]
+    for t in bad_tensors:
+        r = conn.call("compress", tensors=[{"tensor": t, "out": out(name, 1024, 1024)}])
+        assert_error(r, "TZIP_PROTOCOL")
+    r = conn.call("compress", tensors="all of them")
+    assert_error(r, "TZIP_PROTOCOL")
+    assert conn.alive()
+
+
+def test_oversized_message_gets_an_error_reply(conn):
+    big = msgpack.packb({"id": 7, "op": "stats", "pad": b"x" * (2 << 20)}, use_bin_type=True)
+    r = conn.send_raw(big)
+    assert r["ok"] is False and r["error"]["code"] == "TZIP_TOO_LARGE"
+    r = conn.send_raw(b"a", b"b", b"c")
+    assert r["ok"] is False and r["error"]["code"] == "TZIP_PROTOCOL" and "one message part" in r["error"]["message"]
+    assert conn.alive()
+
+
+def test_huge_declared_sizes(conn, files):
+    name = files("small", 8192)
+    cases = [
+        tensor(name, shape=(2 ** 26, 2 ** 26), size=64),             # 2^54 bytes: beyond 2^53
+        tensor(name, shape=(2 ** 40,), size=2 ** 42),               # far beyond the file
+        tensor(name, shape=(16,), offset=2 ** 53 - 1),              # region beyond the file
+        tensor(name, shape=(16,), byte_offset=2 ** 50, size=64),    # tensor beyond its region
+    ]
+    for t in cases:
+        r = conn.call("compress", tensors=[{"tensor": t, "out": out(name, 4096, 4096)}])
+        assert r["ok"] is False and r["error"]["code"] in ("TZIP_HANDLE", "TZIP_TOO_LARGE"), r
+    r = conn.call("compress", tensors=[{"tensor": tensor(name, shape=(16,)), "out": out(name, 4096, 2 ** 53 - 1)}])
+    assert_error(r, "TZIP_HANDLE", contains="beyond the end")
+    r = conn.req({"id": 7, "op": "compress", "sid": conn.sid, "tensors": [{"tensor": tensor(name), "out": out(name, 4096, 2 ** 64 - 1)}]})
+    assert_error(r, "TZIP_PROTOCOL")  # 2^64 cannot be a size
+    too_many = [{"tensor": tensor(name), "out": out(name, 4096, 1024)}] * 5000
+    r = conn.call("compress", tensors=too_many)
+    assert r["ok"] is False and r["error"]["code"] in ("TZIP_TOO_LARGE",), r
+    assert conn.alive()
+
+
+def test_other_clients_memory_is_refused(shared_daemon, files):
+    a = RawConn(shared_daemon.socket)
+    b = RawConn(shared_daemon.socket)
+    try:
+        assert a.hello()["ok"] and b.hello()["ok"]
+        a_file = files("secret", 8192, os.urandom(64), prefix=a.prefix)
+        b_file = files("mine", 8192, prefix=b.prefix)
+        # b names a's file as input, then as output
+        r = b.call("compress", tensors=[{"tensor": tensor(a_file), "out": out(b_file, 0, 4096)}])
+        assert_error(r, "TZIP_HANDLE", contains="not this session's memory")
+        r = b.call("compress", tensors=[{"tensor": tensor(b_file), "out": out(a_file, 0, 4096)}])
+        assert_error(r, "TZIP_HANDLE", contains="not this session's memory")
+        # b claims a's prefix at hello: refused while a lives
+        r = b.req({"id": 7, "op": "hello", "versions": [1], "pid": b.pid + 1, "shm_prefix": a.prefix})
+        assert_error(r, "TZIP_HANDLE", contains="another live session")
+        # b uses a's session id: the id is a capability only for a's memory, so b is still refused other files
+        r = b.req({"id": 7, "op": "compress", "sid": a.sid, "tensors": [{"tensor": tensor(b_file), "out": out(b_file, 4096, 4096)}]})
+        assert_error(r, "TZIP_HANDLE")
+        # files that are not under /dev/shm, or not files
+        for bad in ("..", "."):
+            r = b.call("compress", tensors=[{"tensor": tensor(bad), "out": out(b_file, 0, 4096)}])
+            assert r["ok"] is False
+        r = b.call("compress", tensors=[{"tensor": tensor(b.prefix + "missing"), "out": out(b_file, 0, 4096)}])
+        assert_error(r, "TZIP_HANDLE", contains="does not exist")
+        assert a.alive() and b.alive()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_gpu_handles_get_a_clear_error(conn, files):
+    name = files("cpu", 8192)
+    gpu = {"device": {"type": 2, "id": 0}, "dtype": {"code": 4, "bits": 16, "lanes": 1}, "shape": [1024], "byte_offset": 0,
+           "data": {"kind": "cuda_ipc", "device_uuid": "GPU-00000000-0000-0000-0000-000000000000", "device_index": 0,
+                    "handle": b"\x01" * 64, "offset": 0, "size": 2048, "ref_counter_handle": b"/torch_1_2_3",
+                    "ref_counter_offset": 0, "event_handle": b"\x02" * 64, "event_sync_required": True}}
+    r = conn.call("compress", tensors=[{"tensor": gpu, "out": out(name, 0, 4096)}])
+    assert_error(r, "TZIP_UNSUPPORTED", contains="GPU build")
+    cpu_desc_on_gpu = {**tensor(name), "device": {"type": 2, "id": 0}}
+    r = conn.call("compress", tensors=[{"tensor": cpu_desc_on_gpu, "out": out(name, 4096, 4096)}])
+    assert_error(r, "TZIP_UNSUPPORTED", contains="GPU build")
+    r = conn.call("compress", tensors=[{"tensor": tensor(name), "out": gpu["data"]}])
+    assert_error(r, "TZIP_UNSUPPORTED", contains="GPU build")
+    assert conn.alive()
+
+
+def test_bad_layouts_and_regions(conn, files):
+    name = files("buf", 1 << 16, os.urandom(4096))
+    r = conn.call("compress", tensors=[{"tensor": tensor(name, shape=(4, 4), strides=[1, 4]), "out": out(name, 8192, 4096)}])
+    assert_error(r, "TZIP_INVALID_ARGUMENT", contains="send the contiguous values")
+    r = conn.call("compress", tensors=[{"tensor": tensor(name, shape=(1000,)), "out": out(name, 8192, 100)}])
+    assert_error(r, "TZIP_HANDLE", contains="maxCompressedSize")
+    assert r["error"]["need"] == 64 + 16 + 4000  # align16(48 + 8) + one chunk entry + 4000 bytes
+    r = conn.call("compress", tensors=[{"tensor": tensor(name, shape=(1000,)), "out": out(name, 100, 8192)}])
+    assert_error(r, "TZIP_HANDLE", contains="overlaps")
+    r = conn.call("compress", tensors=[{"tensor": tensor(name, shape=(100,)), "out": out(name, 8192, 4096)},
+                                       {"tensor": tensor(name, shape=(100,)), "out": out(name, 10000, 4096)}])
+    assert_error(r, "TZIP_HANDLE", contains="overlaps")
+    assert r["error"]["index"] == 1
+    ok = conn.call("compress", tensors=[{"tensor": tensor(name, shape=(1000,)), "out": out(name, 8192, 8192)}])
+    assert ok["ok"], ok
+    length = ok["frames"][0]["bytes"]
+    # decompress: a frame that is not a frame, a wrong destination, a frame handle of the wrong length
+    r = conn.call("decompress", frames=[{"frame": out(name, 20000, 200), "out": tensor(name, shape=(10,), offset=40000)}])
+    assert r["ok"] is False and r["error"]["code"] in ("TZIP_CORRUPT", "TZIP_TRUNCATED"), r
+    r = conn.call("decompress", frames=[{"frame": out(name, 8192, length), "out": tensor(name, shape=(999,), offset=40000)}])
+    assert_error(r, "TZIP_INVALID_ARGUMENT", contains="destination")
+    r = conn.call("decompress", frames=[{"frame": out(name, 8192, length + 16), "out": tensor(name, shape=(1000,), offset=40000)}])
+    assert_error(r, "TZIP_INVALID_ARGUMENT")
+    r = conn.call("decompress", frames=[{"frame": out(name, 8192, length), "out": tensor(name, shape=(1000,), offset=40000)}])
+    assert r["ok"] and r["tensors"][0]["nbytes"] == 4000
+    with open(f"/dev/shm/{name}", "rb") as f:
+        data = f.read()
+    assert data[40000:44000] == data[:4000]
+    assert conn.alive()
+
+
+def test_version_negotiation(shared_daemon):
+    c = RawConn(shared_daemon.socket)
+    try:
+        r = c.hello(versions=[99, 100])
+        assert r["ok"] is False and r["error"]["code"] == "TZIP_VERSION" and r["error"]["versions"] == [1]
+        r = c.hello(versions=[1, 99])
+        assert r["ok"] and r["version"] == 1
+    finally:
+        c.close()
+
+
+def test_unknown_session_and_lease_lapse(sock_dir):
+    d = DaemonProcess(os.path.join(sock_dir, "lease", "tzip.sock"), "--lease-ms", "300").start()
+    c = RawConn(d.socket)
+    try:
+        r = c.req({"id": 7, "op": "heartbeat", "sid": "f" * 32})
+        assert_error(r, "TZIP_SESSION", contains="hello again")
+        assert c.hello()["ok"]
+        name = c.prefix + "x"
+        shm_file(name, 4096)
+        assert c.call("compress", tensors=[{"tensor": tensor(name, shape=(100,)), "out": out(name, 512, 1024)}])["ok"]
+        stats = c.req({"id": 1, "op": "stats", "sid": c.sid})
+        assert stats["session"]["mapped"]["files"] == 1
+        time.sleep(1.0)  # silent for more than the lease
+        stats = c.req({"id": 1, "op": "stats"})
+        assert stats["sessions"] == 0 and stats["sessions_ended"].get("lease") == 1 and stats["mapped"]["files"] == 0
+        assert_error(c.call("heartbeat"), "TZIP_SESSION")
+        # this process lives: its files were not removed
+        assert os.path.exists(f"/dev/shm/{name}")
+        os.unlink(f"/dev/shm/{name}")
+    finally:
+        c.close()
+        d.stop()
+
+
+def test_daemon_survived_everything(shared_daemon):
+    assert shared_daemon.alive()
+    c = RawConn(shared_daemon.socket)
+    try:
+        s = c.req({"id": 1, "op": "stats"})
+        assert s["ok"] and s["errors"].get("TZIP_PROTOCOL", 0) > 100
+    finally:
+        c.close()
+

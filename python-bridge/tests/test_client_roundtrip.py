@@ -1,0 +1,247 @@
+"""Round trips through a real daemon (one `tzip serve` process for the module): every dtype bit-exact
+(compared as integer views / bytes, never as floats), -0.0 and NaN payloads, views with storage offsets,
+non-contiguous tensors, batches, async calls, shared-memory (zero-copy) tensors, serialisation.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+
+import pytest
+import torch
+
+import tzip.client as tz
+from tzip import _shm
+from tzip._dlpack import frame_layout_of, int_alias
+from tzip._frame import encode_raw, read_header
+from tzip.compressed import CompressedTensor
+
+from test_client_support import shared_daemon  # noqa: F401  (fixture)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-exact equality through integer views (NaN payloads and -0.0 included)."""
+    if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        return False
+    return torch.equal(int_alias(a.contiguous()), int_alias(b.contiguous()))
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """A tensor of ``dtype`` whose bytes are random (every bit pattern: NaNs with payloads, denormals, ...)."""
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape) * dtype.itemsize
+    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+    return raw.view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+
+
+def special_floats(dtype: torch.dtype) -> torch.Tensor:
+    """-0.0, +-inf, NaNs with payloads and sign, denormals, extremes of a float dtype, as exact bit patterns."""
+    if dtype == torch.float32:
+        bits = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7FC00001, 0xFFFFFFFF, 0x7F800001,
+                0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0x3F800000]
+        return torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32).view(torch.float32)
+    if dtype == torch.float64:
+        bits = [0, 1 << 63, 0x7FF0000000000000, 0x7FF8000000000001, 0xFFFFFFFFFFFFFFFF, 0x0000000000000001]
+        return torch.tensor([b - (1 << 64) if b >= 1 << 63 else b for b in bits], dtype=torch.int64).view(torch.float64)
+    bits16 = [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E01, 0xFFFF, 0x7F80, 0xFF81, 0x0001, 0x8001, 0x7BFF, 0x3C00]
+    return torch.tensor([b - (1 << 16) if b >= 1 << 15 else b for b in bits16], dtype=torch.int16).view(dtype)
+
+
+ALL_DTYPES = [d for d in [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64, torch.uint64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128,
+    getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None), getattr(torch, "float8_e4m3fnuz", None),
+    getattr(torch, "float8_e5m2fnuz", None), getattr(torch, "float8_e8m0fnu", None), getattr(torch, "float4_e2m1fn_x2", None),
+    getattr(torch, "bits8", None), getattr(torch, "bits16", None), getattr(torch, "uint1", None), getattr(torch, "int4", None),
+] if d is not None]
+
+
+@pytest.fixture(scope="module")
+def client(shared_daemon):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: the daemon is there
+        c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_dtype_round_trips_bit_exact(client, dtype):
+    for shape in [(0,), (1,), (7, 13), (3, 1, 70001 // 3 + 1)]:
+        t = random_tensor(dtype, shape, seed=hash((str(dtype), shape)) & 0xFFFF)
+        ct = client.compress(t)
+        assert isinstance(ct, CompressedTensor)
+        assert ct.dtype == dtype and tuple(ct.shape) == shape and ct.nbytes == t.numel() * dtype.itemsize
+        assert ct.codec in ("raw", "fast", "max", "bytes")
+        assert read_header(ct.payload).frame_bytes == ct.payload.numel()
+        back = client.decompress(ct)
+        assert same_bits(back, t), (dtype, shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_special_float_values_survive(client, dtype):
+    t = special_floats(dtype).repeat(1000)
+    for codec in tz.CODECS:
+        back = client.decompress(client.compress(t, codec=codec))
+        assert same_bits(back, t), codec
+        # -0.0 stays negative, NaN payload bits stay
+        assert torch.signbit(back[1]) and back[1] == 0
+
+
+def test_codecs_and_ratio_on_weights(client):
+    w = (torch.randn(512, 512) * 0.02).to(torch.bfloat16)
+    for codec in tz.CODECS:
+        ct = client.compress(w, codec=codec)
+        assert ct.codec == codec if codec != "auto" else ct.codec in ("fast", "max", "bytes", "raw")
+        assert same_bits(client.decompress(ct), w)
+    assert client.compress(w, codec="max").ratio < 0.8  # bf16 weights compress
+    with pytest.raises(ValueError):
+        client.compress(w, codec="zip")
+
+
+def test_raw_codec_equals_the_python_fallback_frame(client):
+    t = random_tensor(torch.bfloat16, (300, 301), seed=5)
+    ct = client.compress(t, codec="raw")
+    fdtype, fshape = frame_layout_of(t.dtype, t.shape)
+    local = encode_raw(t.contiguous().view(-1).view(torch.uint8), fdtype, fshape)
+    assert torch.equal(ct.payload, local)
+
+
+def test_views_with_storage_offsets_and_strides(client):
+    base = random_tensor(torch.float32, (64, 96), seed=1)
+    views = {
+        "row slice (offset)": base[5:17],
+        "column slice (strided)": base[:, 3:50],
+        "transpose": base.t(),
+        "step": base[::3, ::2],
+        "element": base[7, 9],
+        "expanded (stride 0)": base[0:1].expand(10, 96),
+        "flat offset": base.view(-1)[1234:5678],
+        "narrow bf16": base.to(torch.bfloat16)[3:, 1:-1],
+        "33 dims": torch.arange(2 * 3, dtype=torch.int32).reshape(*([1] * 31), 2, 3),
+        "complex strided": torch.complex(base, -base)[::2, 1::3],
+    }
+    cts = client.compress(list(views.values()))
+    backs = client.decompress(cts)
+    for (name, v), ct, back in zip(views.items(), cts, backs):
+        assert tuple(ct.shape) == tuple(v.shape), name
+        assert back.is_contiguous(), name
+        assert same_bits(back, v), name
+
+
+def test_batch_of_200_parameters_and_async(client):
+    params = [random_tensor(torch.bfloat16, (i % 7 + 1, 37 + i), seed=i) for i in range(200)]
+    cts = client.compress(params)
+    assert len(cts) == 200
+    backs = client.decompress(cts)
+    assert all(same_bits(a, b) for a, b in zip(params, backs))
+    futs = [client.compress_async(p) for p in params[:20]] + [client.compress_async(params[20:40])]
+    done = [f.result(timeout=60) for f in futs]
+    assert all(same_bits(client.decompress(ct), p) for ct, p in zip(done[:20], params[:20]))
+    back_f = client.decompress_async(done[20])
+    assert all(same_bits(a, b) for a, b in zip(back_f.result(timeout=60), params[20:40]))
+
+
+def test_decompress_into_out(client):
+    t = random_tensor(torch.float16, (33, 65), seed=3)
+    ct = client.compress(t)
+    out = torch.empty(33, 65, dtype=torch.float16)
+    assert client.decompress(ct, out=out) is out and same_bits(out, t)
+    strided_out = torch.empty(65, 33, dtype=torch.float16).t()
+    assert same_bits(client.decompress(ct, out=strided_out), t)
+    shm_out = client.empty((33, 65), torch.float16)
+    assert client.decompress(ct, out=shm_out) is shm_out and same_bits(shm_out, t)
+    with pytest.raises(ValueError):
+        client.decompress(ct, out=torch.empty(33, 64, dtype=torch.float16))
+
+
+def test_shared_memory_tensors_go_zero_copy(client, monkeypatch):
+    t = client.empty((256, 1024), torch.bfloat16)
+    t.copy_(random_tensor(torch.bfloat16, (256, 1024), seed=9))
+    assert _shm.find(t.data_ptr(), t.numel() * 2) is not None
+    view = t[10:20]  # a view with a storage offset inside the segment
+    copies = []
+    real_copy = tz.copy_into_bytes
+    monkeypatch.setattr(tz, "copy_into_bytes", lambda dst, src: (copies.append(src.shape), real_copy(dst, src)))
+    cts = client.compress([t, view])
+    assert copies == []  # no staging copy: the daemon read the tensors where they are
+    client.compress(t.t())  # not contiguous: staged
+    assert len(copies) == 1
+    monkeypatch.undo()
+    assert all(same_bits(client.decompress(c), x) for c, x in zip(cts, [t, view]))
+    # decompressed tensors of >= 1 MiB come back in shared memory, ready for zero-copy again
+    big = random_tensor(torch.float32, (512, 1024), seed=2)
+    back = client.decompress(client.compress(big))
+    assert _shm.find(back.data_ptr(), back.numel() * 4) is not None and same_bits(back, big)
+
+
+def test_torch_file_system_shared_tensors_go_zero_copy(client):
+    import torch.multiprocessing as mp
+
+    old = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_system")
+    try:
+        t = random_tensor(torch.float32, (100, 100), seed=4).share_memory_()
+        handle = _shm.torch_shm_handle(t[3:])
+        assert handle is not None and handle[0].startswith(f"torch_")
+        for x in (t, t[3:], t[50]):
+            assert same_bits(client.decompress(client.compress(x)), x)
+    finally:
+        mp.set_sharing_strategy(old)
+
+
+def test_compressed_tensor_bytes_and_torch_save(client):
+    t = random_tensor(torch.complex64, (17, 5), seed=8)
+    ct = client.compress(t)
+    again = CompressedTensor.from_bytes(ct.to_bytes())
+    assert torch.equal(again.payload, ct.payload) and again.dtype == ct.dtype and again.shape == ct.shape
+    assert same_bits(client.decompress(again), t)
+    buf = io.BytesIO()
+    torch.save({"ct": ct, "list": [ct, ct]}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert same_bits(client.decompress(loaded["ct"]), t)
+    bad = bytearray(ct.to_bytes())
+    bad[-1] ^= 0xFF  # payload byte: detected at decompression (digest)
+    with pytest.raises(tz.TzipDaemonError) as e:
+        client.decompress(CompressedTensor.from_bytes(bytes(bad)))
+    assert e.value.code in ("TZIP_CHECKSUM", "TZIP_CORRUPT")
+    with pytest.raises(ValueError):
+        CompressedTensor.from_bytes(b"TZCT" + bytes(20))
+    meta_lie = CompressedTensor(ct.payload, torch.float64, ct.shape, ct.codec, ct.nbytes)
+    with pytest.raises(ValueError):
+        CompressedTensor.from_bytes(meta_lie.to_bytes())
+
+
+def test_refuses_what_it_cannot_take(client):
+    q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+    with pytest.raises(TypeError):
+        client.compress(q)
+    with pytest.raises(TypeError):
+        client.compress(torch.randn(4, 4).to_sparse())
+    with pytest.raises(TypeError):
+        client.compress(torch.empty(3, device="meta"))
+
+
+def test_stats_count_this_session(client):
+    s = client.stats()
+    assert s["sessions"] >= 1 and s["session"]["pid"] > 0
+    assert s["compress"]["items"] > 0 and s["decompress"]["items"] > 0
+    assert client.ping() < 1.0
+
+
+def test_parameters_that_require_grad(client):
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(torch.bfloat16)
+    model(torch.randn(8, 32, dtype=torch.bfloat16)).sum().backward()
+    params = list(model.parameters())
+    cts = client.compress(model.parameters())
+    grads = client.compress([p.grad for p in params])
+    assert all(not ct.payload.requires_grad for ct in cts)
+    for p, ct, g in zip(params, client.decompress(cts), client.decompress(grads)):
+        assert not ct.requires_grad
+        assert same_bits(ct, p.detach()) and same_bits(g, p.grad)
+    out = torch.nn.Parameter(torch.empty_like(params[0]))
+    client.decompress(cts[0], out=out)
+    assert same_bits(out.detach(), params[0].detach())

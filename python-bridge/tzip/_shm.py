@@ -1,0 +1,204 @@
+"""POSIX shared memory the client hands to the daemon: files under /dev/shm, mapped here and there.
+
+* :class:`Segment` -- one file ``/dev/shm/<name>``, created here (mode 0600, exclusive), mapped,
+  and seen as a uint8 tensor. Its name starts with the client's prefix
+  (``tzip-<pid>-<hex>-``), which is how the daemon knows it is this client's.
+* :func:`find` -- which live segment of this process holds an address range (zero-copy: a tensor
+  already in one of our segments is handed over as it is).
+* :func:`torch_shm_handle` -- the file behind a tensor PyTorch put in shared memory with the
+  ``file_system`` sharing strategy (``/dev/shm/torch_<pid>_...``), also handed over as it is.
+* :class:`Arena` -- a pool of segments for staging: tensors that are not in shared memory are
+  copied into one (once), the daemon writes frames/tensors into one, and the segment goes back
+  to the pool after the reply.
+
+A segment's file is removed when the segment is closed or garbage collected (the last tensor
+over it gone); the daemon is told to drop its mapping then (``on_drop``). Files of a client
+killed before it could clean up are removed by the daemon once it sees the process is gone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import threading
+import weakref
+from typing import Callable
+
+import torch
+
+__all__ = ["Segment", "Arena", "find", "torch_shm_handle", "SHM_DIR"]
+
+SHM_DIR = "/dev/shm"
+_PAGE = mmap.PAGESIZE
+
+# Live segments of this process by base address, for find().
+# Reentrant: a segment's finalizer may run (garbage collection) while this thread holds the lock.
+_lock = threading.RLock()
+_bases: list[int] = []
+_by_base: dict[int, tuple[str, int]] = {}
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class Segment:
+    """A shared-memory file of ``size`` bytes (rounded up to pages), mapped read-write.
+
+    The file lives as long as its mapping: as long as this object or any tensor made from
+    :attr:`u8` or :meth:`tensor` lives (they hold the mapping). Then the file is removed and
+    ``on_drop(name)`` tells the daemon to drop its mapping too.
+    """
+
+    __slots__ = ("name", "size", "u8", "base", "_finalizer", "__weakref__")
+
+    def __init__(self, name: str, size: int, on_drop: Callable[[str], None] | None = None):
+        if "/" in name or not name:
+            raise ValueError(f"bad shared-memory name {name!r}")
+        self.name = name
+        self.size = max(_PAGE, -(-size // _PAGE) * _PAGE)
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, self.size)
+            mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            _unlink(path)
+            raise
+        os.close(fd)
+        self.u8 = torch.frombuffer(mm, dtype=torch.uint8)  # holds the mapping
+        self.base = self.u8.data_ptr()
+        with _lock:
+            bisect.insort(_bases, self.base)
+            _by_base[self.base] = (name, self.size)
+        # When the mapping goes (no segment, no tensor over it) or close(): forget it, remove the file, tell the daemon.
+        self._finalizer = weakref.finalize(mm, Segment._cleanup, self.base, path, name, on_drop, os.getpid())
+
+    @staticmethod
+    def _cleanup(base: int, path: str, name: str, on_drop: Callable[[str], None] | None, pid: int) -> None:
+        with _lock:
+            i = bisect.bisect_left(_bases, base)
+            if i < len(_bases) and _bases[i] == base:
+                del _bases[i]
+            _by_base.pop(base, None)
+        if os.getpid() != pid:
+            return  # a forked child exiting: the file is the parent's
+        _unlink(path)
+        if on_drop is not None:
+            try:
+                on_drop(name)
+            except Exception:  # pragma: no cover - never raise from a finalizer
+                pass
+
+    def tensor(self, dtype: torch.dtype, shape: tuple[int, ...], offset: int = 0) -> torch.Tensor:
+        """A tensor of ``dtype`` and ``shape`` over this segment's bytes from ``offset`` (it keeps the file alive)."""
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = n * dtype.itemsize
+        if offset + nbytes > self.size:
+            raise ValueError("tensor beyond the segment")
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return self.u8[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    def close(self) -> None:
+        """Removes the file now and tells the daemon (tensors over it keep their memory, but are no longer shared)."""
+        self._finalizer()
+
+
+def find(ptr: int, nbytes: int) -> tuple[str, int, int] | None:
+    """(file name, file size, offset) of the live segment of this process holding bytes [ptr, ptr + nbytes); None if none does."""
+    with _lock:
+        i = bisect.bisect_right(_bases, ptr) - 1
+        if i < 0:
+            return None
+        base = _bases[i]
+        name, size = _by_base[base]
+    if ptr + nbytes > base + size:
+        return None
+    return name, size, ptr - base
+
+
+def torch_shm_handle(t: torch.Tensor) -> tuple[str, int] | None:
+    """(file name, offset of the tensor's first byte) for a tensor in PyTorch ``file_system`` shared memory, else None.
+
+    Only storages that are already shared are looked at, and only under the ``file_system`` strategy
+    (asking a storage for its file name under another strategy would move it into new shared memory).
+    """
+    try:
+        import torch.multiprocessing as tmp
+
+        if tmp.get_sharing_strategy() != "file_system":
+            return None
+        storage = t.untyped_storage()
+        if not storage.is_shared() or storage.device.type != "cpu":
+            return None
+        _, handle, size = storage._share_filename_cpu_()
+        name = handle.decode() if isinstance(handle, bytes) else str(handle)
+        name = name.lstrip("/")
+        path = os.path.join(SHM_DIR, name)
+        header = os.path.getsize(path) - size
+        if header < 0:
+            return None
+        return name, header + (t.data_ptr() - storage.data_ptr())
+    except Exception:
+        return None
+
+
+class Arena:
+    """A pool of staging segments named ``<prefix>a<n>``; at most ``keep_bytes`` of idle segments are kept."""
+
+    MIN_SEGMENT = 1 << 20
+
+    def __init__(self, prefix: str, on_drop: Callable[[str], None], keep_bytes: int = 512 << 20):
+        self._prefix = prefix
+        self._on_drop = on_drop
+        self._keep = keep_bytes
+        self._free: list[Segment] = []
+        self._lock = threading.Lock()
+        self._counter = 0
+
+    def new_name(self, kind: str = "a") -> str:
+        with self._lock:
+            self._counter += 1
+            return f"{self._prefix}{kind}{self._counter}"
+
+    def take(self, nbytes: int) -> Segment:
+        """A segment of at least ``nbytes`` bytes for one request (give it back with :meth:`give`)."""
+        with self._lock:
+            best = None
+            for i, seg in enumerate(self._free):
+                if seg.size >= nbytes and (best is None or seg.size < self._free[best].size):
+                    best = i
+            if best is not None:
+                return self._free.pop(best)
+        size = max(self.MIN_SEGMENT, 1 << max(0, (nbytes - 1).bit_length()))
+        return Segment(self.new_name(), size, self._on_drop)
+
+    def give(self, seg: Segment) -> None:
+        """Returns a segment after its request; the largest idle ones beyond the keep budget are closed."""
+        drop: list[Segment] = []
+        with self._lock:
+            self._free.append(seg)
+            self._free.sort(key=lambda s: s.size)
+            while sum(s.size for s in self._free) > self._keep and self._free:
+                drop.append(self._free.pop())
+        for s in drop:
+            s.close()
+
+    def close(self) -> None:
+        with self._lock:
+            segs, self._free = self._free, []
+        for s in segs:
+            s.close()
+
+    @property
+    def idle_bytes(self) -> int:
+        with self._lock:
+            return sum(s.size for s in self._free)

@@ -1,0 +1,133 @@
+"""CompressedTensor: one tensor's tzip frame and what it takes to rebuild the tensor.
+
+``payload`` is the frame (docs/format.md) as a 1-D uint8 tensor, on the device of the tensor it
+came from (the CPU for now). The frame is self-describing, but only in the codec's dtypes; the
+torch ``dtype`` and ``shape`` kept here are the tensor's own (a complex64 tensor's frame is F32 with
+a trailing dimension of 2, a float8_e8m0fnu tensor's frame is U8 bytes: docs/protocol.md,
+"Tensors and frames").
+
+A CompressedTensor pickles (``torch.save``; ``torch.load(weights_only=True)`` accepts it once
+``tzip.compressed`` is imported) and converts to and from plain bytes (:meth:`to_bytes`,
+:meth:`from_bytes`): ``b"TZCT"``, a version byte, 3 zero bytes, the little-endian u32 length of a
+MessagePack map ``{dtype, shape, codec, nbytes}``, the map, then the frame.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import msgpack
+import torch
+
+from ._dlpack import frame_layout_of
+from ._frame import read_header
+
+__all__ = ["CompressedTensor"]
+
+_MAGIC = b"TZCT"
+_VERSION = 1
+_PREFIX = struct.Struct("<4sB3xI")
+#: Most bytes of the metadata map accepted by from_bytes.
+_MAX_META = 1 << 16
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    value = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown torch dtype {name!r}")
+    return value
+
+
+class CompressedTensor:
+    """A tensor compressed by tzip (see the module docstring)."""
+
+    __slots__ = ("payload", "dtype", "shape", "codec", "nbytes")
+
+    def __init__(self, payload: torch.Tensor, dtype: torch.dtype, shape, codec: str, nbytes: int):
+        if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
+            raise TypeError("payload must be a 1-D uint8 tensor (the frame)")
+        self.payload = payload
+        self.dtype = dtype
+        self.shape = torch.Size(shape)
+        self.codec = codec
+        self.nbytes = int(nbytes)
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the payload (that of the original tensor)."""
+        return self.payload.device
+
+    @property
+    def compressed_nbytes(self) -> int:
+        """Bytes of the frame."""
+        return self.payload.numel()
+
+    @property
+    def ratio(self) -> float:
+        """compressed / original bytes (lower is better, as in the CLI); NaN for an empty tensor."""
+        return self.payload.numel() / self.nbytes if self.nbytes else math.nan
+
+    def __repr__(self) -> str:
+        return (f"CompressedTensor(dtype={self.dtype}, shape={tuple(self.shape)}, codec={self.codec!r}, "
+                f"nbytes={self.nbytes}, compressed={self.payload.numel()}, ratio={self.ratio:.4f}, device={self.device})")
+
+    # --- pickling (torch.save) --------------------------------------------------------------------
+    def __getstate__(self):
+        return {"payload": self.payload, "dtype": self.dtype, "shape": self.shape, "codec": self.codec, "nbytes": self.nbytes}
+
+    def __setstate__(self, state) -> None:
+        self.payload = state["payload"]
+        self.dtype = state["dtype"]
+        self.shape = torch.Size(state["shape"])
+        self.codec = state["codec"]
+        self.nbytes = int(state["nbytes"])
+
+    # --- bytes ------------------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """The container bytes (header, metadata, frame); the frame is copied to the CPU when needed."""
+        meta = msgpack.packb({"dtype": str(self.dtype).removeprefix("torch."), "shape": list(self.shape),
+                              "codec": self.codec, "nbytes": self.nbytes}, use_bin_type=True)
+        frame = self.payload.detach().cpu().contiguous().numpy().tobytes()
+        return _PREFIX.pack(_MAGIC, _VERSION, len(meta)) + meta + frame
+
+    @classmethod
+    def from_bytes(cls, data) -> "CompressedTensor":
+        """Reads :meth:`to_bytes` output (a CPU CompressedTensor). The frame's header is checked against the metadata.
+
+        Raises ValueError when the bytes are not such a container or do not agree with themselves.
+        """
+        mv = memoryview(data).cast("B")
+        if len(mv) < _PREFIX.size:
+            raise ValueError("not a tzip CompressedTensor: too short")
+        magic, version, meta_len = _PREFIX.unpack_from(mv, 0)
+        if magic != _MAGIC:
+            raise ValueError(f"not a tzip CompressedTensor: magic {bytes(magic)!r}")
+        if version != _VERSION:
+            raise ValueError(f"CompressedTensor container version {version} (this reader knows {_VERSION})")
+        if meta_len > _MAX_META or _PREFIX.size + meta_len > len(mv):
+            raise ValueError("CompressedTensor metadata length out of range")
+        try:
+            meta = msgpack.unpackb(mv[_PREFIX.size : _PREFIX.size + meta_len], raw=False)
+            dtype = _dtype_from_name(meta["dtype"])
+            shape = tuple(int(d) for d in meta["shape"])
+            codec = str(meta["codec"])
+            nbytes = int(meta["nbytes"])
+        except (ValueError, KeyError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+            raise ValueError(f"bad CompressedTensor metadata: {e}") from None
+        frame = torch.frombuffer(bytearray(mv[_PREFIX.size + meta_len :]), dtype=torch.uint8) if len(mv) > _PREFIX.size + meta_len \
+            else torch.empty(0, dtype=torch.uint8)
+        header = read_header(frame)
+        fdtype, fshape = frame_layout_of(dtype, shape)
+        if header.frame_bytes != frame.numel() or header.nbytes != nbytes or header.codec != codec \
+                or header.dtype != fdtype or list(header.shape) != fshape:
+            raise ValueError(f"the frame ({header.dtype} {list(header.shape)}, {header.nbytes} bytes, {header.codec}, "
+                             f"{header.frame_bytes} of {frame.numel()} bytes) does not match the metadata "
+                             f"({dtype} {list(shape)}, {nbytes} bytes, {codec})")
+        return cls(frame, dtype, shape, codec, nbytes)
+
+
+try:  # let torch.load(weights_only=True) rebuild CompressedTensors
+    torch.serialization.add_safe_globals([CompressedTensor])
+except AttributeError:  # pragma: no cover - older torch
+    pass

@@ -1,0 +1,56 @@
+/**
+ * The daemon's limits and timings, with their defaults (all overridable by `tzip serve` options).
+ */
+
+/** Limits and timings of one daemon. */
+export interface DaemonLimits {
+  /** Largest request message accepted, bytes; larger ones get a TZIP_TOO_LARGE reply. */
+  maxMessageBytes: number;
+  /**
+   * Largest message the transport takes at all (ZMQ_MAXMSGSIZE), bytes: a peer that sends more
+   * is disconnected by ZeroMQ without a reply. Protects the daemon's memory.
+   */
+  transportMaxMessageBytes: number;
+  /** Most tensors/frames in one compress/decompress request. */
+  maxBatch: number;
+  /** Most dimensions of a tensor description. */
+  maxNdim: number;
+  /** Most requests of one session in flight at once. */
+  maxInflightPerSession: number;
+  /** Most live sessions. */
+  maxSessions: number;
+  /** Lease length: a session with no request for this long is dropped, ms. */
+  leaseMs: number;
+  /** Heartbeat period the daemon asks clients for, ms (a third of the lease by default). */
+  heartbeatMs: number;
+  /** Mapped shared-memory bytes cached per session before the least recently used mappings are dropped. */
+  maxMappedBytesPerSession: number;
+  /** Mappings cached per session before the least recently used are dropped (the kernel caps mappings per process). */
+  maxMappingsPerSession: number;
+  /** Codec worker threads per tensor (the addon's default: all cores). */
+  threads: number | undefined;
+  /** Exit after this many ms with no session (0: never). */
+  idleExitMs: number;
+}
+
+/** Protocol versions this daemon speaks, newest last. */
+export const PROTOCOL_VERSIONS: readonly number[] = [1];
+
+/** Default limits. */
+export function defaultLimits(): DaemonLimits {
+  const leaseMs = 10_000;
+  return {
+    maxMessageBytes: 1 << 20,
+    transportMaxMessageBytes: 16 << 20,
+    maxBatch: 4096,
+    maxNdim: 64,
+    maxInflightPerSession: 64,
+    maxSessions: 1024,
+    leaseMs,
+    heartbeatMs: Math.floor(leaseMs / 3),
+    maxMappedBytesPerSession: 64 * 2 ** 30,
+    maxMappingsPerSession: 1024,
+    threads: undefined,
+    idleExitMs: 0,
+  };
+}

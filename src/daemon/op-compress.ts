@@ -1,0 +1,79 @@
+/**
+ * `compress`: a batch of tensors in the client's shared memory, each coded into one frame written
+ * into an output region the client gave (sized at least maxCompressedSize of the tensor); the
+ * reply says each frame's length and codec.
+ *
+ * Every handle of the batch is checked before any work starts; then all tensors are coded
+ * concurrently (on the addon's worker threads) and the reply waits for all of them, so nothing
+ * writes into the client's memory after the reply. The first failing tensor (by index) is the
+ * error reply.
+ */
+import type { Codec } from '../native.js';
+import { compress, maxCompressedSize, readHeader } from '../native.js';
+import type { DaemonLimits } from './limits.js';
+import { nextEpoch } from './epoch.js';
+import { checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
+import { ReplyError, toWireError } from './reply-error.js';
+import type { CompressRequest } from './schema.js';
+import type { Session } from './session.js';
+import type { DaemonStats } from './stats.js';
+
+/** One frame of the reply. */
+export interface FrameResult {
+  /** Length of the frame written at the start of the output region, bytes. */
+  bytes: number;
+  /** Codec the frame records ('auto' resolved). */
+  codec: string;
+  /** The frame's dtype and shape (docs/protocol.md, "Tensors and frames"). */
+  dtype: string;
+  shape: number[];
+}
+
+/** Handles a validated compress request of `session`. */
+export async function handleCompress(req: CompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ frames: FrameResult[] }> {
+  if (req.tensors.length > limits.maxBatch) {
+    throw new ReplyError('TZIP_TOO_LARGE', `batch of ${req.tensors.length} tensors is above the cap of ${limits.maxBatch}`);
+  }
+  const epoch = nextEpoch();
+  const plans = req.tensors.map((item, i) => {
+    const input = resolveTensor(session, item.tensor, false, `tensor ${i}`, i, epoch);
+    const out = resolveHandle(session, item.out, true, `output of tensor ${i}`, i, epoch);
+    const need = maxCompressedSize(input.layout.nbytes, input.layout.shape.length, req.chunk_size);
+    if (out.bytes.length < need) {
+      throw new ReplyError('TZIP_HANDLE', `output of tensor ${i}: region of ${out.bytes.length} bytes is smaller than maxCompressedSize ${need}`, { index: i, need });
+    }
+    return { input, out, codec: (item.codec ?? req.codec ?? 'auto') as Codec };
+  });
+  const regions: ResolvedRegion[] = [];
+  for (const p of plans) regions.push(p.input.region, p.out);
+  checkOverlaps(regions);
+
+  const settled = await Promise.allSettled(plans.map(async (p) => {
+    const frame = await compress(p.input.region.bytes, {
+      dtype: p.input.layout.dtype,
+      shape: p.input.layout.shape,
+      codec: p.codec,
+      threads: req.threads ?? limits.threads,
+      chunkSize: req.chunk_size,
+    });
+    frame.copy(p.out.bytes, 0);
+    return { bytes: frame.length, codec: readHeader(frame).codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
+  }));
+  const frames: FrameResult[] = [];
+  for (let i = 0; i < settled.length; i++) {
+    const s = settled[i] as PromiseSettledResult<FrameResult>;
+    if (s.status === 'rejected') {
+      const wire = toWireError(s.reason, i);
+      throw new ReplyError(wire.code, `tensor ${i}: ${wire.message}`, { index: i });
+    }
+    frames.push(s.value);
+  }
+  let inBytes = 0;
+  let outBytes = 0;
+  for (let i = 0; i < plans.length; i++) {
+    inBytes += (plans[i] as (typeof plans)[number]).input.layout.nbytes;
+    outBytes += (frames[i] as FrameResult).bytes;
+  }
+  stats.addCodec('compress', plans.length, inBytes, outBytes);
+  return { frames };
+}

@@ -1,0 +1,77 @@
+/**
+ * `decompress`: a batch of frames in the client's shared memory, each decoded into a destination
+ * tensor the client described (dtype and shape must be the frame's, per the rules of
+ * docs/protocol.md "Tensors and frames"); the codec writes straight into the client's memory.
+ *
+ * All handles and headers are checked first; the reply waits for every frame (nothing is written
+ * after it). The first failing frame (by index) is the error reply.
+ */
+import { decompress, readHeader, type FrameHeader } from '../native.js';
+import type { DaemonLimits } from './limits.js';
+import { nextEpoch } from './epoch.js';
+import { checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
+import { ReplyError, toWireError } from './reply-error.js';
+import type { DecompressRequest } from './schema.js';
+import type { Session } from './session.js';
+import type { DaemonStats } from './stats.js';
+
+/** One tensor of the reply: what the frame said. */
+export interface TensorResult {
+  nbytes: number;
+  dtype: string;
+  shape: number[];
+  codec: string;
+}
+
+function sameShape(a: readonly number[], b: readonly number[]): boolean {
+  return a.length === b.length && a.every((d, i) => d === b[i]);
+}
+
+/** Handles a validated decompress request of `session`. */
+export async function handleDecompress(req: DecompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ tensors: TensorResult[] }> {
+  if (req.frames.length > limits.maxBatch) {
+    throw new ReplyError('TZIP_TOO_LARGE', `batch of ${req.frames.length} frames is above the cap of ${limits.maxBatch}`);
+  }
+  const epoch = nextEpoch();
+  const plans = req.frames.map((item, i) => {
+    const frame = resolveHandle(session, item.frame, false, `frame ${i}`, i, epoch);
+    let header: FrameHeader;
+    try {
+      header = readHeader(frame.bytes);
+    } catch (err) {
+      const wire = toWireError(err, i);
+      throw new ReplyError(wire.code, `frame ${i}: ${wire.message}`, { index: i });
+    }
+    if (header.frameBytes !== frame.bytes.length) {
+      throw new ReplyError('TZIP_INVALID_ARGUMENT', `frame ${i}: the handle gives ${frame.bytes.length} bytes, the frame is ${header.frameBytes}`, { index: i });
+    }
+    const out = resolveTensor(session, item.out, true, `destination of frame ${i}`, i, epoch);
+    if (out.layout.dtype !== header.dtype || !sameShape(out.layout.shape, header.shape) || out.layout.nbytes !== header.nbytes) {
+      throw new ReplyError('TZIP_INVALID_ARGUMENT',
+        `frame ${i} holds ${header.dtype} [${header.shape.join(', ')}] (${header.nbytes} bytes); the destination is ${out.layout.dtype} [${out.layout.shape.join(', ')}] (${out.layout.nbytes} bytes)`,
+        { index: i });
+    }
+    return { frame, header, out };
+  });
+  const regions: ResolvedRegion[] = [];
+  for (const p of plans) regions.push(p.frame, p.out.region);
+  checkOverlaps(regions);
+
+  const settled = await Promise.allSettled(plans.map((p) =>
+    decompress(p.frame.bytes, { out: p.out.region.bytes, verify: req.verify ?? true, threads: req.threads ?? limits.threads })));
+  for (let i = 0; i < settled.length; i++) {
+    const s = settled[i] as PromiseSettledResult<unknown>;
+    if (s.status === 'rejected') {
+      const wire = toWireError(s.reason, i);
+      throw new ReplyError(wire.code, `frame ${i}: ${wire.message}`, { index: i });
+    }
+  }
+  let inBytes = 0;
+  let outBytes = 0;
+  for (const p of plans) {
+    inBytes += p.frame.bytes.length;
+    outBytes += p.header.nbytes;
+  }
+  stats.addCodec('decompress', plans.length, inBytes, outBytes);
+  return { tensors: plans.map((p) => ({ nbytes: p.header.nbytes, dtype: p.header.dtype, shape: p.header.shape, codec: p.header.codec })) };
+}

@@ -1,0 +1,118 @@
+/**
+ * From the memory handles and tensor descriptions of a request to the bytes the codec reads and
+ * writes, with every check a handle needs: whose memory it is, whether it exists and is large
+ * enough, whether the device is one this build serves, and whether an output overlaps anything
+ * else of the same request.
+ */
+import { DL_DEVICE, frameLayout, isCompactCOrder, type FrameLayout } from './dtype-map.js';
+import { ReplyError } from './reply-error.js';
+import type { MemoryHandle, Tensor } from './schema.js';
+import type { Session } from './session.js';
+
+/** The message of every request naming GPU memory to this CPU-only build. */
+export const GPU_BUILD_NEEDED =
+  'GPU tensors need the GPU build of the tzip daemon; this daemon serves CPU tensors in POSIX shared memory only (handle kind "shm")';
+
+/** Bytes of a region and where they lie, for overlap checks. */
+export interface ResolvedRegion {
+  bytes: Buffer;
+  /** The file (no leading '/'). */
+  name: string;
+  /** Offset of `bytes` in the file. */
+  start: number;
+  writable: boolean;
+  /** What the region is, for messages: "tensor 3", "output of tensor 3". */
+  what: string;
+  index: number;
+}
+
+/**
+ * The bytes of a handle's region. `epoch` (a number unique to the request) lets a request stat
+ * each of its files once.
+ * @throws ReplyError TZIP_UNSUPPORTED for GPU handles; TZIP_HANDLE for files that are not the
+ *   session's, missing, not writable when `writable`, or smaller than the region.
+ */
+export function resolveHandle(session: Session, handle: MemoryHandle, writable: boolean, what: string, index: number, epoch = -1): ResolvedRegion {
+  if (handle.kind === 'cuda_ipc') throw new ReplyError('TZIP_UNSUPPORTED', GPU_BUILD_NEEDED, { index });
+  const name = handle.name.replace(/^\//, '');
+  if (!session.owns(name)) {
+    throw new ReplyError('TZIP_HANDLE', `${what}: /dev/shm/${name} is not this session's memory (its files start with "${session.shmPrefix}" or "torch_${session.pid}_")`, { index });
+  }
+  let file: Buffer;
+  try {
+    file = session.mappings.map(name, writable, epoch);
+  } catch (err) {
+    if (err instanceof ReplyError) throw new ReplyError(err.code, `${what}: ${err.message}`, { ...err.extra, index });
+    throw err;
+  }
+  if (handle.offset + handle.size > file.length) {
+    throw new ReplyError('TZIP_HANDLE', `${what}: region [${handle.offset}, ${handle.offset + handle.size}) is beyond the end of /dev/shm/${name} (${file.length} bytes)`, { index });
+  }
+  return { bytes: file.subarray(handle.offset, handle.offset + handle.size), name, start: handle.offset, writable, what, index };
+}
+
+/** A tensor resolved: its frame layout and its bytes (exactly `layout.nbytes`). */
+export interface ResolvedTensor {
+  layout: FrameLayout;
+  region: ResolvedRegion;
+}
+
+/**
+ * The bytes of a tensor description.
+ * @throws ReplyError TZIP_UNSUPPORTED for GPU devices/handles and element types that are not
+ *   whole bytes; TZIP_INVALID_ARGUMENT for strided layouts; TZIP_HANDLE as {@link resolveHandle}
+ *   and when the tensor does not fit its region.
+ */
+export function resolveTensor(session: Session, tensor: Tensor, writable: boolean, what: string, index: number, epoch = -1): ResolvedTensor {
+  if (tensor.data.kind === 'cuda_ipc' || tensor.device.type === DL_DEVICE.CUDA || tensor.device.type === DL_DEVICE.CUDAManaged) {
+    throw new ReplyError('TZIP_UNSUPPORTED', GPU_BUILD_NEEDED, { index });
+  }
+  if (tensor.device.type !== DL_DEVICE.CPU && tensor.device.type !== DL_DEVICE.CUDAHost) {
+    throw new ReplyError('TZIP_UNSUPPORTED', `${what}: DLPack device type ${tensor.device.type} is not served (CPU = 1, CUDA host = 3)`, { index });
+  }
+  if (!isCompactCOrder(tensor.shape, tensor.strides)) {
+    throw new ReplyError('TZIP_INVALID_ARGUMENT', `${what}: strides [${(tensor.strides ?? []).join(', ')}] are not the compact C order of shape [${tensor.shape.join(', ')}]; send the contiguous values`, { index });
+  }
+  let layout: FrameLayout;
+  try {
+    layout = frameLayout(tensor.dtype, tensor.shape);
+  } catch (err) {
+    if (err instanceof ReplyError) throw new ReplyError(err.code, `${what}: ${err.message}`, { ...err.extra, index });
+    throw err;
+  }
+  const region = resolveHandle(session, tensor.data, writable, what, index, epoch);
+  if (tensor.byte_offset + layout.nbytes > region.bytes.length) {
+    throw new ReplyError('TZIP_HANDLE', `${what}: ${layout.nbytes} bytes at byte_offset ${tensor.byte_offset} do not fit the ${region.bytes.length}-byte region`, { index });
+  }
+  const bytes = region.bytes.subarray(tensor.byte_offset, tensor.byte_offset + layout.nbytes);
+  return { layout, region: { ...region, bytes, start: region.start + tensor.byte_offset } };
+}
+
+/**
+ * Refuses a request where a region written overlaps another region of the same request (the
+ * codec would read or write bytes that change under it).
+ * @throws ReplyError TZIP_HANDLE naming both regions.
+ */
+export function checkOverlaps(regions: readonly ResolvedRegion[]): void {
+  if (!regions.some((r) => r.writable)) return;
+  const byFile = new Map<string, ResolvedRegion[]>();
+  for (const r of regions) {
+    if (r.bytes.length === 0) continue;
+    let list = byFile.get(r.name);
+    if (list === undefined) byFile.set(r.name, (list = []));
+    list.push(r);
+  }
+  for (const list of byFile.values()) {
+    if (list.length < 2 || !list.some((r) => r.writable)) continue;
+    list.sort((a, b) => a.start - b.start);
+    // Sweep: keep the region reaching furthest so far; any later region starting before its end overlaps it.
+    let reach = list[0] as ResolvedRegion;
+    for (let i = 1; i < list.length; i++) {
+      const r = list[i] as ResolvedRegion;
+      if (r.start < reach.start + reach.bytes.length && (r.writable || reach.writable)) {
+        throw new ReplyError('TZIP_HANDLE', `${r.what} overlaps ${reach.what} in /dev/shm/${r.name}`, { index: r.index });
+      }
+      if (r.start + r.bytes.length > reach.start + reach.bytes.length) reach = r;
+    }
+  }
+}

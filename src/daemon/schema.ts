@@ -1,0 +1,183 @@
+/**
+ * The request messages of the daemon protocol (docs/protocol.md), as zod schemas: every decoded
+ * message is checked against them before anything else looks at it. Field names are snake_case
+ * on the wire. Unknown fields are errors (the protocol version says which fields exist).
+ *
+ * Tensors are described in DLPack's terms (DLDevice, DLDataType, shape, strides, byte_offset);
+ * where DLPack has a data pointer, the wire has a memory handle: a union on `kind`, of which
+ * this build serves `shm` (a file under /dev/shm) and recognises `cuda_ipc` (PyTorch's CUDA IPC
+ * handle of a storage) to refuse it clearly.
+ */
+import { z } from 'zod';
+import { CODECS } from '../native.js';
+
+/** A non-negative integer a double holds exactly. */
+const uint = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
+/** A byte string (MessagePack bin). */
+const bytes = z.instanceof(Uint8Array);
+
+/** Request ids are chosen by the client and echoed in the reply. */
+export const RequestId = uint;
+
+/** Session ids are 32 lowercase hex digits, given out by `hello`. */
+export const SessionId = z.string().regex(/^[0-9a-f]{32}$/, 'a session id is 32 lowercase hex digits (from hello)');
+
+/** Name of a file directly under /dev/shm (a leading '/' as in shm_open names is allowed). */
+export const ShmName = z.string().regex(/^\/?[A-Za-z0-9._-]{1,240}$/, 'a /dev/shm file name: letters, digits, ".", "_", "-"')
+  .refine((s) => s.replace(/^\//, '') !== '.' && s.replace(/^\//, '') !== '..', 'not a file name');
+
+/** Prefix of the /dev/shm files a client creates: `tzip-<pid>-<8 to 32 hex digits>-`. */
+export const ShmPrefix = z.string().regex(/^tzip-[0-9]{1,10}-[0-9a-f]{8,32}-$/, 'shm_prefix is "tzip-<pid>-<8 to 32 hex digits>-"');
+
+/** A region of a POSIX shared-memory file: /dev/shm/<name>, bytes [offset, offset + size). */
+export const ShmHandle = z.strictObject({
+  kind: z.literal('shm'),
+  name: ShmName,
+  offset: uint,
+  size: uint,
+});
+export type ShmHandle = z.infer<typeof ShmHandle>;
+
+/**
+ * A CUDA allocation shared by PyTorch (`UntypedStorage._share_cuda_()`): the cudaIpcMemHandle_t of
+ * the allocation holding the storage, where the storage starts in it and its size, the ref-counter
+ * file PyTorch uses to keep the allocation alive, and the cudaIpcEventHandle_t to wait on before
+ * reading. Accepted by the schema; served by the GPU build only.
+ */
+export const CudaIpcHandle = z.strictObject({
+  kind: z.literal('cuda_ipc'),
+  /** UUID of the GPU ("GPU-xxxxxxxx-..."), so the daemon opens the handle on the right device. */
+  device_uuid: z.string().max(64),
+  /** The client's CUDA device index (informational: indices differ between processes). */
+  device_index: uint.optional(),
+  /** cudaIpcMemHandle_t bytes (64). */
+  handle: bytes.refine((b) => b.byteLength <= 256, 'handle too long'),
+  /** Offset of the storage in the allocation, bytes. */
+  offset: uint,
+  /** Size of the storage, bytes. */
+  size: uint,
+  ref_counter_handle: bytes.refine((b) => b.byteLength <= 256, 'handle too long').nullable().optional(),
+  ref_counter_offset: uint.optional(),
+  /** cudaIpcEventHandle_t bytes (64) recorded after the producer's last write; null when none. */
+  event_handle: bytes.refine((b) => b.byteLength <= 256, 'handle too long').nullable(),
+  event_sync_required: z.boolean(),
+});
+export type CudaIpcHandle = z.infer<typeof CudaIpcHandle>;
+
+/** Where bytes live: the union every tensor and region uses. */
+export const MemoryHandle = z.discriminatedUnion('kind', [ShmHandle, CudaIpcHandle]);
+export type MemoryHandle = z.infer<typeof MemoryHandle>;
+
+/** DLDevice: device type (kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, ...) and index. */
+export const Device = z.strictObject({ type: z.number().int().min(0).max(255), id: z.number().int().min(0).max(65535) });
+
+/** DLDataType: type code (kDLInt = 0, kDLUInt, kDLFloat, kDLOpaqueHandle, kDLBfloat, kDLComplex, kDLBool, float8 codes 7..17), bits, lanes. */
+export const DataType = z.strictObject({
+  code: z.number().int().min(0).max(255),
+  bits: z.number().int().min(1).max(255),
+  lanes: z.number().int().min(1).max(65535),
+});
+export type DataType = z.infer<typeof DataType>;
+
+/** A tensor: DLTensor with a memory handle in place of the data pointer. */
+export const Tensor = z.strictObject({
+  device: Device,
+  dtype: DataType,
+  shape: z.array(uint).max(64),
+  /** In elements, as in DLPack; null/absent for compact C order (the only layout served). */
+  strides: z.array(z.number().int()).max(64).nullable().optional(),
+  /** Offset of the first element from the start of the handle's region, bytes. */
+  byte_offset: uint,
+  data: MemoryHandle,
+});
+export type Tensor = z.infer<typeof Tensor>;
+
+const CodecName = z.enum(CODECS as unknown as [string, ...string[]]);
+const Threads = z.number().int().min(1).max(1024);
+
+export const HelloRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('hello'),
+  /** Protocol versions the client speaks. */
+  versions: z.array(z.number().int().min(1).max(65535)).min(1).max(32),
+  /** The client's process id (as the daemon sees it when they share a pid namespace). */
+  pid: z.number().int().min(1).max(2 ** 31 - 1),
+  shm_prefix: ShmPrefix,
+  /** Free text shown in stats. */
+  name: z.string().max(200).optional(),
+});
+
+export const HeartbeatRequest = z.strictObject({ id: RequestId, op: z.literal('heartbeat'), sid: SessionId });
+
+export const CompressRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('compress'),
+  sid: SessionId,
+  /** Default codec of the batch (auto). */
+  codec: CodecName.optional(),
+  threads: Threads.optional(),
+  /** Bytes of input per chunk (default the codec's, 65536). */
+  chunk_size: z.number().int().min(4096).max(65536).optional(),
+  tensors: z.array(z.strictObject({
+    tensor: Tensor,
+    /** Where the frame goes; its size is the capacity (at least maxCompressedSize). */
+    out: MemoryHandle,
+    codec: CodecName.optional(),
+  })),
+});
+
+export const DecompressRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('decompress'),
+  sid: SessionId,
+  /** Check every chunk's digest (default true). */
+  verify: z.boolean().optional(),
+  threads: Threads.optional(),
+  frames: z.array(z.strictObject({
+    /** The frame: exactly its bytes. */
+    frame: MemoryHandle,
+    /** Where the tensor goes: its dtype and shape must be those of the frame. */
+    out: Tensor,
+  })),
+});
+
+export const ReleaseRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('release'),
+  sid: SessionId,
+  /** Files whose mappings to drop; absent: all of the session's. */
+  names: z.array(ShmName).max(65536).optional(),
+  /** Also end the session (a clean goodbye). */
+  end: z.boolean().optional(),
+});
+
+export const StatsRequest = z.strictObject({ id: RequestId, op: z.literal('stats'), sid: SessionId.optional() });
+
+export const ShutdownRequest = z.strictObject({ id: RequestId, op: z.literal('shutdown'), sid: SessionId });
+
+/** The request schemas by op. */
+export const REQUESTS = {
+  hello: HelloRequest,
+  heartbeat: HeartbeatRequest,
+  compress: CompressRequest,
+  decompress: DecompressRequest,
+  release: ReleaseRequest,
+  stats: StatsRequest,
+  shutdown: ShutdownRequest,
+} as const;
+
+export type Op = keyof typeof REQUESTS;
+export const OPS = Object.keys(REQUESTS) as Op[];
+
+export type HelloRequest = z.infer<typeof HelloRequest>;
+export type HeartbeatRequest = z.infer<typeof HeartbeatRequest>;
+export type CompressRequest = z.infer<typeof CompressRequest>;
+export type DecompressRequest = z.infer<typeof DecompressRequest>;
+export type ReleaseRequest = z.infer<typeof ReleaseRequest>;
+export type StatsRequest = z.infer<typeof StatsRequest>;
+export type ShutdownRequest = z.infer<typeof ShutdownRequest>;
+export type Request =
+  | HelloRequest | HeartbeatRequest | CompressRequest | DecompressRequest | ReleaseRequest | StatsRequest | ShutdownRequest;
+
+/** The envelope read first, to echo the id and pick the schema even when the rest is bad. */
+export const Envelope = z.looseObject({ id: z.unknown().optional(), op: z.unknown().optional() });

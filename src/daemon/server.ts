@@ -1,0 +1,368 @@
+/**
+ * The daemon: a ZeroMQ ROUTER on an ipc:// socket serving the protocol of docs/protocol.md.
+ *
+ * One receive loop takes messages in order; each request is validated (parse-request.ts) and
+ * handled concurrently (codec work runs on the addon's threads), and its reply goes back through
+ * one send queue (a ZeroMQ socket takes one send at a time). A message that cannot be served gets
+ * an error reply and the loop goes on. ROUTER_NOTIFY tells which sockets connect and disconnect,
+ * so a dead client's session ends at once; leases catch the rest.
+ */
+import { chmodSync, readFileSync, unlinkSync } from 'node:fs';
+import { join } from 'node:path';
+import { Router } from 'zeromq';
+import { TzipError } from '../errors.js';
+import { defaultChunkSize, formatVersion } from '../native.js';
+import { packageRoot } from '../package-root.js';
+import { requestGc } from './gc.js';
+import { PROTOCOL_VERSIONS, type DaemonLimits } from './limits.js';
+import { DaemonLock } from './lock.js';
+import { handleCompress } from './op-compress.js';
+import { handleDecompress } from './op-decompress.js';
+import { parseRequest } from './parse-request.js';
+import { endpointOf, ensurePrivateDir } from './paths.js';
+import { ReplyError, toWireError } from './reply-error.js';
+import type { HelloRequest, Request, StatsRequest } from './schema.js';
+import { Session, SessionTable, type EndReason } from './session.js';
+import { scheduleOrphanCleanup } from './shm-cleanup.js';
+import { DaemonStats } from './stats.js';
+import { encodeMessage as encodeReply } from './wire.js';
+
+/** libzmq's ZMQ_ROUTER_NOTIFY option and its flags (connect | disconnect). */
+const ZMQ_ROUTER_NOTIFY = 97;
+const ZMQ_NOTIFY_CONNECT_AND_DISCONNECT = 3;
+
+/** How to start a {@link Daemon}. */
+export interface DaemonOptions {
+  socketPath: string;
+  limits: DaemonLimits;
+  /** Where log lines go (default: stderr). */
+  log?: ((line: string) => void) | undefined;
+  /** Log every session opening and ending too. */
+  verbose?: boolean | undefined;
+}
+
+function packageVersion(): string {
+  try {
+    const pkg = JSON.parse(readFileSync(join(packageRoot(), 'package.json'), 'utf8')) as { version?: unknown };
+    return typeof pkg.version === 'string' ? pkg.version : '0.0.0';
+  } catch {
+    return '0.0.0';
+  }
+}
+
+/** A running daemon. */
+export class Daemon {
+  readonly stats = new DaemonStats();
+  readonly sessions: SessionTable;
+  /** Resolves when the daemon has stopped (with the reason). */
+  readonly stopped: Promise<string>;
+  private resolveStopped!: (reason: string) => void;
+  private readonly router: Router;
+  private readonly sendQueue: Buffer[][] = [];
+  private sending = false;
+  private stopping = false;
+  private inflight = 0;
+  private lastActivity = Date.now();
+  private timer: NodeJS.Timeout | undefined;
+  private readonly log: (line: string) => void;
+  private readonly version = packageVersion();
+
+  private constructor(
+    readonly socketPath: string,
+    readonly limits: DaemonLimits,
+    private readonly lock: DaemonLock,
+    private readonly verbose: boolean,
+    log: (line: string) => void,
+  ) {
+    this.log = log;
+    this.stopped = new Promise((resolve) => {
+      this.resolveStopped = resolve;
+    });
+    this.sessions = new SessionTable(limits, (session, reason) => this.onSessionEnd(session, reason));
+    this.router = new Router({ linger: 0, sendHighWaterMark: 10_000, receiveHighWaterMark: 10_000 });
+    // zeromq.js has no property for this (draft) option; its generic setter is protected in the typings.
+    (this.router as unknown as { setInt32Option(option: number, value: number): void })
+      .setInt32Option(ZMQ_ROUTER_NOTIFY, ZMQ_NOTIFY_CONNECT_AND_DISCONNECT);
+    this.router.maxMessageSize = limits.transportMaxMessageBytes;
+  }
+
+  /**
+   * Takes the lock of `socketPath`, binds the socket and starts serving.
+   * @throws TzipError TZIP_USAGE when another daemon serves the path; TZIP_IO when the folder or socket cannot be set up.
+   */
+  static async start(options: DaemonOptions): Promise<Daemon> {
+    const log = options.log ?? ((line: string) => process.stderr.write(`tzip serve: ${line}\n`));
+    ensurePrivateDir(options.socketPath);
+    const lock = await DaemonLock.acquire(options.socketPath);
+    if (lock.replacedStale !== null) log(`replaced the stale lock of pid ${lock.replacedStale.pid} (no longer running)`);
+    let daemon: Daemon;
+    try {
+      daemon = new Daemon(options.socketPath, options.limits, lock, options.verbose === true, log);
+      await daemon.router.bind(endpointOf(options.socketPath));
+      chmodSync(options.socketPath, 0o600);
+    } catch (err) {
+      lock.release();
+      if (err instanceof TzipError) throw err;
+      throw new TzipError('TZIP_IO', `cannot bind ${endpointOf(options.socketPath)}: ${(err as Error).message}`, { file: options.socketPath, cause: err });
+    }
+    daemon.startTimers();
+    void daemon.receiveLoop();
+    return daemon;
+  }
+
+  /** The ZeroMQ endpoint served. */
+  get endpoint(): string {
+    return endpointOf(this.socketPath);
+  }
+
+  private startTimers(): void {
+    const period = Math.max(50, Math.min(1000, Math.floor(this.limits.leaseMs / 4)));
+    this.timer = setInterval(() => {
+      this.sessions.sweep();
+      if (this.limits.idleExitMs > 0 && this.sessions.size === 0 && this.inflight === 0 &&
+          Date.now() - this.lastActivity > this.limits.idleExitMs) {
+        void this.stop(`idle for ${Math.round(this.limits.idleExitMs / 1000)} s with no client`);
+      }
+    }, period);
+  }
+
+  private async receiveLoop(): Promise<void> {
+    while (!this.router.closed) {
+      let parts: Buffer[];
+      try {
+        parts = await this.router.receive();
+      } catch (err) {
+        if (this.router.closed || this.stopping) break;
+        this.log(`receive failed: ${(err as Error).message}`);
+        continue;
+      }
+      try {
+        this.onMessage(parts);
+      } catch (err) {
+        // onMessage answers everything itself; this is a daemon bug, not a reason to stop serving.
+        this.log(`internal error on a message: ${(err as Error).stack ?? String(err)}`);
+      }
+    }
+  }
+
+  private onMessage(parts: Buffer[]): void {
+    const routing = parts[0];
+    if (routing === undefined) return;
+    const rest = parts.slice(1);
+    const key = routing.toString('hex');
+    if (rest.length === 1 && (rest[0] as Buffer).length === 0) {
+      const what = this.sessions.notify(key);
+      if (this.verbose) this.log(`socket ${key} ${what === 'connect' ? 'connected' : 'disconnected'}`);
+      return;
+    }
+    this.lastActivity = Date.now();
+    // A REQ socket puts an empty delimiter before the body; the reply must carry it too.
+    const prefix = rest.length === 2 && (rest[0] as Buffer).length === 0 ? [routing, rest[0] as Buffer] : [routing];
+    if (rest.length !== prefix.length) {
+      this.countAndReply(prefix, null, 'invalid', new ReplyError('TZIP_PROTOCOL', `a request is one message part; got ${rest.length}`));
+      return;
+    }
+    const body = rest[rest.length - 1] as Buffer;
+    const parsed = parseRequest(body, this.limits);
+    if (parsed.error !== undefined) {
+      this.countAndReply(prefix, parsed.id, 'invalid', parsed.error);
+      return;
+    }
+    const request = parsed.request;
+    this.inflight++;
+    this.dispatch(request, key).then(
+      (result) => this.countAndReply(prefix, request.id, request.op, undefined, result),
+      (err: unknown) => this.countAndReply(prefix, request.id, request.op, err),
+    ).finally(() => {
+      this.inflight--;
+      if (request.op === 'shutdown') void this.stop('shutdown requested by a client');
+    });
+  }
+
+  private countAndReply(prefix: Buffer[], id: number | null, op: string, err: unknown, result?: object): void {
+    this.stats.countRequest(op);
+    let message: object;
+    if (err !== undefined) {
+      const error = toWireError(err);
+      this.stats.countError(error.code);
+      if (error.code === 'TZIP_INTERNAL') this.log(`${op}: ${err instanceof Error ? err.stack ?? err.message : String(err)}`);
+      message = { id, ok: false, error };
+    } else {
+      message = { id, ok: true, ...result };
+    }
+    let body: Buffer;
+    try {
+      body = encodeReply(message);
+    } catch (e) {
+      body = encodeReply({ id, ok: false, error: toWireError(e) });
+    }
+    this.send([...prefix, body]);
+  }
+
+  private send(message: Buffer[]): void {
+    if (this.router.closed) return;
+    this.sendQueue.push(message);
+    if (!this.sending) void this.drain();
+  }
+
+  private async drain(): Promise<void> {
+    this.sending = true;
+    try {
+      while (this.sendQueue.length > 0 && !this.router.closed) {
+        const message = this.sendQueue.shift() as Buffer[];
+        try {
+          await this.router.send(message);
+        } catch (err) {
+          if (!this.router.closed) this.log(`reply not sent: ${(err as Error).message}`);
+        }
+      }
+    } finally {
+      this.sending = false;
+    }
+  }
+
+  private async dispatch(request: Request, routingKey: string): Promise<object> {
+    switch (request.op) {
+      case 'hello':
+        return this.hello(request, routingKey);
+      case 'stats':
+        return this.statsReply(request);
+      default:
+        break;
+    }
+    if (this.stopping) throw new ReplyError('TZIP_BUSY', 'the daemon is shutting down');
+    const session = this.sessions.lookup(request.sid, routingKey);
+    switch (request.op) {
+      case 'heartbeat':
+        return { lease_ms: this.limits.leaseMs };
+      case 'release': {
+        const released = session.mappings.drop(request.names);
+        if (request.end === true) this.sessions.end(session, 'goodbye');
+        return { released };
+      }
+      case 'shutdown':
+        this.log(`shutdown requested by pid ${session.pid}`);
+        return {};
+      default:
+        break;
+    }
+    if (session.inflight >= this.limits.maxInflightPerSession) {
+      throw new ReplyError('TZIP_BUSY', `this session has ${session.inflight} requests in flight (the cap is ${this.limits.maxInflightPerSession})`);
+    }
+    session.inflight++;
+    session.requests++;
+    try {
+      if (request.op === 'compress') return await handleCompress(request, session, this.limits, this.stats);
+      return await handleDecompress(request, session, this.limits, this.stats);
+    } finally {
+      session.inflight--;
+      session.touch();
+    }
+  }
+
+  private hello(request: HelloRequest, routingKey: string): object {
+    if (this.stopping) throw new ReplyError('TZIP_BUSY', 'the daemon is shutting down');
+    const common = request.versions.filter((v) => PROTOCOL_VERSIONS.includes(v));
+    if (common.length === 0) {
+      throw new ReplyError('TZIP_VERSION', `no protocol version in common: the client speaks ${request.versions.join(', ')}, this daemon ${PROTOCOL_VERSIONS.join(', ')}`,
+        { versions: [...PROTOCOL_VERSIONS] });
+    }
+    const version = Math.max(...common);
+    const session = this.sessions.open(request.pid, request.shm_prefix, request.name ?? '', version, routingKey);
+    this.stats.sessionsOpened++;
+    if (this.verbose) this.log(`session ${session.sid} opened by pid ${session.pid} (${session.name || 'unnamed'})`);
+    return {
+      version,
+      sid: session.sid,
+      lease_ms: this.limits.leaseMs,
+      heartbeat_ms: this.limits.heartbeatMs,
+      daemon: {
+        pid: process.pid,
+        version: this.version,
+        protocol_versions: [...PROTOCOL_VERSIONS],
+        format_version: formatVersion(),
+        chunk_size: defaultChunkSize(),
+        gpu: false,
+        handle_kinds: ['shm'],
+      },
+      limits: {
+        max_message_bytes: this.limits.maxMessageBytes,
+        max_batch: this.limits.maxBatch,
+        max_ndim: this.limits.maxNdim,
+        max_inflight: this.limits.maxInflightPerSession,
+      },
+    };
+  }
+
+  private statsReply(request: StatsRequest): object {
+    let files = 0;
+    let bytes = 0;
+    for (const s of this.sessions.all()) {
+      files += s.mappings.count;
+      bytes += s.mappings.bytes;
+    }
+    const reply: Record<string, unknown> = {
+      pid: process.pid,
+      version: this.version,
+      socket: this.socketPath,
+      uptime_ms: Date.now() - this.stats.startedAt,
+      sessions: this.sessions.size,
+      sessions_opened: this.stats.sessionsOpened,
+      sessions_ended: { ...this.stats.sessionsEnded },
+      inflight: this.inflight - 1, // not counting this stats request
+      requests: { ...this.stats.requests },
+      errors: { ...this.stats.errors },
+      compress: { items: this.stats.compress.items, bytes_in: this.stats.compress.bytesIn, bytes_out: this.stats.compress.bytesOut },
+      decompress: { items: this.stats.decompress.items, bytes_in: this.stats.decompress.bytesIn, bytes_out: this.stats.decompress.bytesOut },
+      mapped: { files, bytes },
+    };
+    if (request.sid !== undefined) {
+      const s = this.sessions.peek(request.sid);
+      if (s !== undefined) {
+        reply.session = {
+          sid: s.sid,
+          pid: s.pid,
+          name: s.name,
+          requests: s.requests,
+          inflight: s.inflight,
+          sockets: s.routingIds.size,
+          mapped: { files: s.mappings.count, bytes: s.mappings.bytes },
+          lease_left_ms: Math.max(0, this.limits.leaseMs - (Date.now() - s.lastSeen)),
+        };
+      }
+    }
+    return reply;
+  }
+
+  private onSessionEnd(session: Session, reason: EndReason): void {
+    this.stats.countEnd(reason);
+    requestGc(0, true);
+    if (this.verbose) this.log(`session ${session.sid} of pid ${session.pid} ended (${reason})`);
+    if (reason === 'disconnect' || reason === 'lease') scheduleOrphanCleanup(session, this.log);
+  }
+
+  /**
+   * Stops serving: waits up to 10 s for requests in flight, ends every session, closes and
+   * removes the socket, releases the lock. Idempotent.
+   */
+  async stop(reason: string): Promise<void> {
+    if (this.stopping) return;
+    this.stopping = true;
+    if (this.timer !== undefined) clearInterval(this.timer);
+    const deadline = Date.now() + 10_000;
+    while (this.inflight > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    // Let queued replies (the shutdown reply among them) leave before closing.
+    const sendDeadline = Date.now() + 1000;
+    while ((this.sending || this.sendQueue.length > 0) && Date.now() < sendDeadline) await new Promise((r) => setTimeout(r, 5));
+    this.sessions.endAll('shutdown');
+    this.router.close();
+    try {
+      unlinkSync(this.socketPath);
+    } catch {
+      // already gone
+    }
+    this.lock.release();
+    this.log(`stopped: ${reason}`);
+    this.resolveStopped(reason);
+  }
+}

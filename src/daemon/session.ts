@@ -1,0 +1,178 @@
+/**
+ * Sessions: one per connected client (Python `Client`), made by `hello`, named by a random id.
+ *
+ * A session holds the client's lease, the shared-memory mappings cached for it, and the ZeroMQ
+ * routing ids of the sockets it speaks through (a client may use one socket per thread). It ends
+ * on `release` with `end`, when its lease lapses (no request for `leaseMs`, requests in flight
+ * excepted) or when the last of its sockets disconnects; its mappings are dropped then, and the
+ * shared-memory files it made are removed if its process is gone (shm-cleanup.ts).
+ *
+ * A session may name only its own memory: files whose name starts with its `shm_prefix`
+ * (`tzip-<pid>-<hex>-`, unique among live sessions) or PyTorch's shared-memory files of its own
+ * process (`torch_<pid>_...`, the file_system sharing strategy).
+ */
+import { randomBytes } from 'node:crypto';
+import { processStartTime } from './lock.js';
+import type { DaemonLimits } from './limits.js';
+import { ReplyError } from './reply-error.js';
+import { ShmMappings } from './shm-map.js';
+
+/** Why a session ended. */
+export type EndReason = 'goodbye' | 'lease' | 'disconnect' | 'replaced' | 'shutdown';
+
+/** One client's session. */
+export class Session {
+  readonly sid = randomBytes(16).toString('hex');
+  readonly createdAt = Date.now();
+  lastSeen = Date.now();
+  inflight = 0;
+  requests = 0;
+  readonly routingIds = new Set<string>();
+  readonly mappings: ShmMappings;
+  /** Start time of the client's process when the daemon can see it (same pid namespace), else null. */
+  readonly pidStart: number | null;
+  private readonly torchPrefix: string;
+
+  constructor(
+    readonly pid: number,
+    readonly shmPrefix: string,
+    readonly name: string,
+    readonly version: number,
+    limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxMappingsPerSession'>,
+  ) {
+    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxMappings: limits.maxMappingsPerSession });
+    this.pidStart = processStartTime(pid);
+    this.torchPrefix = `torch_${pid}_`;
+  }
+
+  /** Whether /dev/shm/`name` is this session's to hand over. */
+  owns(name: string): boolean {
+    const bare = name.replace(/^\//, '');
+    return bare.startsWith(this.shmPrefix) || bare.startsWith(this.torchPrefix);
+  }
+
+  /** Renews the lease. */
+  touch(): void {
+    this.lastSeen = Date.now();
+  }
+}
+
+/** Called when a session ends (after its mappings are dropped). */
+export type EndListener = (session: Session, reason: EndReason) => void;
+
+/** All live sessions. */
+export class SessionTable {
+  private readonly bySid = new Map<string, Session>();
+  private readonly byPrefix = new Map<string, Session>();
+  private readonly byRouting = new Map<string, Session>();
+  /** Routing ids ZeroMQ reported connected (ROUTER_NOTIFY) and not yet disconnected. */
+  private readonly connected = new Set<string>();
+
+  constructor(
+    private readonly limits: DaemonLimits,
+    private readonly onEnd: EndListener,
+  ) {}
+
+  get size(): number {
+    return this.bySid.size;
+  }
+
+  /** Live sessions. */
+  all(): IterableIterator<Session> {
+    return this.bySid.values();
+  }
+
+  /**
+   * Opens a session for a `hello` that came through `routingId`.
+   * @throws ReplyError TZIP_BUSY at the session cap; TZIP_HANDLE when another live process holds the prefix.
+   */
+  open(pid: number, shmPrefix: string, name: string, version: number, routingId: string): Session {
+    const holder = this.byPrefix.get(shmPrefix);
+    if (holder !== undefined) {
+      if (holder.pid !== pid) {
+        throw new ReplyError('TZIP_HANDLE', `shm_prefix ${shmPrefix} belongs to another live session (pid ${holder.pid})`);
+      }
+      // The same process says hello again (it lost its session id): the old session is replaced.
+      this.end(holder, 'replaced');
+    }
+    if (this.bySid.size >= this.limits.maxSessions) {
+      throw new ReplyError('TZIP_BUSY', `the daemon serves its maximum of ${this.limits.maxSessions} sessions`);
+    }
+    const session = new Session(pid, shmPrefix, name, version, this.limits);
+    this.bySid.set(session.sid, session);
+    this.byPrefix.set(shmPrefix, session);
+    this.attach(session, routingId);
+    return session;
+  }
+
+  /** The live session `sid`, with `routingId` added to its sockets; renews its lease. */
+  lookup(sid: string, routingId: string): Session {
+    const session = this.bySid.get(sid);
+    if (session === undefined) {
+      throw new ReplyError('TZIP_SESSION', 'unknown or expired session; say hello again');
+    }
+    this.attach(session, routingId);
+    session.touch();
+    return session;
+  }
+
+  /** The live session `sid` or undefined (no side effects). */
+  peek(sid: string): Session | undefined {
+    return this.bySid.get(sid);
+  }
+
+  private attach(session: Session, routingId: string): void {
+    const other = this.byRouting.get(routingId);
+    if (other === session) return;
+    if (other !== undefined) other.routingIds.delete(routingId);
+    this.byRouting.set(routingId, session);
+    session.routingIds.add(routingId);
+  }
+
+  /**
+   * A ROUTER_NOTIFY message for `routingId` (connect and disconnect look alike: the first is a
+   * connect, the next a disconnect). A disconnect ends the session once none of its sockets is left.
+   */
+  notify(routingId: string): 'connect' | 'disconnect' {
+    if (!this.connected.has(routingId)) {
+      this.connected.add(routingId);
+      return 'connect';
+    }
+    this.connected.delete(routingId);
+    const session = this.byRouting.get(routingId);
+    this.byRouting.delete(routingId);
+    if (session !== undefined) {
+      session.routingIds.delete(routingId);
+      if (session.routingIds.size === 0) this.end(session, 'disconnect');
+    }
+    return 'disconnect';
+  }
+
+  /** Ends sessions whose lease lapsed at `now` (those with requests in flight are kept). */
+  sweep(now: number = Date.now()): number {
+    let ended = 0;
+    for (const session of [...this.bySid.values()]) {
+      if (session.inflight === 0 && now - session.lastSeen > this.limits.leaseMs) {
+        this.end(session, 'lease');
+        ended++;
+      }
+    }
+    return ended;
+  }
+
+  /** Ends `session`: drops its mappings and forgets it. Idempotent. */
+  end(session: Session, reason: EndReason): void {
+    if (this.bySid.get(session.sid) !== session) return;
+    this.bySid.delete(session.sid);
+    if (this.byPrefix.get(session.shmPrefix) === session) this.byPrefix.delete(session.shmPrefix);
+    for (const r of session.routingIds) if (this.byRouting.get(r) === session) this.byRouting.delete(r);
+    session.routingIds.clear();
+    session.mappings.drop();
+    this.onEnd(session, reason);
+  }
+
+  /** Ends every session. */
+  endAll(reason: EndReason): void {
+    for (const session of [...this.bySid.values()]) this.end(session, reason);
+  }
+}
