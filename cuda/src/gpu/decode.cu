@@ -1,0 +1,1137 @@
+// GPU frame decoder: decodes a batch of frames with the rules of tzip::decode_frame (cuda/src/frame.cpp +
+// chunk_codec.cpp), validating every byte it uses, and reports per frame the error the CPU would raise.
+//
+// Launch sequence (one stream, grids sized by the SM budget, see codec.h):
+//   1. parse_kernel: one block per frame: fixed header, shape, chunk table (offset chain and sizes, in parallel) and
+//      frame/output lengths. A frame whose structure is invalid gets no chunk work.
+//   2. scan_kernel: prefix sums of the chunk counts (over all frames and per decoder class).
+//   3. decode kernels, one warp per chunk, persistent, atomic tickets:
+//        class 0 (fast, raw): 32 warps per block, no RANS tables;
+//        class 1 (max, bytes): 24 warps per block, one RANS table and two LUT tables per warp;
+//        fallback: chunks the first two could not take (more RANS/LUT streams than their tables), 4 warps per block
+//        with eight of each.
+//      Float chunks without RANS streams take the tile path: 1024 elements per step, each lane 16 output bytes per
+//      sub-tile (coalesced 16-byte stores), packed codes staged per warp in shared memory, LUT escapes placed with a
+//      warp scan. Everything else takes the step path in the format's RANS order (lane l, element 32g + l): per step
+//      one symbol per stream and lane, RANS words fetched through a 64-word window held in the lanes' registers
+//      (ballot + popc give each lane its word).
+//   4. verify_kernel: header digests and checksums (one thread per frame), per-chunk XXH32 of the output (one thread
+//      per chunk) when verify is on.
+//   5. errors_kernel: the lowest-ranked error of each frame (the CPU's order of checks, then the lowest chunk) to the
+//      caller's array.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu/codec.h"
+#include "tzip/bitpack.h"
+#include "tzip/format.h"
+#include "tzip/rans.h"
+#include "tzip/warp.h"
+#include "tzip/xxhash32.h"
+
+namespace tzip {
+namespace gpu {
+namespace dec {
+
+using namespace tzip::dev;
+
+// ---------------------------------------------------------------- descriptors and errors
+
+struct DecTensor {
+  const uint8_t* frame;
+  uint64_t frame_len;
+  uint8_t* out;
+  uint64_t out_len;
+  // filled by parse_kernel
+  uint64_t nbytes, header_bytes, payload_bytes;
+  uint32_t n_chunks, chunk_bytes, n_dec, checksum;
+  uint8_t dtype, codec, ndim, header_ok, cls, pad[3];
+};
+
+constexpr uint32_t kClasses = 3;  // 0 all, 1 fast/raw, 2 max/bytes
+
+struct DecArgs {
+  DecTensor* t;
+  uint32_t n;
+  uint32_t verify;
+  unsigned long long* err;      // per frame: lowest error key, ~0 when none
+  uint64_t* base[kClasses];     // per class: n + 1 prefix sums of chunk counts
+  unsigned long long* tickets;  // [0] class 1, [1] class 2, [2] fallback queue, [3] queue length, [4] verify
+  unsigned long long* queue;    // deferred chunks: frame << 32 | chunk
+  unsigned long long* queue_len;
+  uint64_t queue_cap;
+  int32_t* errors;              // caller's array
+  uint32_t debug;               // Tuning::debug: print each rejected chunk
+};
+
+/// Decode kernels live in their own translation units (decode_k1.cu, decode_k2.cu, decode_k0.cu include this file
+/// with TZIP_DECODE_PART set) so that they compile in parallel. Each launches its kernel on the stream.
+Status run_part0(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
+Status run_part1(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
+Status run_part2(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
+
+namespace {
+
+// Error keys: the CPU's order of checks (rank), then the chunk index, then decode-before-checksum.
+enum Rank : uint32_t {
+  kRTruncFixed = 1, kRMagic, kRVersion0, kRVersionNew, kRDtype, kRCodec, kRNormalize, kRNdim, kRReserved,
+  kRChunkSize, kRNumChunks, kRTruncShape, kRShapePad, kRShape, kRPayload, kRTruncTable, kRHeaderDigest, kRTable, kRPayloadSum,
+  kRChecksum, kRTruncFrame, kRTrailing, kROutLen, kRChunk = 100
+};
+__host__ __device__ constexpr unsigned long long err_key(uint32_t rank, uint64_t chunk, uint32_t sub, int32_t code) {
+  return (static_cast<unsigned long long>(rank) << 56) | (static_cast<unsigned long long>(chunk) << 16) |
+         (static_cast<unsigned long long>(sub) << 8) | static_cast<unsigned long long>(code);
+}
+__device__ __forceinline__ void report(const DecArgs& a, uint32_t t, unsigned long long key) { atomicMin(a.err + t, key); }
+
+__device__ __forceinline__ uint64_t ld_le64u(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+  return uint64_t(ld_bytes_le(p, 4)) | (uint64_t(ld_bytes_le(p + 4, 4)) << 32);
+}
+__device__ __forceinline__ uint32_t ld_le32u(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const uint32_t*>(p);
+  return ld_bytes_le(p, 4);
+}
+__device__ __forceinline__ uint32_t ld_le16u(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 1) == 0) return *reinterpret_cast<const uint16_t*>(p);
+  return uint32_t(p[0]) | (uint32_t(p[1]) << 8);
+}
+
+__device__ __forceinline__ uint32_t find_frame(const uint64_t* base, uint32_t n, uint64_t c) {
+  uint32_t lo = 0, hi = n;  // last frame with base <= c (frames without chunks share the next base)
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) >> 1;
+    if (base[mid] <= c) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+#if !defined(TZIP_DECODE_PART)
+// ---------------------------------------------------------------- 1. parse
+
+__global__ void __launch_bounds__(1024, 1) parse_kernel(DecArgs a) {
+  __shared__ int s_bad;
+  for (uint32_t ti = blockIdx.x; ti < a.n; ti += gridDim.x) {
+    DecTensor& T = a.t[ti];
+    if (threadIdx.x == 0) {
+      s_bad = 1;
+      T.header_ok = 0;
+      T.n_dec = 0;
+      T.n_chunks = 0;
+      const uint8_t* f = T.frame;
+      const uint64_t avail = T.frame_len;
+      uint32_t rank = 0;
+      int32_t code = kCorrupt;
+      do {
+        if (avail < kFixedHeaderBytes) { rank = kRTruncFixed; code = kTruncated; break; }
+        if (ld_le32u(f + kOffMagic) != kFrameMagic) { rank = kRMagic; break; }
+        const uint32_t version = ld_le16u(f + kOffVersion);
+        if (version == 0) { rank = kRVersion0; break; }
+        if (version > kFormatVersion) { rank = kRVersionNew; code = kUnsupported; break; }
+        const uint32_t dt = f[kOffDtype], cd = f[kOffCodec];
+        if (dt >= kNumDtypes) { rank = kRDtype; break; }
+        if (cd >= kNumCodecs) { rank = kRCodec; break; }
+        const Dtype d = Dtype(dt);
+        const Codec c = Codec(cd);
+        if ((c == Codec::FAST || c == Codec::MAX) && !dtype_is_split_float(d)) { rank = kRNormalize; break; }
+        const uint32_t ndim = f[kOffNdim];
+        if (ndim > kMaxNdim) { rank = kRNdim; break; }
+        if (f[kOffFlags] != 0 || ld_le16u(f + 10) != 0 || ld_le32u(f + 44) != 0) { rank = kRReserved; break; }
+        const uint32_t cs = ld_le32u(f + kOffChunkBytes);
+        if (cs < kMinChunkBytes || cs > kMaxChunkBytes || cs % kChunkBytesMultiple != 0) { rank = kRChunkSize; break; }
+        const uint64_t nbytes = ld_le64u(f + kOffNbytes), payload = ld_le64u(f + kOffPayloadBytes);
+        const uint32_t nch = ld_le32u(f + kOffNumChunks);
+        if (nch != num_chunks(nbytes, cs)) { rank = kRNumChunks; break; }
+        const uint64_t table_off = chunk_table_offset(ndim), hdr = frame_header_bytes(ndim, nch);
+        if (avail < table_off) { rank = kRTruncShape; code = kTruncated; break; }
+        {
+          bool nz = false;
+          for (uint64_t q = kOffShape + 8ull * ndim; q < table_off; ++q) nz |= f[q] != 0;
+          if (nz) { rank = kRShapePad; break; }
+        }
+        unsigned __int128 total = dtype_size(d);
+        bool ok = true;
+        uint64_t expect = 0;
+        for (uint32_t k = 0; k < ndim; ++k) {
+          total *= ld_le64u(f + kOffShape + 8 * k);
+          if (total > UINT64_MAX) {
+            ok = false;
+            for (uint32_t q = 0; q < ndim; ++q)
+              if (ld_le64u(f + kOffShape + 8 * q) == 0) { ok = true; break; }
+            total = 0;
+            break;
+          }
+        }
+        expect = uint64_t(total);
+        if (!ok || expect != nbytes) { rank = kRShape; break; }
+        if (payload > nbytes) { rank = kRPayload; break; }
+        if (avail < hdr) { rank = kRTruncTable; code = kTruncated; break; }
+        T.header_ok = 1;
+        T.dtype = uint8_t(dt);
+        T.codec = uint8_t(cd);
+        T.ndim = uint8_t(ndim);
+        T.chunk_bytes = cs;
+        T.nbytes = nbytes;
+        T.payload_bytes = payload;
+        T.n_chunks = nch;
+        T.header_bytes = hdr;
+        T.checksum = ld_le32u(f + kOffChecksum);
+        T.cls = (c == Codec::FAST || c == Codec::RAW) ? 1 : 2;
+        s_bad = 0;
+        const uint64_t frame_bytes = hdr + payload;
+        if (avail < frame_bytes) { report(a, ti, err_key(kRTruncFrame, 0, 0, kTruncated)); s_bad = 1; }
+        else if (avail > frame_bytes) { report(a, ti, err_key(kRTrailing, 0, 0, kCorrupt)); s_bad = 1; }
+        else if (T.out_len != nbytes) { report(a, ti, err_key(kROutLen, 0, 0, kInvalidArgument)); s_bad = 1; }
+      } while (false);
+      if (rank) report(a, ti, err_key(rank, 0, 0, code));
+    }
+    __syncthreads();
+    if (T.header_ok) {
+      // Chunk table: each entry against the one before it (see frame.cpp, parse_frame_header).
+      const uint8_t* table = T.frame + chunk_table_offset(T.ndim);
+      const uint32_t nch = T.n_chunks, cs = T.chunk_bytes;
+      bool bad = false;
+      for (uint64_t i = threadIdx.x; i < nch; i += blockDim.x) {
+        const uint8_t* e = table + kChunkEntryBytes * i;
+        const uint64_t o = ld_le64u(e), size = ld_le32u(e + 8);
+        const uint64_t raw_len = umin64(cs, T.nbytes - i * cs);
+        uint64_t expect = 0;
+        if (i > 0) {
+          const uint8_t* pe = e - kChunkEntryBytes;
+          expect = align16(ld_le64u(pe) + ld_le32u(pe + 8));
+        }
+        if (o != expect || size > raw_len || size == 0) bad = true;
+        if (i + 1 == nch && o + size != T.payload_bytes) {
+          if (!bad) report(a, ti, err_key(kRPayloadSum, 0, 0, kCorrupt));
+          s_bad = 1;
+        }
+      }
+      if (nch == 0 && T.payload_bytes != 0) {
+        report(a, ti, err_key(kRPayloadSum, 0, 0, kCorrupt));
+        s_bad = 1;
+      }
+      if (bad) {
+        report(a, ti, err_key(kRTable, 0, 0, kCorrupt));
+        s_bad = 1;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) T.n_dec = s_bad ? 0 : T.n_chunks;
+    __syncthreads();
+  }
+}
+
+// ---------------------------------------------------------------- 2. scan
+
+__global__ void __launch_bounds__(1024, 1) scan_kernel(DecArgs a) {
+  __shared__ uint64_t warp_tot[kClasses][32];
+  __shared__ uint64_t carry[kClasses];
+  const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid < kClasses) carry[tid] = 0;
+  __syncthreads();
+  for (uint32_t b0 = 0; b0 < a.n; b0 += blockDim.x) {
+    const uint32_t ti = b0 + tid;
+    uint64_t v[kClasses] = {0, 0, 0};
+    if (ti < a.n) {
+      const DecTensor& T = a.t[ti];
+      v[0] = T.n_dec;
+      v[T.cls == 1 ? 1 : 2] = T.n_dec;
+    }
+    uint64_t incl[kClasses];
+#pragma unroll
+    for (uint32_t c = 0; c < kClasses; ++c) {
+      incl[c] = warp_inclusive_sum(v[c]);
+      if (lane == 31) warp_tot[c][warp] = incl[c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (uint32_t c = 0; c < kClasses; ++c) {
+      uint64_t before = carry[c], tot = 0;
+      for (uint32_t q = 0; q < blockDim.x / 32; ++q) {
+        if (q < warp) before += warp_tot[c][q];
+        tot += warp_tot[c][q];
+      }
+      if (ti < a.n) a.base[c][ti] = before + incl[c] - v[c];
+      if (ti == a.n - 1) a.base[c][a.n] = before + incl[c];
+      __syncthreads();
+      if (tid == 0) carry[c] += tot;
+    }
+    __syncthreads();
+  }
+}
+
+#endif  // !TZIP_DECODE_PART
+
+#if defined(TZIP_DECODE_PART)
+// ---------------------------------------------------------------- 3. decode
+
+/// Per-warp shared memory, laid out by byte offsets: C RANS tables, L LUT tables, and a ring of RING bytes that
+/// cp.async fills with the fixed-rate streams of the next tiles (STREAM kernels).
+template <uint32_t C, uint32_t L, uint32_t RING>
+struct WarpLayout {
+  static constexpr uint32_t kRansSym = 0;                   // u8 [C][4096]
+  static constexpr uint32_t kRansFc = kRansSym + 4096 * C;  // u32 [C][256]
+  static constexpr uint32_t kLut = kRansFc + 1024 * C;      // u8 [L][128]
+  static constexpr uint32_t kRing = kLut + 128 * L;
+  static constexpr uint32_t kBytes = kRing + RING;
+};
+
+enum ChunkResult : int { kChunkOk = 0, kChunkBad = 1, kChunkDefer = 2 };
+/// A rejection, with the line of the check that failed (for Tuning::debug traces): bit 0 set, line above bit 2.
+__device__ __forceinline__ int kBadAt(int line) { return (line << 2) | kChunkBad; }
+constexpr uint32_t kTile = 1024;  // elements per tile: 32 steps of 32 lanes
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint32_t src_bytes) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait(uint32_t n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+  }
+}
+
+/// Copies n bytes with one warp.
+__device__ void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t n) {
+  const uint32_t lane = lane_id();
+  if (aligned16(dst) && aligned16(src)) {
+    const uint32_t nv = n / 16;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    uint32_t v = lane;
+    for (; v + 224 < nv; v += 256) {
+      uint4 x[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) x[q] = s[v + 32 * q];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) d[v + 32 * q] = x[q];
+    }
+    for (; v < nv; v += 32) d[v] = s[v];
+    for (uint32_t b = nv * 16 + lane; b < n; b += 32) dst[b] = src[b];
+  } else {
+    for (uint32_t b = lane; b < n; b += 32) dst[b] = src[b];
+  }
+}
+
+/// k-bit field at bit `pos` of a packed stream of `len` bytes (k <= 7, so at most two bytes).
+__device__ __forceinline__ uint32_t extract_bits(const uint8_t* p, uint32_t pos, uint32_t k, uint32_t len) {
+  const uint32_t byte = pos >> 3, sh = pos & 7;
+  uint32_t v = p[byte];
+  if (sh + k > 8 && byte + 1 < len) v |= uint32_t(p[byte + 1]) << 8;
+  return (v >> sh) & ((1u << k) - 1u);
+}
+
+/// True when the `len` (<= 32) bytes at p are all zero (one warp).
+__device__ __forceinline__ bool warp_zero(const uint8_t* p, uint32_t len) {
+  const uint32_t v = lane_id() < len ? p[lane_id()] : 0u;
+  return !__any_sync(kFull, v != 0);
+}
+/// True when the bits of the last byte past n symbols of w bits are zero.
+__device__ __forceinline__ bool tail_bits_zero(const uint8_t* packed, uint32_t n, uint32_t w) {
+  const uint32_t bits = n * w;
+  return (bits & 7) == 0 || (packed[bits >> 3] >> (bits & 7)) == 0;
+}
+
+/// Uniform per-stream state of a chunk being decoded by one warp.
+struct StreamState {
+  uint32_t mode, w, param, bytes;
+  const uint8_t* sec;   // section start
+  const uint8_t* data;  // RAW: symbols; LUT: codes; RANS: words
+  const uint8_t* exc;   // LUT: exceptions
+  uint32_t len;         // RAW/LUT: packed bytes; RANS: n_words
+  uint32_t n_exc, cursor, slot;
+  uint32_t seg, tile_bytes;  // ring segment offset and bytes per tile (0: not in the ring)
+};
+
+/// The per-warp ring: slot t % S holds tile t of every ring stream.
+struct Ring {
+  uint8_t* base;
+  uint32_t slot_bytes, S, tiles;
+};
+
+template <uint32_t NS>
+__device__ __forceinline__ void ring_issue(const Ring& rg, const StreamState* ss, uint32_t t) {
+  if (t < rg.tiles) {
+    uint8_t* slot = rg.base + (t % rg.S) * rg.slot_bytes;
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) {
+      const StreamState& s = ss[j];
+      if (!s.tile_bytes) continue;
+      const uint32_t off = t * s.tile_bytes;
+      const uint32_t rem = s.len - off;
+      const uint32_t nb = rem < s.tile_bytes ? rem : s.tile_bytes;
+      const uint32_t units = (nb + 15) / 16;
+      for (uint32_t u = lane_id(); u < units; u += 32) {
+        const uint32_t b = nb - 16 * u;
+        cp_async16(slot + s.seg + 16 * u, s.data + off + 16 * u, b < 16 ? b : 16);
+      }
+    }
+  }
+  cp_commit();
+}
+/// Before tile t: issue tile t + S - 1, wait until tile t has landed.
+template <uint32_t NS>
+__device__ __forceinline__ const uint8_t* ring_advance(const Ring& rg, const StreamState* ss, uint32_t t) {
+  ring_issue<NS>(rg, ss, t + rg.S - 1);
+  cp_wait(rg.S - 1);
+  __syncwarp();
+  return rg.base + (t % rg.S) * rg.slot_bytes;
+}
+
+/// Tile path (float families, no RANS): tiles [t, tiles_full) from the ring; lane l handles V consecutive elements
+/// of each sub-tile and stores them as one 16-byte vector.
+template <uint32_t FID, uint32_t KW, bool LUTE>
+__device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg, uint32_t& t, uint32_t tiles_full, uint8_t* dst,
+                          const uint8_t* lut, uint32_t& cursor) {
+  using F = Fam<FID>;
+  constexpr uint32_t E = F::kEsize, NS = F::kCount, V = 16 / E, SUB = 32 * V, NSUB = kTile / SUB;
+  const uint32_t lane = lane_id();
+  const uint32_t w0 = F::width(0);
+  const StreamState& s0 = ss[0];
+  bool bad = false;
+  for (; t < tiles_full; ++t) {
+    const uint8_t* slot = ring_advance<NS>(rg, ss, t);
+    const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg);
+#pragma unroll 2
+    for (uint32_t sub = 0; sub < NSUB; ++sub) {
+      const uint32_t le = sub * SUB + lane * V;  // element within the tile
+      // Symbols as bytes of 64-bit values (V <= 8): no arrays, so nothing is indexed at run time (which would put
+      // them in local memory).
+      uint64_t es = 0;
+      uint64_t rs[NS];
+      if constexpr (KW == 0) {
+        es = uint64_t(rep4(s0.param)) * 0x100000001ull;
+      } else if constexpr (KW == 8) {
+        if constexpr (V == 8) es = *reinterpret_cast<const uint64_t*>(slot + s0.seg + le);
+        else es = *reinterpret_cast<const uint32_t*>(slot + s0.seg + le);
+      } else {
+        const uint32_t b0 = le * KW, wi = b0 >> 5, sh = b0 & 31;
+        const uint32_t x0 = e_words[wi], x1 = e_words[wi + 1], x2 = e_words[wi + 2];
+        const uint64_t v = uint64_t(__funnelshift_r(x0, x1, sh)) | (uint64_t(__funnelshift_r(x1, x2, sh)) << 32);
+        constexpr uint32_t mask = (1u << KW) - 1;
+        uint32_t escm = 0;
+#pragma unroll
+        for (uint32_t e = 0; e < V; ++e) {
+          const uint32_t c = uint32_t(v >> (e * KW)) & mask;
+          uint32_t sv;
+          if constexpr (LUTE) {
+            sv = lut[c];
+            escm |= uint32_t(c == mask) << e;
+          } else {
+            sv = c;
+          }
+          es |= uint64_t(sv) << (8 * e);
+        }
+        if constexpr (LUTE) {
+          if (__any_sync(kFull, escm != 0)) {
+            const uint32_t cnt = __popc(escm);
+            const uint32_t incl = warp_inclusive_sum(cnt);
+            uint32_t idx = cursor + incl - cnt;
+            cursor += __shfl_sync(kFull, incl, 31);
+            while (escm) {
+              const uint32_t e = __ffs(escm) - 1;
+              escm &= escm - 1;
+              uint32_t sv = 0;
+              if (idx < s0.n_exc) sv = s0.exc[idx];
+              else bad = true;
+              if (sv >> w0) bad = true;
+              ++idx;
+              es = (es & ~(0xFFull << (8 * e))) | (uint64_t(sv & 0xFFu) << (8 * e));
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (uint32_t j = 1; j < NS; ++j) {
+        const StreamState& sj = ss[j];
+        if (sj.mode == uint32_t(StreamMode::CONST)) {
+          rs[j] = uint64_t(rep4(sj.param)) * 0x100000001ull;
+        } else if (FID == kFamF16 && j == 2) {
+          const uint32_t* r_words = reinterpret_cast<const uint32_t*>(slot + sj.seg);
+          const uint32_t b0 = le * 3, wi = b0 >> 5, sh = b0 & 31;
+          const uint64_t v = uint64_t(__funnelshift_r(r_words[wi], r_words[wi + 1], sh)) |
+                             (uint64_t(__funnelshift_r(r_words[wi + 1], r_words[wi + 2], sh)) << 32);
+          uint64_t r = 0;
+#pragma unroll
+          for (uint32_t e = 0; e < V; ++e) r |= ((v >> (e * 3)) & 7u) << (8 * e);
+          rs[j] = r;
+        } else {
+          if constexpr (V == 8) rs[j] = *reinterpret_cast<const uint64_t*>(slot + sj.seg + le);
+          else rs[j] = *reinterpret_cast<const uint32_t*>(slot + sj.seg + le);
+        }
+      }
+      uint32_t out[4];
+#pragma unroll
+      for (uint32_t q = 0; q < V / 4; ++q) {
+        uint32_t s4[NS];
+        s4[0] = uint32_t(es >> (32 * q));
+#pragma unroll
+        for (uint32_t j = 1; j < NS; ++j) s4[j] = uint32_t(rs[j] >> (32 * q));
+        F::merge4(s4, out + q * E);
+      }
+      *reinterpret_cast<uint4*>(dst + uint64_t(t * kTile + le) * E) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+    __syncwarp();
+    if (__any_sync(kFull, bad)) return false;
+  }
+  return true;
+}
+
+template <uint32_t FID>
+__device__ __forceinline__ bool run_tiles(const StreamState* ss, const Ring& rg, uint32_t& t, uint32_t tiles_full, uint8_t* dst,
+                          const uint8_t* lut, uint32_t& cursor) {
+  const StreamState& s0 = ss[0];
+  if (s0.mode == uint32_t(StreamMode::CONST)) return tile_loop<FID, 0, false>(ss, rg, t, tiles_full, dst, lut, cursor);
+  if (s0.mode == uint32_t(StreamMode::RAW)) {
+    if constexpr (FID == kFamF16) return tile_loop<FID, 5, false>(ss, rg, t, tiles_full, dst, lut, cursor);
+    else return tile_loop<FID, 8, false>(ss, rg, t, tiles_full, dst, lut, cursor);
+  }
+  switch (s0.param) {
+    case 1: return tile_loop<FID, 1, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+    case 2: return tile_loop<FID, 2, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+    case 3: return tile_loop<FID, 3, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+    case 4: return tile_loop<FID, 4, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+    default:
+      if constexpr (FID != kFamF16) {
+        switch (s0.param) {
+          case 5: return tile_loop<FID, 5, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+          case 6: return tile_loop<FID, 6, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+          default: return tile_loop<FID, 7, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+        }
+      }
+      return false;
+  }
+}
+
+/// Decodes one coded chunk with one warp. Returns kChunkOk, kChunkBad (corrupt) or kChunkDefer (needs more tables
+/// than this kernel has, or a misaligned frame in a streaming kernel: nothing was written).
+/// STREAM: fixed-rate streams come through the shared-memory ring (cp.async, tiles ahead); otherwise they are read
+/// from global memory where they are (any alignment).
+template <uint32_t FID, uint32_t C, uint32_t L, uint32_t RING>
+__device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len, uint8_t* dst, uint8_t* ws,
+                            bool tile_ok) {
+  using F = Fam<FID>;
+  using WL = WarpLayout<C, L, RING>;
+  constexpr bool STREAM = RING > 0;
+  constexpr uint32_t E = F::kEsize, NS = F::kCount;
+  const uint32_t lane = lane_id();
+  const uint32_t n = raw_len / E;
+  if (STREAM && !aligned16(src)) return kChunkDefer;
+  if (size < chunk_sections_offset(NS)) return kBadAt(__LINE__);
+  if (src[0] != kChunkKindCoded || src[1] != NS || ld_le16u(src + 2) != 0 || ld_le32u(src + 4) != n) return kBadAt(__LINE__);
+  if (!warp_zero(src + kChunkHeaderBytes + kStreamDescriptorBytes * NS,
+                 chunk_sections_offset(NS) - kChunkHeaderBytes - kStreamDescriptorBytes * NS))
+    return kBadAt(__LINE__);
+
+  StreamState ss[NS];
+  uint32_t nr = 0, nl = 0;
+  {
+    uint32_t off = chunk_sections_offset(NS);
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) {
+      const uint8_t* d = src + kChunkHeaderBytes + kStreamDescriptorBytes * j;
+      StreamState& s = ss[j];
+      s.mode = d[0];
+      s.param = d[1];
+      s.w = F::width(j);
+      s.bytes = ld_le32u(d + 4);
+      s.cursor = 0;
+      s.slot = 0;
+      s.n_exc = 0;
+      s.len = 0;
+      s.seg = 0;
+      s.tile_bytes = 0;
+      if (ld_le16u(d + 2) != 0) return kBadAt(__LINE__);
+      const uint32_t al = uint32_t(align16(off));
+      if (al > size) return kBadAt(__LINE__);
+      if (!warp_zero(src + off, al - off)) return kBadAt(__LINE__);
+      off = al;
+      if (s.bytes > size - off) return kBadAt(__LINE__);
+      s.sec = src + off;
+      s.data = s.sec;
+      s.exc = s.sec;
+      off += s.bytes;
+      if (s.mode == uint32_t(StreamMode::RANS)) s.slot = nr++;
+      else if (s.mode == uint32_t(StreamMode::LUT)) s.slot = nl++;
+      else if (s.mode > uint32_t(StreamMode::RANS)) return kBadAt(__LINE__);
+    }
+    if (off != size) return kBadAt(__LINE__);
+  }
+  if (nr > C || nl > L) return kChunkDefer;
+
+  uint8_t* lut_base = ws + WL::kLut;
+  // Per-stream validation and tables (the CPU's checks, all of which mean TZIP_CORRUPT).
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) {
+    StreamState& s = ss[j];
+    const uint32_t w = s.w;
+    if (s.mode == uint32_t(StreamMode::CONST)) {
+      if (s.bytes != 0 || (s.param >> w)) return kBadAt(__LINE__);
+    } else if (s.mode == uint32_t(StreamMode::RAW)) {
+      if (s.bytes != packed_bytes(n, w) || s.param != 0) return kBadAt(__LINE__);
+      if (w < 8 && !tail_bits_zero(s.sec, n, w)) return kBadAt(__LINE__);
+      s.len = s.bytes;
+    } else if (s.mode == uint32_t(StreamMode::LUT)) {
+      const uint32_t k = s.param;
+      if (k < 1 || k >= w) return kBadAt(__LINE__);
+      if (s.bytes < lut_codes_offset(k)) return kBadAt(__LINE__);
+      const uint32_t n_exc = ld_le32u(s.sec);
+      if (n_exc > n || uint64_t(s.bytes) != lut_exceptions_offset(k, n) + n_exc) return kBadAt(__LINE__);
+      s.n_exc = n_exc;
+      s.data = s.sec + lut_codes_offset(k);
+      s.exc = s.sec + lut_exceptions_offset(k, n);
+      s.len = uint32_t(packed_bytes(n, k));
+      const uint32_t cap = (1u << k) - 1;
+      if (!warp_zero(s.sec + 4 + cap, lut_codes_offset(k) - 4 - cap)) return kBadAt(__LINE__);
+      if (!warp_zero(s.data + s.len, uint32_t(lut_exceptions_offset(k, n) - lut_codes_offset(k)) - s.len))
+        return kBadAt(__LINE__);
+      if (!tail_bits_zero(s.data, n, k)) return kBadAt(__LINE__);
+      uint8_t* lut = lut_base + 128 * s.slot;
+      bool bad = false;
+      for (uint32_t i = lane; i < 128; i += 32) {
+        const uint32_t v = i < cap ? s.sec[4 + i] : 0u;
+        if (v >> w) bad = true;
+        lut[i] = uint8_t(v);
+      }
+      __syncwarp();  // lanes read each other's LUT entries below (racecheck flagged the hazard without it)
+      if (__any_sync(kFull, bad)) return kBadAt(__LINE__);
+    } else {  // RANS
+      if constexpr (C > 0) {
+        if (s.param != 0 || s.bytes < kRansBitmapBytes) return kBadAt(__LINE__);
+        const uint32_t bits = s.sec[lane];
+        const uint32_t m = warp_sum(uint32_t(__popc(bits)));
+        if (m < 2) return kBadAt(__LINE__);
+        if (s.bytes < rans_words_offset(m)) return kBadAt(__LINE__);
+        uint32_t idx = warp_inclusive_sum(uint32_t(__popc(bits))) - __popc(bits);
+        uint32_t f[8], fl = 0;
+        bool bad = false;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          f[r] = 0;
+          if ((bits >> r) & 1) {
+            if ((lane * 8 + r) >> w) bad = true;
+            f[r] = ld_le16u(s.sec + kRansBitmapBytes + 2 * idx++);
+            if (f[r] == 0 || f[r] >= kRansProbScale) bad = true;
+          }
+          fl += f[r];
+        }
+        if (__any_sync(kFull, bad)) return kBadAt(__LINE__);
+        const uint32_t incl = warp_inclusive_sum(fl);
+        if (__shfl_sync(kFull, incl, 31) != kRansProbScale) return kBadAt(__LINE__);
+        const uint32_t so = rans_states_offset(m), wo = rans_words_offset(m);
+        const uint32_t x = ld_le32u(s.sec + so + 4 * lane);
+        if (__any_sync(kFull, x < kRansLow)) return kBadAt(__LINE__);
+        const uint32_t nw = ld_le32u(s.sec + so + 4 * kRansLanes);
+        if (nw > n || uint64_t(s.bytes) != uint64_t(wo) + 2ull * nw) return kBadAt(__LINE__);
+        if (!warp_zero(s.sec + kRansBitmapBytes + 2 * m, so - kRansBitmapBytes - 2 * m)) return kBadAt(__LINE__);
+        if (!warp_zero(s.sec + so + 4 * kRansLanes + 4, wo - so - 4 * kRansLanes - 4)) return kBadAt(__LINE__);
+        s.len = nw;
+        s.data = s.sec + wo;
+        // Tables: fc[s] = freq | cum << 16; sym[slot] by a max-scan over the start markers.
+        uint8_t* symt = ws + WL::kRansSym + 4096 * s.slot;
+        uint32_t* fc = reinterpret_cast<uint32_t*>(ws + WL::kRansFc) + 256 * s.slot;
+        uint32_t* symw = reinterpret_cast<uint32_t*>(symt);
+        for (uint32_t q = lane; q < 1024; q += 32) symw[q] = 0;
+        __syncwarp();
+        uint32_t cum = incl - fl;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          fc[lane * 8 + r] = f[r] | (cum << 16);
+          if (f[r]) symt[cum] = uint8_t(lane * 8 + r);
+          cum += f[r];
+        }
+        __syncwarp();
+        uint32_t words[32], run = 0;
+#pragma unroll
+        for (int q = 0; q < 32; ++q) {
+          words[q] = symw[lane * 32 + q];
+          const uint32_t wq = words[q];
+          run = max(run, max(max(wq & 0xFFu, (wq >> 8) & 0xFFu), max((wq >> 16) & 0xFFu, wq >> 24)));
+        }
+        uint32_t pre = run;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+          const uint32_t o = __shfl_up_sync(kFull, pre, d);
+          if (lane >= uint32_t(d)) pre = max(pre, o);
+        }
+        uint32_t cur = __shfl_up_sync(kFull, pre, 1);
+        if (lane == 0) cur = 0;
+#pragma unroll
+        for (int q = 0; q < 32; ++q) {
+          uint32_t wq = words[q], o = 0;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            cur = max(cur, (wq >> (8 * b)) & 0xFFu);
+            o |= cur << (8 * b);
+          }
+          symw[lane * 32 + q] = o;
+        }
+        __syncwarp();
+        s.cursor = x;  // the lane's initial state, picked up below
+      } else {
+        return kChunkDefer;
+      }
+    }
+  }
+
+  // The ring: one segment per fixed-rate stream (RAW, LUT codes), one slot per tile.
+  Ring rg{};
+  const uint32_t tiles = (n + kTile - 1) / kTile;
+  if constexpr (STREAM) {
+    uint32_t sb = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) {
+      StreamState& s = ss[j];
+      const uint32_t wbits = s.mode == uint32_t(StreamMode::RAW) ? s.w : s.mode == uint32_t(StreamMode::LUT) ? s.param : 0;
+      if (!wbits) continue;
+      s.tile_bytes = kTile / 8 * wbits;
+      s.seg = sb;
+      sb += s.tile_bytes + (wbits < 8 ? 16 : 0);
+    }
+    rg.base = ws + WL::kRing;
+    rg.slot_bytes = sb;
+    rg.S = sb ? min(4u, RING / sb) : 4u;
+    rg.tiles = tiles;
+    if (rg.S < 2) return kChunkDefer;
+    for (uint32_t t = 0; t + 1 < rg.S; ++t) ring_issue<NS>(rg, ss, t);
+  }
+
+  uint32_t t = 0;
+  if constexpr (F::kSplit && STREAM) {
+    bool ok = tile_ok && ss[0].mode != uint32_t(StreamMode::RANS);
+#pragma unroll
+    for (uint32_t j = 1; j < NS; ++j)
+      ok = ok && (ss[j].mode == uint32_t(StreamMode::CONST) || ss[j].mode == uint32_t(StreamMode::RAW));
+    const uint32_t tiles_full = n / kTile;
+    if (ok && tiles_full) {
+      uint32_t cursor = 0;
+      const uint8_t* lut = lut_base + 128 * ss[0].slot;
+      if (!run_tiles<FID>(ss, rg, t, tiles_full, dst, lut, cursor)) {
+        cp_wait(0);
+        return kBadAt(__LINE__);
+      }
+      ss[0].cursor = cursor;
+    }
+  }
+
+  // Step path: element 32 g + lane, one symbol per stream per step. RANS lane states and a 256-word window of each
+  // RANS stream's words are held in registers (indexed by stream), the tables by the stream's slot.
+  uint32_t x[NS], h0[NS], h1[NS], h2[NS], h3[NS], pos[NS], base[NS];
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) {
+    const StreamState& s = ss[j];
+    x[j] = kRansLow;
+    h0[j] = h1[j] = h2[j] = h3[j] = 0;
+    pos[j] = 0;
+    base[j] = 0;
+    if (C > 0 && s.mode == uint32_t(StreamMode::RANS)) {
+      x[j] = s.cursor;
+      auto wd = [&](uint32_t k) { return k < s.len ? ld_le16u(s.data + 2 * k) : 0u; };
+      h0[j] = wd(lane) | (wd(lane + 32) << 16);
+      h1[j] = wd(lane + 64) | (wd(lane + 96) << 16);
+      h2[j] = wd(lane + 128) | (wd(lane + 160) << 16);
+      h3[j] = wd(lane + 192) | (wd(lane + 224) << 16);
+    }
+  }
+  const bool dst_al = (reinterpret_cast<uintptr_t>(dst) & (E - 1)) == 0;
+  const uint32_t steps = (n + 31) / 32;
+  bool bad = false;
+  for (; t < tiles; ++t) {
+    const uint8_t* slot = nullptr;
+    if constexpr (STREAM) slot = ring_advance<NS>(rg, ss, t);
+    const uint32_t g_end = min(steps, (t + 1) * 32);
+    for (uint32_t g = t * 32; g < g_end; ++g) {
+      const uint32_t i = g * 32 + lane;
+      const uint32_t il = i - t * kTile;  // element within the tile
+      const bool act = i < n;
+      uint32_t sym[NS];
+#pragma unroll
+      for (uint32_t j = 0; j < NS; ++j) {
+        StreamState& s = ss[j];
+        uint32_t v = 0;
+        if (s.mode == uint32_t(StreamMode::CONST)) {
+          v = s.param;
+        } else if (s.mode == uint32_t(StreamMode::RAW)) {
+          if (act) {
+            if (STREAM) v = s.w == 8 ? uint32_t(slot[s.seg + il]) : extract_bits(slot + s.seg, il * s.w, s.w, 1u << 30);
+            else v = s.w == 8 ? uint32_t(s.data[i]) : extract_bits(s.data, i * s.w, s.w, s.len);
+          }
+        } else if (s.mode == uint32_t(StreamMode::LUT)) {
+          const uint32_t k = s.param, esc = (1u << k) - 1;
+          uint32_t c = 0;
+          if (act) c = STREAM ? extract_bits(slot + s.seg, il * k, k, 1u << 30) : extract_bits(s.data, i * k, k, s.len);
+          const bool is_esc = act && c == esc;
+          const uint32_t b = __ballot_sync(kFull, is_esc);
+          v = lut_base[128 * s.slot + c];
+          if (b) {
+            const uint32_t idx = s.cursor + __popc(b & lanemask_lt());
+            if (is_esc) {
+              if (idx < s.n_exc) v = s.exc[idx];
+              else bad = true;
+              if (v >> s.w) bad = true;
+            }
+            s.cursor += __popc(b);
+          }
+        } else if constexpr (C > 0) {  // RANS
+          const uint8_t* symt = ws + WL::kRansSym + 4096 * s.slot;
+          const uint32_t* fc = reinterpret_cast<const uint32_t*>(ws + WL::kRansFc) + 256 * s.slot;
+          uint32_t xr = x[j];
+          if (act) {
+            const uint32_t sl = xr & (kRansProbScale - 1);
+            v = symt[sl];
+            const uint32_t e = fc[v];
+            xr = (e & 0xFFFFu) * (xr >> kRansProbBits) + sl - (e >> 16);
+          }
+          const bool need = act && xr < kRansLow;
+          const uint32_t b = __ballot_sync(kFull, need);
+          if (b) {
+            const uint32_t cnt = __popc(b);
+            if (pos[j] + cnt > s.len) bad = true;
+            const uint32_t off = pos[j] + __popc(b & lanemask_lt()) - base[j];  // < 96
+            const uint32_t a0 = __shfl_sync(kFull, h0[j], off & 31), a1 = __shfl_sync(kFull, h1[j], off & 31);
+            const uint32_t word = off < 32 ? (a0 & 0xFFFFu) : off < 64 ? (a0 >> 16) : (a1 & 0xFFFFu);
+            if (need) xr = (xr << 16) | word;
+            pos[j] += cnt;
+            if (pos[j] - base[j] >= 64) {
+              base[j] += 64;
+              h0[j] = h1[j];
+              h1[j] = h2[j];
+              h2[j] = h3[j];
+              const uint32_t k0 = base[j] + 192 + lane, k1 = k0 + 32;
+              h3[j] = (k0 < s.len ? ld_le16u(s.data + 2ull * k0) : 0u) |
+                      ((k1 < s.len ? ld_le16u(s.data + 2ull * k1) : 0u) << 16);
+            }
+          }
+          x[j] = xr;
+        }
+        sym[j] = v;
+      }
+      bad = __any_sync(kFull, bad);  // uniform from here on: every lane leaves together
+      if (bad) break;
+      if (act) {
+        uint32_t out[E];
+        F::merge4(sym, out);
+        uint8_t* p = dst + uint64_t(i) * E;
+        if constexpr (E == 1) {
+          *p = uint8_t(out[0]);
+        } else if constexpr (E == 2) {
+          if (dst_al) *reinterpret_cast<uint16_t*>(p) = uint16_t(out[0]);
+          else { p[0] = uint8_t(out[0]); p[1] = uint8_t(out[0] >> 8); }
+        } else if constexpr (E == 4) {
+          if (dst_al) *reinterpret_cast<uint32_t*>(p) = out[0];
+          else st_bytes(p, out[0], 4);
+        } else {
+          if (dst_al) *reinterpret_cast<uint2*>(p) = make_uint2(out[0], out[1]);
+          else { st_bytes(p, out[0], 4); st_bytes(p + 4, out[1], 4); }
+        }
+      }
+    }
+    if constexpr (STREAM) __syncwarp();
+    if (bad) break;
+  }
+  if constexpr (STREAM) cp_wait(0);  // no copy may land in the ring after this chunk
+  if (bad) return kBadAt(__LINE__);
+  // All exceptions used, all words used, every lane back at its initial state.
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) {
+    const StreamState& s = ss[j];
+    if (s.mode == uint32_t(StreamMode::LUT) && s.cursor != s.n_exc) return kBadAt(__LINE__);
+    if (C > 0 && s.mode == uint32_t(StreamMode::RANS)) {
+      if (pos[j] != s.len) return kBadAt(__LINE__);
+      if (__any_sync(kFull, x[j] != kRansLow)) return kBadAt(__LINE__);
+    }
+  }
+  return kChunkOk;
+}
+
+template <uint32_t C, uint32_t L, uint32_t W, uint32_t RING, int MODE>  // MODE: 1 class 1, 2 class 2, 0 fallback
+__global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t tile_ok, uint32_t defer_all) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using WL = WarpLayout<C, L, RING>;
+  const uint32_t warp = threadIdx.x / 32, lane = lane_id();
+  uint8_t* ws = smem_raw + WL::kBytes * warp;
+  const uint32_t nt = a.n;
+  for (;;) {
+    unsigned long long c = 0;
+    if (lane == 0) c = atomicAdd(a.tickets + (MODE == 0 ? 2 : MODE - 1), 1ull);
+    c = __shfl_sync(kFull, c, 0);
+    uint32_t ti;
+    uint64_t ci;
+    if constexpr (MODE == 0) {
+      if (c >= *((volatile unsigned long long*)a.queue_len) || c >= a.queue_cap) break;
+      const unsigned long long q = a.queue[c];
+      ti = uint32_t(q >> 32);
+      ci = uint32_t(q);
+    } else {
+      if (c >= a.base[MODE][nt]) break;
+      ti = find_frame(a.base[MODE], nt, c);
+      ci = c - a.base[MODE][ti];
+    }
+    const DecTensor& T = a.t[ti];
+    const uint32_t cs = T.chunk_bytes;
+    const uint8_t* e = T.frame + chunk_table_offset(T.ndim) + kChunkEntryBytes * ci;
+    const uint64_t off = ld_le64u(e);
+    const uint32_t size = ld_le32u(e + 8);
+    const uint8_t* payload = T.frame + T.header_bytes;
+    const uint8_t* src = payload + off;
+    uint8_t* dst = T.out + ci * cs;
+    const uint32_t raw_len = uint32_t(umin64(cs, T.nbytes - ci * cs));
+    int r = kChunkOk;
+    // Padding up to the next chunk must be zero (checked before the chunk, as on the CPU).
+    if (ci + 1 < T.n_chunks && !warp_zero(src + size, uint32_t(align16(off + size) - (off + size)))) {
+      r = kChunkBad;
+    } else if (size == raw_len) {
+      warp_copy(dst, src, raw_len);
+    } else if (T.codec == uint8_t(Codec::RAW)) {
+      r = kChunkBad;
+    } else if (MODE != 0 && defer_all) {
+      r = kChunkDefer;
+    } else {
+      const bool tok = tile_ok && aligned16(dst);
+      switch (family_of(Dtype(T.dtype), Codec(T.codec))) {
+        case kFamBF16: r = decode_coded<kFamBF16, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+        case kFamF16: r = decode_coded<kFamF16, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+        case kFamF32: r = decode_coded<kFamF32, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+        default:
+          if constexpr (MODE == 1) {
+            r = kChunkBad;  // class 1 holds only fast and raw frames, whose families are the three above
+          } else {
+            switch (family_of(Dtype(T.dtype), Codec(T.codec))) {
+              case kFamP1: r = decode_coded<kFamP1, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+              case kFamP2: r = decode_coded<kFamP2, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+              case kFamP4: r = decode_coded<kFamP4, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+              default: r = decode_coded<kFamP8, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+            }
+          }
+      }
+    }
+    if (lane == 0) {
+      if (r & kChunkBad) {
+        report(a, ti, err_key(kRChunk, ci, 0, kCorrupt));
+        if (a.debug) printf("tzip decode: frame %u chunk %llu rejected at decode.cu:%d\n", ti, (unsigned long long)ci, r >> 2);
+      }
+      else if (r == kChunkDefer) {
+        const unsigned long long q = atomicAdd(a.queue_len, 1ull);
+        if (q < a.queue_cap) a.queue[q] = (static_cast<unsigned long long>(ti) << 32) | ci;
+      }
+    }
+    __syncwarp();
+  }
+}
+
+#endif  // TZIP_DECODE_PART
+
+#if !defined(TZIP_DECODE_PART)
+// ---------------------------------------------------------------- 4. verify, 5. errors
+
+/// Header digests and checksums (one warp each), then per-chunk XXH32 of the output (one lane per chunk, 32 chunks per
+/// warp task) when verify is on. Warps take tasks from a ticket, the long serial ones first.
+__global__ void __launch_bounds__(1024, 1) verify_kernel(DecArgs a) {
+  const uint32_t lane = lane_id();
+  const uint64_t total = a.base[0][a.n];
+  const uint64_t tasks = 2ull * a.n + (a.verify ? (total + 31) / 32 : 0);
+  for (;;) {
+    unsigned long long k = 0;
+    if (lane == 0) k = atomicAdd(a.tickets + 4, 1ull);
+    k = __shfl_sync(kFull, k, 0);
+    if (k >= tasks) break;
+    if (k < 2ull * a.n) {
+      const uint32_t ti = uint32_t(k % a.n);
+      const DecTensor& T = a.t[ti];
+      if (!T.header_ok) continue;
+      const uint8_t* f = T.frame;
+      Xxh32 st;
+      if (k < a.n) {
+        // Header digest: XXH32 of [0, header_bytes) with the digest field read as zero (header_bytes % 16 == 0).
+        warp_stripes(st, T.header_bytes / 16, [&](uint64_t i) {
+          uint4 v = ld_stripe(f + 16 * i);
+          if (i == kOffHeaderDigest / 16) v.z = 0;
+          return v;
+        });
+        if (lane == 0 && st.finish(f, 0) != ld_le32u(f + kOffHeaderDigest))
+          report(a, ti, err_key(kRHeaderDigest, 0, 0, kCorrupt));
+      } else {
+        // Checksum: XXH32 of the chunk digests (at +12 of each table entry) as little-endian u32s.
+        const uint8_t* table = f + chunk_table_offset(T.ndim);
+        const uint64_t nd = T.n_chunks;
+        warp_stripes(st, nd / 4, [&](uint64_t i) {
+          const uint8_t* e = table + kChunkEntryBytes * 4 * i + 12;
+          return make_uint4(ld_le32u(e), ld_le32u(e + 16), ld_le32u(e + 32), ld_le32u(e + 48));
+        });
+        if (lane == 0) {
+          uint8_t tail[16];
+          const uint64_t i0 = nd / 4 * 4;
+          for (uint64_t q = i0; q < nd; ++q) store_le32(tail + 4 * (q - i0), ld_le32u(table + kChunkEntryBytes * q + 12));
+          if (st.finish(tail, uint32_t(4 * (nd - i0))) != T.checksum) report(a, ti, err_key(kRChecksum, 0, 0, kCorrupt));
+        }
+      }
+    } else {
+      const uint64_t c = (k - 2ull * a.n) * 32 + lane;
+      if (c < total) {
+        const uint32_t ti = find_frame(a.base[0], a.n, c);
+        const DecTensor& T = a.t[ti];
+        const uint64_t ci = c - a.base[0][ti];
+        const uint64_t begin = ci * T.chunk_bytes;
+        const uint64_t len = umin64(T.chunk_bytes, T.nbytes - begin);
+        const uint32_t stored = ld_le32u(T.frame + chunk_table_offset(T.ndim) + kChunkEntryBytes * ci + 12);
+        if (xxh32_dev(T.out + begin, len) != stored) report(a, ti, err_key(kRChunk, ci, 1, kChecksum));
+      }
+    }
+  }
+}
+
+__global__ void errors_kernel(DecArgs a) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += gridDim.x * blockDim.x) {
+    const unsigned long long k = a.err[i];
+    a.errors[i] = k == ~0ull ? int32_t(kOk) : int32_t(k & 0xFF);
+  }
+}
+
+#endif  // !TZIP_DECODE_PART
+
+}  // namespace
+
+#if defined(TZIP_DECODE_PART)
+// Part 1: fast and raw frames. Part 2: max and bytes frames. Part 0: the fallback queue.
+#if TZIP_DECODE_PART == 1
+#define TZIP_PART_FN run_part1
+constexpr uint32_t kC = 0, kL = 1, kW = 16, kRingBytes = 8192;
+constexpr int kMode = 1;
+#elif TZIP_DECODE_PART == 2
+#define TZIP_PART_FN run_part2
+constexpr uint32_t kC = 1, kL = 2, kW = 16, kRingBytes = 8192;
+constexpr int kMode = 2;
+#else
+#define TZIP_PART_FN run_part0
+constexpr uint32_t kC = 8, kL = 8, kW = 4, kRingBytes = 0;
+constexpr int kMode = 0;
+#endif
+Status TZIP_PART_FN(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok,
+                    uint32_t defer_all) {
+  auto k = decode_kernel<kC, kL, kW, kRingBytes, kMode>;
+  size_t smem = WarpLayout<kC, kL, kRingBytes>::kBytes * kW;
+  int grid = 0;
+  Status st = detail::persistent_grid(reinterpret_cast<const void*>(k), kW * 32, &smem, sm_budget, sm_count, ~0ull,
+                                      &grid);
+  if (!st.ok()) return st;
+  k<<<grid, kW * 32, smem, s>>>(a, tile_ok, defer_all);
+  return detail::check_launch("decode_kernel");
+}
+#undef TZIP_PART_FN
+#endif  // TZIP_DECODE_PART
+
+}  // namespace dec
+
+#if !defined(TZIP_DECODE_PART)
+using namespace dec;
+
+Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors) {
+  using namespace detail;
+  if (count == 0) return Status{};
+  Status st;
+  if (!items || !d_errors) {
+    st.code = kInvalidArgument;
+    st.message = "decode: null items or error array";
+    return st;
+  }
+  if (count > UINT32_MAX) {
+    st.code = kInvalidArgument;
+    st.message = "too many frames in one call";
+    return st;
+  }
+  std::vector<DecTensor> tensors(count);
+  std::vector<const void*> ptrs;
+  ptrs.push_back(d_errors);
+  uint64_t queue_cap = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const DecodeItem& it = items[i];
+    if ((!it.frame && it.frame_bytes) || (!it.out && it.out_bytes)) {
+      st.code = kInvalidArgument;
+      st.message = "frame " + std::to_string(i) + ": null pointer with a nonzero size";
+      return st;
+    }
+    DecTensor& t = tensors[i];
+    std::memset(&t, 0, sizeof t);
+    t.frame = static_cast<const uint8_t*>(it.frame);
+    t.frame_len = it.frame ? it.frame_bytes : 0;
+    t.out = static_cast<uint8_t*>(it.out);
+    t.out_len = it.out_bytes;
+    queue_cap += it.out_bytes / kMinChunkBytes + 1;
+    if (it.frame) ptrs.push_back(it.frame);
+    if (it.out) ptrs.push_back(it.out);
+  }
+  DeviceGuard guard;
+  st = guard.bind(ptrs.data(), ptrs.size());
+  if (!st.ok()) return st;
+  void* stream = opt.stream;
+  const Tuning tune = get_tuning();
+
+  auto al = [](size_t x) { return (x + 255) & ~size_t(255); };
+  const size_t b_t = al(sizeof(DecTensor) * count), b_err = al(8 * count), b_base = al(8 * (count + 1)),
+               b_tickets = al(64), b_queue = al(8 * queue_cap);
+  void* ws = nullptr;
+  st = alloc_async(&ws, b_t + b_err + kClasses * b_base + b_tickets + b_queue, stream);
+  if (!st.ok()) return st;
+  uint8_t* p = static_cast<uint8_t*>(ws);
+  DecArgs a{};
+  a.t = reinterpret_cast<DecTensor*>(p); p += b_t;
+  a.err = reinterpret_cast<unsigned long long*>(p); p += b_err;
+  for (uint32_t c = 0; c < kClasses; ++c) { a.base[c] = reinterpret_cast<uint64_t*>(p); p += b_base; }
+  a.tickets = reinterpret_cast<unsigned long long*>(p);
+  a.queue_len = a.tickets + 3;
+  p += b_tickets;
+  a.queue = reinterpret_cast<unsigned long long*>(p);
+  a.queue_cap = queue_cap;
+  a.n = uint32_t(count);
+  a.verify = opt.verify ? 1 : 0;
+  a.errors = d_errors;
+  a.debug = tune.debug ? 1 : 0;
+
+  auto fail = [&](Status s) {
+    free_async(ws, stream);
+    return s;
+  };
+  if (!(st = upload(a.t, tensors.data(), sizeof(DecTensor) * count, stream)).ok()) return fail(st);
+  if (!(st = memset_async(a.err, 0xFF, 8 * count, stream)).ok()) return fail(st);
+  if (!(st = memset_async(a.tickets, 0, 64, stream)).ok()) return fail(st);
+
+  const cudaStream_t s = cudaStream_t(stream);
+  const int sms = guard.sm_count();
+  int grid = 0;
+  size_t smem = 0;
+  if (!(st = persistent_grid(reinterpret_cast<const void*>(parse_kernel), 1024, &smem, opt.sm_budget, sms, count,
+                             &grid)).ok())
+    return fail(st);
+  parse_kernel<<<grid, 1024, smem, s>>>(a);
+  if (!(st = check_launch("parse_kernel")).ok()) return fail(st);
+  scan_kernel<<<1, 1024, 0, s>>>(a);
+  if (!(st = check_launch("scan_kernel")).ok()) return fail(st);
+
+  const uint32_t tile_ok = tune.use_tile_decode ? 1 : 0, defer_all = tune.defer_all ? 1 : 0;
+  if (!(st = run_part1(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return fail(st);
+  if (!(st = run_part2(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return fail(st);
+  if (!(st = run_part0(a, opt.sm_budget, sms, s, 0, 0)).ok()) return fail(st);
+  smem = 0;
+  if (!(st = persistent_grid(reinterpret_cast<const void*>(verify_kernel), 1024, &smem, opt.sm_budget, sms, ~0ull,
+                             &grid)).ok())
+    return fail(st);
+  verify_kernel<<<grid, 1024, smem, s>>>(a);
+  if (!(st = check_launch("verify_kernel")).ok()) return fail(st);
+  errors_kernel<<<(unsigned)std::min<size_t>((count + 255) / 256, 1024), 256, 0, s>>>(a);
+  if (!(st = check_launch("errors_kernel")).ok()) return fail(st);
+  free_async(ws, stream);
+  return Status{};
+}
+#endif  // !TZIP_DECODE_PART
+
+}  // namespace gpu
+}  // namespace tzip
