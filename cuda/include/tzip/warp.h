@@ -149,21 +149,7 @@ struct Xxh32 {
     const uint64_t all = total + len;
     uint32_t h = all >= 16 ? rotl32(v1, 1) + rotl32(v2, 7) + rotl32(v3, 12) + rotl32(v4, 18) : kXXH32Prime5;
     h += uint32_t(all);
-    uint32_t i = 0;
-    for (; i + 4 <= len; i += 4) {
-      h += ld_bytes_le(p + i, 4) * kXXH32Prime3;
-      h = rotl32(h, 17) * kXXH32Prime4;
-    }
-    for (; i < len; ++i) {
-      h += uint32_t(p[i]) * kXXH32Prime5;
-      h = rotl32(h, 11) * kXXH32Prime1;
-    }
-    h ^= h >> 15;
-    h *= kXXH32Prime2;
-    h ^= h >> 13;
-    h *= kXXH32Prime3;
-    h ^= h >> 16;
-    return h;
+    return xxh32_finish(h, p, 0, len);
   }
   /// Feeds all whole stripes of [p, p + len) and returns how many bytes were consumed (a multiple of 16).
   /// Uses 16-byte loads, four stripes in flight, when p is 16-byte aligned; byte loads otherwise.

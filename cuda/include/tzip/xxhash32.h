@@ -20,6 +20,25 @@ TZIP_HD uint32_t xxh32_round(uint32_t acc, uint32_t input) {
   return acc * kXXH32Prime1;
 }
 
+/// The end of XXH32: folds bytes [i, len) of `p` (fewer than 16) into `h` and applies the final avalanche.
+/// Shared by the one-call hash below and the GPU's streaming hash (tzip/warp.h).
+TZIP_HD uint32_t xxh32_finish(uint32_t h, const uint8_t* p, uint64_t i, uint64_t len) {
+  for (; i + 4 <= len; i += 4) {
+    h += load_le32(p + i) * kXXH32Prime3;
+    h = rotl32(h, 17) * kXXH32Prime4;
+  }
+  for (; i < len; ++i) {
+    h += uint32_t(p[i]) * kXXH32Prime5;
+    h = rotl32(h, 11) * kXXH32Prime1;
+  }
+  h ^= h >> 15;
+  h *= kXXH32Prime2;
+  h ^= h >> 13;
+  h *= kXXH32Prime3;
+  h ^= h >> 16;
+  return h;
+}
+
 /// XXH32 of `len` bytes at `p` with `seed`. Reads bytes one at a time through load_le32, so `p` may be unaligned.
 TZIP_HD uint32_t xxh32(const uint8_t* p, uint64_t len, uint32_t seed) {
   uint64_t i = 0;  // offsets, not pointer arithmetic: p may be null when len is 0
@@ -37,20 +56,7 @@ TZIP_HD uint32_t xxh32(const uint8_t* p, uint64_t len, uint32_t seed) {
     h = seed + kXXH32Prime5;
   }
   h += uint32_t(len);
-  for (; i + 4 <= len; i += 4) {
-    h += load_le32(p + i) * kXXH32Prime3;
-    h = rotl32(h, 17) * kXXH32Prime4;
-  }
-  for (; i < len; ++i) {
-    h += uint32_t(p[i]) * kXXH32Prime5;
-    h = rotl32(h, 11) * kXXH32Prime1;
-  }
-  h ^= h >> 15;
-  h *= kXXH32Prime2;
-  h ^= h >> 13;
-  h *= kXXH32Prime3;
-  h ^= h >> 16;
-  return h;
+  return xxh32_finish(h, p, i, len);
 }
 
 }  // namespace tzip
