@@ -80,6 +80,13 @@ def daemon_pid(socket_path: str) -> int | None:
     return pid
 
 
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 def daemon_running(socket_path: str) -> bool:
     """Whether a live daemon holds ``socket_path`` (its lock's process runs and the socket exists)."""
     return daemon_pid(socket_path) is not None and os.path.exists(socket_path)
@@ -112,6 +119,9 @@ def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] 
     pid = daemon_pid(socket_path)
     if pid is not None and os.path.exists(socket_path):
         return pid
+    # A socket file left by a dead daemon: wait for the new daemon to bind its own, or a client could say hello to
+    # the stale path just before the new daemon replaces it.
+    stale = _inode(socket_path)
     sock_dir = os.path.dirname(socket_path)
     os.makedirs(os.path.dirname(sock_dir), exist_ok=True)
     try:
@@ -131,7 +141,9 @@ def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pid = daemon_pid(socket_path)
-        if pid is not None and os.path.exists(socket_path):
+        ino = _inode(socket_path)
+        # Another client's daemon (pid != child) may have bound before we looked: its socket is not stale.
+        if pid is not None and ino is not None and (ino != stale or pid != child):
             return pid
         if not pid_alive(child) and daemon_pid(socket_path) is None:
             break

@@ -387,7 +387,8 @@ class Client:
         out = None
         for attempt in range(2):
             try:
-                if not self._ensure_session():
+                # The retry skips the reconnect back-off: it is the one extra attempt a spawning client makes.
+                if not self._ensure_session(force=attempt > 0):
                     raise self._unavailable()
                 out = self._compress_remote(items, codec)
                 break
@@ -520,7 +521,7 @@ class Client:
         if remote:
             for attempt in range(2):
                 try:
-                    if not self._ensure_session():
+                    if not self._ensure_session(force=attempt > 0):
                         raise self._unavailable()
                     done = self._decompress_remote([items[i] for i in remote], [outs[i] for i in remote], verify)
                     break
