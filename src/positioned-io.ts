@@ -3,7 +3,7 @@
  * Node's FileHandle.read/write may transfer fewer bytes than asked and rejects requests above
  * 2^31 - 1 bytes; these helpers loop in requests of at most 1 GiB.
  */
-import type { FileHandle } from 'node:fs/promises';
+import { open, type FileHandle } from 'node:fs/promises';
 import { TzipError, toTzipError } from './errors.js';
 
 /** Largest single read/write request (Node rejects lengths above 2^31 - 1). */
@@ -44,5 +44,25 @@ export async function writeExactly(handle: FileHandle, source: Uint8Array, posit
     } catch (err) {
       throw toTzipError(err, { file });
     }
+  }
+}
+
+/**
+ * Opens `path` read-only and passes the handle to `use`; when `use` throws, the handle is closed.
+ * Resolves to what `use` returns (which then owns the handle).
+ * @throws TzipError naming the file: TZIP_IO when the file cannot be opened, or `use`'s error mapped by toTzipError.
+ */
+export async function openReadOnly<T>(path: string, use: (handle: FileHandle) => Promise<T>): Promise<T> {
+  let handle: FileHandle;
+  try {
+    handle = await open(path, 'r');
+  } catch (err) {
+    throw toTzipError(err, { file: path });
+  }
+  try {
+    return await use(handle);
+  } catch (err) {
+    await handle.close();
+    throw toTzipError(err, { file: path });
   }
 }

@@ -4,14 +4,14 @@
  * decodes only the one frame that holds the tensor asked for.
  */
 import { constants as bufferConstants } from 'node:buffer';
-import { open, type FileHandle } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
 import {
   ALIGNMENT, alignUp, decodeIndex, decodePrefix, decodeTrailer, INDEX_ENTRY_BYTES, MAGIC, PREFIX_BYTES, TRAILER_BYTES, xxh32, type IndexEntry,
 } from './container.js';
 import { planEntries, type PlannedEntry } from './entries.js';
 import { TzipError, toTzipError } from './errors.js';
 import { decompress, readHeader, type FrameHeader } from './native.js';
-import { readExactly } from './positioned-io.js';
+import { openReadOnly, readExactly } from './positioned-io.js';
 import { LENGTH_PREFIX_BYTES, parseHeaderLength, parseSafetensorsHeader, type SafetensorsHeader } from './safetensors.js';
 
 /** An entry of an opened container: its place in the data section and its frame. */
@@ -257,16 +257,5 @@ async function validate(path: string, handle: FileHandle): Promise<ReaderState> 
  *   TZIP_UNSUPPORTED (newer container version).
  */
 export async function openTzip(path: string): Promise<TzipReader> {
-  let handle: FileHandle;
-  try {
-    handle = await open(path, 'r');
-  } catch (err) {
-    throw toTzipError(err, { file: path });
-  }
-  try {
-    return new TzipReader(handle, await validate(path, handle));
-  } catch (err) {
-    await handle.close();
-    throw toTzipError(err, { file: path });
-  }
+  return openReadOnly(path, async (handle) => new TzipReader(handle, await validate(path, handle)));
 }

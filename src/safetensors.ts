@@ -7,11 +7,10 @@
  * a `__metadata__` object. See https://github.com/huggingface/safetensors.
  */
 import { constants as bufferConstants } from 'node:buffer';
-import { open, type FileHandle } from 'node:fs/promises';
 import { z } from 'zod';
 import { DTYPE_BYTES, isKnownDtype } from './dtype.js';
-import { TzipError, toTzipError } from './errors.js';
-import { readExactly } from './positioned-io.js';
+import { TzipError } from './errors.js';
+import { openReadOnly, readExactly } from './positioned-io.js';
 
 /** Largest header accepted, in bytes of JSON (the limit of the reference implementation). */
 export const MAX_HEADER_BYTES = 100_000_000;
@@ -197,13 +196,7 @@ export interface SafetensorsFile {
  * @throws TzipError naming the file: TZIP_IO (cannot open/read), or as {@link parseSafetensorsHeader}.
  */
 export async function openSafetensors(path: string): Promise<SafetensorsFile> {
-  let handle: FileHandle;
-  try {
-    handle = await open(path, 'r');
-  } catch (err) {
-    throw toTzipError(err, { file: path });
-  }
-  try {
+  return openReadOnly(path, async (handle) => {
     const fileSize = (await handle.stat()).size;
     const lengthBytes = Buffer.alloc(LENGTH_PREFIX_BYTES);
     const { bytesRead } = await handle.read(lengthBytes, 0, LENGTH_PREFIX_BYTES, 0);
@@ -227,8 +220,5 @@ export async function openSafetensors(path: string): Promise<SafetensorsFile> {
       },
       close: () => handle.close(),
     };
-  } catch (err) {
-    await handle.close();
-    throw toTzipError(err, { file: path });
-  }
+  });
 }
