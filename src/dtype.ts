@@ -1,6 +1,6 @@
 /**
  * Tensor element types, by their safetensors names, and their sizes in bytes.
- * These are the dtypes the native codec accepts (docs/CONTRACT.md); any other name found in a
+ * These are the dtypes the native codec accepts (docs/addon.md); any other name found in a
  * safetensors header is compressed as opaque bytes ('U8').
  */
 

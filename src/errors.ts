@@ -4,7 +4,7 @@
  * file and tensor they concern are attached so that every message names them.
  */
 
-/** Error codes. The first five come from the native addon (docs/CONTRACT.md); the rest are added here. */
+/** Error codes. The first five come from the native addon (docs/addon.md); the rest are added here. */
 export const TZIP_ERROR_CODES = [
   'TZIP_INVALID_ARGUMENT', // bad options (codec name, thread count, shape/size mismatch)
   'TZIP_CORRUPT', // malformed stream or file

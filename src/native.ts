@@ -1,5 +1,5 @@
 /**
- * Typed access to the native codec addon (build/Release/tzip.node, API in docs/CONTRACT.md).
+ * Typed access to the native codec addon (build/Release/tzip.node, API in docs/addon.md).
  *
  * The addon is loaded on first use, not at import time, so that code which never touches it
  * (`tzip --help`, header parsing) works before it is built. Every function maps the addon's
@@ -101,7 +101,7 @@ export interface GpuInfo {
   }[];
 }
 
-/** The addon's exports, as documented in docs/CONTRACT.md. */
+/** The addon's exports, as documented in docs/addon.md. */
 interface Addon {
   compress(input: Uint8Array, opts: CompressOptions): Promise<Buffer>;
   decompress(frame: Uint8Array, opts?: DecompressOptions): Promise<Buffer>;

@@ -1,4 +1,4 @@
-// Errors of the codec core. Each maps to a JavaScript error code in the addon (docs/CONTRACT.md).
+// Errors of the codec core. Each maps to a JavaScript error code in the addon (docs/addon.md).
 #pragma once
 #include <stdexcept>
 #include <string>

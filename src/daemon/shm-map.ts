@@ -22,7 +22,7 @@ type MapShared = (path: string, writable: boolean) => Buffer;
 
 let mapSharedFn: MapShared | undefined;
 
-/** The addon's mapShared (docs/CONTRACT.md). */
+/** The addon's mapShared (docs/addon.md). */
 function mapShared(): MapShared {
   if (mapSharedFn !== undefined) return mapSharedFn;
   const addon = createRequire(import.meta.url)(addonPath()) as { mapShared?: unknown };
