@@ -19,11 +19,12 @@ killed before it could clean up are removed by the daemon once it sees the proce
 from __future__ import annotations
 
 import bisect
+import contextlib
 import mmap
 import os
 import threading
 import weakref
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -191,6 +192,18 @@ class Arena:
                 drop.append(self._free.pop())
         for s in drop:
             s.close()
+
+    @contextlib.contextmanager
+    def lease(self, nbytes: int) -> Iterator[Segment]:
+        """:meth:`take` for one request: given back when the block ends normally, closed (never reused) when it
+        raises, since the daemon may not be done with it (a timeout)."""
+        seg = self.take(nbytes)
+        try:
+            yield seg
+        except BaseException:
+            seg.close()
+            raise
+        self.give(seg)
 
     def close(self) -> None:
         with self._lock:

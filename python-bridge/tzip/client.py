@@ -439,9 +439,7 @@ class Client:
 
         results: list[CompressedTensor] = []
         for batch in self._batches(items, stage_of):
-            seg = self._arena.take(max(1, sum(stage_of(it) for it in batch)))
-            ok = False
-            try:
+            with self._arena.lease(max(1, sum(stage_of(it) for it in batch))) as seg:
                 off = 0
                 entries = []
                 for it in batch:
@@ -464,13 +462,6 @@ class Client:
                     payload = torch.empty(n, dtype=torch.uint8)
                     copy_bytes(payload, seg.u8[it.out_off : it.out_off + n])
                     results.append(CompressedTensor(payload, it.tensor.dtype, it.tensor.shape, str(fr["codec"]), it.nbytes))
-                ok = True
-            finally:
-                if ok:
-                    self._arena.give(seg)
-                else:
-                    # The daemon may not be done with it (a timeout): never reuse it.
-                    seg.close()
         return results
 
     def _compress_raw(self, t: torch.Tensor) -> CompressedTensor:
@@ -569,9 +560,7 @@ class Client:
 
         results: list[torch.Tensor] = []
         for batch in self._batches(plans, stage_of):  # type: ignore[arg-type]
-            seg = self._arena.take(max(1, sum(stage_of(d) for d in batch)))
-            ok = False
-            try:
+            with self._arena.lease(max(1, sum(stage_of(d) for d in batch))) as seg:
                 off = 0
                 entries = []
                 for d in batch:
@@ -608,12 +597,6 @@ class Client:
                         flat = torch.empty(d.ct.nbytes, dtype=torch.uint8)
                         copy_bytes(flat, seg.u8[d.out_off : d.out_off + d.ct.nbytes])
                         results.append(from_bytes(flat, d.ct.dtype, d.ct.shape))
-                ok = True
-            finally:
-                if ok:
-                    self._arena.give(seg)
-                else:
-                    seg.close()
         return results
 
     # --- lifetime -------------------------------------------------------------------------------
