@@ -33,11 +33,6 @@ bool split_float(Dtype d, Codec c) { return (c == Codec::FAST || c == Codec::MAX
 
 // ---------------------------------------------------------------- split / merge
 
-template <typename F>
-void for_each_element(uint64_t n, F f) {
-  for (uint64_t i = 0; i < n; ++i) f(i);
-}
-
 void merge_streams(const uint8_t* const* st, uint64_t n, Dtype d, Codec c, uint8_t* out) {
   if (split_float(d, c)) {
     if (d == Dtype::BF16) {
@@ -49,10 +44,10 @@ void merge_streams(const uint8_t* const* st, uint64_t n, Dtype d, Codec c, uint8
         out[2 * i + 1] = uint8_t(v >> 8);
       }
     } else if (d == Dtype::F16) {
-      for_each_element(n, [&](uint64_t i) {
-        uint8_t sym[kMaxStreams] = {st[0][i], st[1][i], st[2][i]};
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint8_t sym[kMaxStreams] = {st[0][i], st[1][i], st[2][i]};
         merge_element(d, c, sym, out + 2 * i);
-      });
+      }
     } else {
       const uint8_t* __restrict e = st[0];
       const uint8_t* __restrict r0 = st[1];
@@ -252,7 +247,8 @@ void build_cum(RansTable& t) {
 }
 
 /// Encodes n symbols with 32 interleaved lanes; returns the word count (words at buf[0, count)).
-/// Same arithmetic as rans_encode_step, with x / f done by a multiply: m = ceil(2^44 / f) gives
+/// Encoder step of docs/format.md (renormalise when x >= f << 20, then x = (x / f) << 12 + x % f + cum), with
+/// x / f done by a multiply: m = ceil(2^44 / f) gives
 /// floor(x / f) = (x * m) >> 44 exactly for every x < 2^32 and f <= 4096 (round-up reciprocal, Granlund and
 /// Montgomery 1994: the error x * (m * f - 2^44) / 2^44 stays below 1 / f).
 uint32_t rans_encode(const uint8_t* sym, uint64_t n, const RansTable& t, uint32_t* states, std::vector<uint16_t>& buf) {
@@ -274,7 +270,7 @@ uint32_t rans_encode(const uint8_t* sym, uint64_t n, const RansTable& t, uint32_
     for (uint32_t l = 0; l < active; ++l) {
       const Enc& c = enc[sym[base + l]];
       uint32_t v = x[l];
-      const bool emit = v >= (c.freq << 20);  // x_max = ((L >> 12) << 16) * f, as in rans_encode_step
+      const bool emit = v >= (c.freq << 20);  // x_max = ((L >> 12) << 16) * f
       words[e] = uint16_t(v);                 // branch-free: the slot is kept only when emitting
       e += emit;
       v = emit ? v >> 16 : v;

@@ -2,7 +2,8 @@
 // Symbol i of a stream belongs to lane i % 32 and step i / 32. 32-bit states in [2^16, 2^32), 16-bit renormalisation
 // words, probabilities quantised to 12 bits. The word stream is ordered as a 32-lane decoder reads it: step by step,
 // and within a step by ascending lane, so a warp decodes it with one coalesced read per step.
-// The frequency normalisation and the per-symbol steps below are shared by the CPU backend and the CUDA kernels.
+// The frequency normalisation, table layout and cost estimates below are shared by the CPU backend and the CUDA
+// kernels; the per-symbol steps are written out where each backend needs its own form (docs/format.md, "RANS mode").
 #pragma once
 #include "tzip/hostdevice.h"
 
@@ -50,27 +51,6 @@ TZIP_HD uint32_t rans_words_offset(uint32_t n_present) {
   return uint32_t(align16(((kRansBitmapBytes + 2u * n_present + 3u) & ~3u) + 4u * kRansLanes + 4u));
 }
 TZIP_HD uint32_t rans_states_offset(uint32_t n_present) { return (kRansBitmapBytes + 2u * n_present + 3u) & ~3u; }
-
-/// Encoder step for one symbol with frequency `f` and cumulative frequency `cum` (lane state `x`).
-/// Returns true and sets `*word` when a 16-bit word must be emitted before the symbol is coded.
-TZIP_HD bool rans_encode_step(uint32_t& x, uint32_t f, uint32_t cum, uint16_t* word) {
-  bool emit = false;
-  if (x >= (f << 20)) {  // x_max = ((L >> 12) << 16) * f; f <= 4095 keeps it below 2^32
-    *word = uint16_t(x);
-    x >>= 16;
-    emit = true;
-  }
-  x = ((x / f) << kRansProbBits) + (x % f) + cum;
-  return emit;
-}
-
-/// Decoder step: given the slot's symbol frequency and cumulative frequency, advances lane state `x`.
-/// Returns true when the state must read the next 16-bit word (x < L).
-TZIP_HD bool rans_decode_advance(uint32_t& x, uint32_t f, uint32_t cum) {
-  uint32_t slot = x & (kRansProbScale - 1);
-  x = f * (x >> kRansProbBits) + slot - cum;
-  return x < kRansLow;
-}
 
 // ---- Integer cost estimates (deterministic on CPU and GPU; used only to decide what to try) ----
 
