@@ -137,7 +137,7 @@ export class TzipReader {
 
   /**
    * Decodes one entry: reads its frame, checks it against the index and header, decodes it and
-   * checks the XXH32 digests (the addon does).
+   * checks the chunk digests (the addon does).
    * @returns the entry's original bytes (entry.end - entry.begin of them).
    * @throws TzipError TZIP_CORRUPT / TZIP_TRUNCATED / TZIP_CHECKSUM / TZIP_IO, naming the file and tensor.
    */

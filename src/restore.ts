@@ -87,7 +87,7 @@ export interface VerifyFileResult {
 
 /**
  * Checks a .tzip file completely: the container structure (as {@link openTzip}), then every frame
- * decoded with its XXH32 digests checked. A bad frame does not stop the check; it is reported in
+ * decoded with its chunk digests checked. A bad frame does not stop the check; it is reported in
  * its entry.
  * @throws TzipError naming the file when the container structure itself is bad or the file cannot be read.
  */

@@ -222,8 +222,26 @@ describe('hostile frames are rejected with an error, never a crash', () => {
 
   it('a newer format version is refused as unsupported', async () => {
     const frame = Buffer.from(await sampleFrame());
-    frame.writeUInt16LE(2, 4);
+    expect(frame.readUInt16LE(4)).toBe(2);
+    frame.writeUInt16LE(3, 4);
     await expectTzipError(decompress(frame), ['TZIP_UNSUPPORTED']);
+  });
+
+  it('a version-1 (pre-release) frame is refused as unsupported, even with a valid header digest', async () => {
+    const { h32Raw } = await xxhash();
+    const frame = Buffer.from(await sampleFrame());
+    frame.writeUInt16LE(1, 4);
+    for (const reseal of [false, true]) {
+      if (reseal) {
+        frame.writeUInt32LE(0, 40);
+        frame.writeUInt32LE(h32Raw(frame.subarray(0, readHeaderBytes(frame)), 0), 40);
+      }
+      await expectTzipError(decompress(frame), ['TZIP_UNSUPPORTED']);
+      await expect(decompress(frame)).rejects.toThrow(/version 1.*pre-release.*re-compress/);
+      expect(() => readHeader(frame)).toThrow(/pre-release/);
+    }
+    frame.writeUInt16LE(0, 4);
+    await expectTzipError(decompress(frame), ['TZIP_CORRUPT']);
   });
 });
 

@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import xxhash from 'xxhash-wasm';
 import { compress, decompress, formatVersion, maxCompressedSize, readHeader, type Codec } from '../src/native.js';
 
 interface GoldenVector {
@@ -28,6 +29,7 @@ interface GoldenVector {
 const GOLDEN = join(dirname(fileURLToPath(import.meta.url)), 'golden');
 const manifest = JSON.parse(readFileSync(join(GOLDEN, 'manifest.json'), 'utf8')) as {
   formatVersion: number;
+  chunkDigests: { pattern: string; vectors: { length: number; digest: string }[] };
   vectors: GoldenVector[];
 };
 const vectors = manifest.vectors;
@@ -95,5 +97,62 @@ describe('golden vectors', () => {
       expect(h.frameBytes).toBe(frame.length);
       expect(h.headerBytes + h.payloadBytes).toBe(frame.length);
     });
+  });
+});
+
+// The chunk digest (docs/format.md, section 9): 16-byte stripes dealt round-robin to 32 lanes, XXH32 per lane, XXH32
+// of the 32 lane digests. make_golden wrote these values with the C++ chunk_digest; docs/format.md publishes them.
+describe('chunk digest', () => {
+  const PUBLISHED: Record<number, number> = {
+    0: 0x74afa0fa, 1: 0x34421e72, 16: 0xf838c2e9, 17: 0x7efb1ffd, 512: 0xdb7fc382, 513: 0x4bab301e,
+    4096: 0xd35d33d1, 65536: 0x4fbb03e1,
+  };
+  const pattern = (n: number): Uint8Array => Uint8Array.from({ length: n }, (_, i) => (31 * i + 7) & 0xff);
+
+  /** The definition, written out independently with xxhash-wasm. */
+  async function chunkDigest(b: Uint8Array): Promise<number> {
+    const { h32Raw } = await xxhash();
+    const lanes = Buffer.alloc(128);
+    for (let l = 0; l < 32; l++) {
+      const parts: Uint8Array[] = [];
+      for (let s = l; 16 * s < b.length; s += 32) parts.push(b.subarray(16 * s, Math.min(16 * s + 16, b.length)));
+      lanes.writeUInt32LE(h32Raw(Buffer.concat(parts), 0) >>> 0, 4 * l);
+    }
+    return h32Raw(lanes, 0) >>> 0;
+  }
+
+  it('the manifest holds the published vectors, and the definition gives them', async () => {
+    expect(manifest.chunkDigests.pattern).toBe('byte i = (31*i + 7) mod 256');
+    const listed = Object.fromEntries(manifest.chunkDigests.vectors.map((v) => [v.length, parseInt(v.digest, 16)]));
+    expect(listed).toEqual(PUBLISHED);
+    for (const [len, digest] of Object.entries(PUBLISHED)) expect(await chunkDigest(pattern(Number(len)))).toBe(digest);
+  });
+
+  it('the codec writes it in the chunk table (codec raw, U8 [n]: table entry at 64, digest at 76)', async () => {
+    for (const len of Object.keys(PUBLISHED).map(Number)) {
+      const frame = await compress(pattern(len), { dtype: 'U8', shape: [len], codec: 'raw' });
+      const checksum = frame.readUInt32LE(36);
+      if (len === 0) {
+        expect(checksum).toBe(0x02cc5d05); // XXH32 of no digests
+        continue;
+      }
+      expect(frame.readUInt32LE(76), `length ${len}`).toBe(PUBLISHED[len]);
+      const { h32Raw } = await xxhash();
+      expect(checksum).toBe(h32Raw(frame.subarray(76, 80), 0) >>> 0);
+    }
+  });
+
+  it('the codec and the definition agree on odd lengths, unaligned input and every chunk of a frame', async () => {
+    const data = Uint8Array.from({ length: 3 * 4352 + 1001 }, (_, i) => (i * 2654435761) >>> 24);
+    for (const len of [15, 31, 33, 527, 528, 4095, 4352, 3 * 4352 + 1000]) {
+      const input = data.subarray(1, 1 + len);
+      const frame = await compress(input, { dtype: 'U8', shape: [len], codec: 'bytes', chunkSize: 4352 });
+      const h = readHeader(frame);
+      for (let i = 0; i < h.nChunks; i++) {
+        const chunk = input.subarray(i * 4352, Math.min((i + 1) * 4352, len));
+        expect(frame.readUInt32LE(64 + 16 * i + 12), `length ${len}, chunk ${i}`).toBe(await chunkDigest(chunk));
+      }
+      expectSameBytes(await decompress(frame), input, `length ${len}`);
+    }
   });
 });

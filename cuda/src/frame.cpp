@@ -136,7 +136,7 @@ uint64_t encode_frame(const uint8_t* data, uint64_t nbytes, Dtype dtype, const s
   std::vector<ChunkScratch> scratch(std::max<uint32_t>(1, opt.threads));
   parallel_for(n_chunks, uint32_t(scratch.size()), [&](uint64_t i, uint32_t w) {
     const uint64_t begin = i * cs, len = std::min<uint64_t>(cs, nbytes - begin);
-    digests[i] = xxh32(data + begin, len, 0);
+    digests[i] = chunk_digest(data + begin, len);
     sizes[i] = encode_chunk(data + begin, len, dtype, codec, payload + begin, scratch[w]);
   });
   // Compact: chunk i moves left from i*cs to its final offset; padding to 16 between chunks is zero.
@@ -184,9 +184,16 @@ FrameHeader parse_frame_header(const uint8_t* f, uint64_t avail) {
   FrameHeader h;
   h.version = load_le16(f + kOffVersion);
   if (h.version == 0) corrupt("format version 0");
+  // Version 1 (pre-release): the same layout, but a chunk's digest was the XXH32 of the whole chunk (docs/format.md,
+  // "Versioning"). Such frames are refused rather than decoded with a digest check that would fail.
+  if (h.version == 1)
+    throw Error(ErrorCode::Unsupported,
+                "frame format version 1 is a pre-release format that this tzip no longer reads (it reads version " +
+                    std::to_string(kFormatVersion) + "): re-compress the original tensor");
   if (h.version > kFormatVersion)
     throw Error(ErrorCode::Unsupported, "frame format version " + std::to_string(h.version) +
-                                            " is newer than this tzip (reads up to " + std::to_string(kFormatVersion) + ")");
+                                            " is newer than this tzip (reads version " +
+                                            std::to_string(kFormatVersion) + ")");
   if (f[kOffDtype] >= kNumDtypes) corrupt("unknown dtype code " + std::to_string(f[kOffDtype]));
   if (f[kOffCodec] >= kNumCodecs) corrupt("unknown codec id " + std::to_string(f[kOffCodec]));
   h.dtype = Dtype(f[kOffDtype]);
@@ -265,7 +272,7 @@ void decode_frame(const uint8_t* f, uint64_t len, uint8_t* out, uint64_t out_len
     } catch (const Error& err) {
       throw Error(err.code(), "chunk " + std::to_string(i) + ": " + err.what());
     }
-    if (verify && xxh32(out + begin, raw_len, 0) != load_le32(e + 12))
+    if (verify && chunk_digest(out + begin, raw_len) != load_le32(e + 12))
       throw Error(ErrorCode::Checksum, "checksum mismatch in chunk " + std::to_string(i) + " (bytes " + std::to_string(begin) +
                                            ".." + std::to_string(begin + raw_len) + ")");
   });

@@ -49,11 +49,12 @@ uint64_t encode_frame(const uint8_t* data, uint64_t nbytes, Dtype dtype, const s
 
 /// Parses and validates a frame header from the first `avail` bytes of a frame (fixed header, shape, chunk table and
 /// the header digest). Throws Error(Truncated, need_bytes) when `avail` is too short, Error(Corrupt) when invalid,
-/// Error(Unsupported) for a newer format version.
+/// Error(Unsupported) for a format version other than kFormatVersion (version 1, pre-release, is no longer read).
 FrameHeader parse_frame_header(const uint8_t* frame, uint64_t avail);
 
-/// Decodes a whole frame of `len` bytes into `out` (exactly header.nbytes bytes). Verifies each chunk's XXH32 digest
-/// when `verify`. Throws Error on truncated, corrupt or mismatching input; never writes outside out[0, nbytes).
+/// Decodes a whole frame of `len` bytes into `out` (exactly header.nbytes bytes). Verifies each chunk's digest
+/// (chunk_digest, tzip/xxhash32.h) when `verify`. Throws Error on truncated, corrupt or mismatching input; never
+/// writes outside out[0, nbytes).
 void decode_frame(const uint8_t* frame, uint64_t len, uint8_t* out, uint64_t out_len, bool verify, uint32_t threads);
 
 }  // namespace tzip

@@ -752,16 +752,23 @@ int main(int argc, char** argv) {
               prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize >> 20, prop.major, prop.minor);
 
   if (profile) {
-    // One encode and one decode of a weight-like bf16 tensor (for ncu): --bench-mib sets the size, codec fast.
+    // One encode and one decode (fast, then max) for ncu: of the first data file tiled to --bench-mib MiB (default
+    // 256), or of a weight-like bf16 tensor when no file is given.
     const uint64_t nb = (bench_mib ? bench_mib : 256) << 20;
     std::vector<uint8_t> h(nb);
-    fill(h, Dtype::BF16, kWeights, 3);
+    const Dtype pdt = files.empty() ? Dtype::BF16 : files[0].dtype;
+    if (files.empty()) {
+      fill(h, Dtype::BF16, kWeights, 3);
+    } else {
+      const std::vector<uint8_t>& f = files[0].bytes;
+      for (uint64_t o = 0; o < nb; o += f.size()) std::memcpy(h.data() + o, f.data(), std::min<uint64_t>(f.size(), nb - o));
+    }
     DevBuf din(nb), dfr(max_frame_bytes(nb, 1, 65536)), dout(nb), dsz(8), derr(4);
     CK(cudaMemcpy(din.p, h.data(), nb, cudaMemcpyHostToDevice));
-    const uint64_t shape[1] = {nb / 2};
+    const uint64_t shape[1] = {nb / dtype_size(pdt)};
     for (int codec : {1, 2}) {
       gpu::EncodeItem it;
-      it.data = din.p; it.nbytes = nb; it.dtype = uint8_t(Dtype::BF16); it.codec = uint8_t(codec); it.ndim = 1;
+      it.data = din.p; it.nbytes = nb; it.dtype = uint8_t(pdt); it.codec = uint8_t(codec); it.ndim = 1;
       it.shape = shape; it.frame = dfr.p;
       gpu::EncodeOptions eo;
       check_status(gpu::encode(&it, 1, eo, reinterpret_cast<uint64_t*>(dsz.p)), "encode");

@@ -1,5 +1,6 @@
 // Generates the golden vectors of test/golden/ (see test/golden/README.md): deterministic inputs built from the
-// formulas below, the frames the CPU encoder makes of them, and manifest.json (names, options, sha256 of both).
+// formulas below, the frames the CPU encoder makes of them, and manifest.json (names, options, sha256 of both, and
+// the chunk digests of a fixed pattern at a few lengths: docs/format.md, section 9).
 // Build and run from the repository root (no Node, no addon needed):
 //   g++ -std=c++17 -O2 -Icuda/include -Icuda/src cuda/test/make_golden.cpp cuda/src/frame.cpp
 //       cuda/src/chunk_codec.cpp cuda/src/entropy.cpp -lpthread -o /tmp/make_golden
@@ -15,6 +16,7 @@
 
 #include "errors.h"
 #include "frame.h"
+#include "tzip/xxhash32.h"
 
 using namespace tzip;
 
@@ -237,6 +239,17 @@ std::vector<Vector> vectors() {
   return out;
 }
 
+// ---------------------------------------------------------------- test vectors of the chunk digest alone
+/// The fixed pattern the chunk-digest vectors hash: byte i = (31*i + 7) mod 256.
+std::vector<uint8_t> digest_pattern(uint64_t len) {
+  std::vector<uint8_t> v(len);
+  for (uint64_t i = 0; i < len; ++i) v[i] = uint8_t(31 * i + 7);
+  return v;
+}
+/// Lengths chosen to hit every case: no stripe, one short stripe, one whole stripe, a whole and a short one, one
+/// stripe per lane, lane 0 with a second (short) stripe, eight stripes per lane, a full 64 KiB chunk.
+const uint64_t kDigestLengths[] = {0, 1, 16, 17, 512, 513, 4096, 65536};
+
 // ---------------------------------------------------------------- summary of a frame (for the log)
 std::string summarize(const std::vector<uint8_t>& f, const FrameHeader& h) {
   static const char* modes[] = {"CONST", "RAW", "LUT", "RANS"};
@@ -285,7 +298,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  std::string manifest = "{\n  \"formatVersion\": " + std::to_string(kFormatVersion) + ",\n  \"vectors\": [\n";
+  std::string manifest = "{\n  \"formatVersion\": " + std::to_string(kFormatVersion) + ",\n";
+  manifest += "  \"chunkDigests\": {\"pattern\": \"byte i = (31*i + 7) mod 256\", \"vectors\": [\n";
+  for (size_t k = 0; k < sizeof kDigestLengths / sizeof kDigestLengths[0]; ++k) {
+    const uint64_t len = kDigestLengths[k];
+    const std::vector<uint8_t> b = digest_pattern(len);
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08x", chunk_digest(len ? b.data() : nullptr, len));
+    std::printf("chunk_digest(pattern, %6llu) = 0x%s\n", static_cast<unsigned long long>(len), hex);
+    manifest += "    {\"length\": " + std::to_string(len) + ", \"digest\": " + json_str(hex) + "}" +
+                (k + 1 < sizeof kDigestLengths / sizeof kDigestLengths[0] ? "," : "") + "\n";
+  }
+  manifest += "  ]},\n  \"vectors\": [\n";
   const std::vector<Vector> vs = vectors();
   for (size_t k = 0; k < vs.size(); ++k) {
     const Vector& v = vs[k];

@@ -2,7 +2,7 @@
 
 Every golden frame must decode to its golden input (sha256 from manifest.json), the canonical encoder written
 from docs/format.md must reproduce every golden frame byte for byte, and malformed frames -- truncated, with a
-flipped byte, of a newer format version, or with any header field out of range -- must raise ValueError and
+flipped byte, of an unsupported format version, or with any header field out of range -- must raise ValueError and
 never any other exception. Needs numpy and xxhash only (no torch, no native addon).
 """
 
@@ -65,8 +65,8 @@ def rejects(frame: bytes, match: str | None = None) -> str:
 # ---------------------------------------------------------------- golden frames decode
 
 
-def test_manifest_is_for_format_version_1() -> None:
-    assert MANIFEST["formatVersion"] == ref.FORMAT_VERSION == 1
+def test_manifest_is_for_format_version_2() -> None:
+    assert MANIFEST["formatVersion"] == ref.FORMAT_VERSION == 2
     assert len(BY_NAME) == len(VECTORS)
 
 
@@ -268,13 +268,19 @@ def test_flipped_payload_bytes_in_each_region() -> None:
     rejects(bytes(f), "digest")
 
 
-def test_version_2_is_refused_as_unsupported() -> None:
+def test_other_versions_are_refused() -> None:
     for name in ("count_bf16_fast", "rans_u8_bytes", "empty_bf16_fast"):
         f = bytearray(frame_of(name))
-        struct.pack_into("<H", f, 4, 2)
+        struct.pack_into("<H", f, 4, 3)
         for frame in (bytes(f), reseal(f)):
             msg = rejects(frame, "unsupported")
-            assert "version 2" in msg and "version 1" in msg
+            assert "version 3" in msg and "version 2" in msg
+        # Version 1 (pre-release, serial XXH32 chunk digests): refused as unsupported, never decoded, even when
+        # the frame is otherwise well formed.
+        struct.pack_into("<H", f, 4, 1)
+        for frame in (bytes(f), reseal(f)):
+            msg = rejects(frame, "unsupported")
+            assert "version 1" in msg and "pre-release" in msg and "re-compress" in msg
     f = bytearray(frame_of("count_bf16_fast"))
     struct.pack_into("<H", f, 4, 0)
     rejects(reseal(f), "version 0")
@@ -386,6 +392,47 @@ def test_xxh32_known_values() -> None:
     assert ref.xxh32(b"") == 0x02CC5D05
     assert ref.xxh32(b"abc") == 0x32D153FF
     assert ref.xxh32(memoryview(b"abc")) == 0x32D153FF
+
+
+#: docs/format.md, section 9: chunk digests of the pattern byte i = (31*i + 7) mod 256.
+DIGEST_VECTORS = {0: 0x74AFA0FA, 1: 0x34421E72, 16: 0xF838C2E9, 17: 0x7EFB1FFD, 512: 0xDB7FC382, 513: 0x4BAB301E,
+                  4096: 0xD35D33D1, 65536: 0x4FBB03E1}
+
+
+def digest_pattern(n: int) -> bytes:
+    return bytes((31 * i + 7) % 256 for i in range(n))
+
+
+def test_chunk_digest_vectors() -> None:
+    """The published vectors, the ones make_golden computed with the C++ chunk_digest, and the reference agree."""
+    published = MANIFEST["chunkDigests"]
+    assert published["pattern"] == "byte i = (31*i + 7) mod 256"
+    assert {v["length"]: int(v["digest"], 16) for v in published["vectors"]} == DIGEST_VECTORS
+    for n, digest in DIGEST_VECTORS.items():
+        assert ref.chunk_digest(digest_pattern(n)) == digest, n
+
+
+def test_chunk_digest_by_hand() -> None:
+    """17 bytes: lane 0 holds bytes 0..15, lane 1 byte 16, lanes 2..31 nothing (XXH32 of b"")."""
+    b = digest_pattern(17)
+    lanes = [ref.xxh32(b[:16]), ref.xxh32(b[16:])] + [0x02CC5D05] * 30
+    assert ref.chunk_digest(b) == ref.xxh32(struct.pack("<32I", *lanes)) == DIGEST_VECTORS[17]
+    # 1040 bytes = 65 stripes: lane 0 holds stripes 0, 32 and 64 (bytes 0..15, 512..527, 1024..1039), lane 1
+    # stripes 1 and 33, ...
+    b = bytes(range(256)) * 4 + bytes(16)
+    lanes = [ref.xxh32(b"".join(b[16 * s : 16 * s + 16] for s in range(lane, 65, 32))) for lane in range(32)]
+    assert ref.chunk_digest(b) == ref.xxh32(struct.pack("<32I", *lanes))
+    assert ref.chunk_digest(b) != ref.xxh32(b)
+    assert ref.chunk_digest(b"") == ref.chunk_digest(memoryview(b"")) == 0x74AFA0FA
+
+
+def test_golden_chunk_table_holds_chunk_digests() -> None:
+    for v in VECTORS:
+        frame, data = frame_of(v["name"]), input_of(v["name"])
+        _, info = ref.decode_frame(frame)
+        cs = info["chunk_size"]
+        want = [ref.chunk_digest(data[i : i + cs]) for i in range(0, len(data), cs)]
+        assert [c["digest"] for c in info["chunks"]] == want
 
 
 def test_max_compressed_size() -> None:

@@ -5,7 +5,7 @@
   codec writes for ``codec="raw"``: the fallback when the daemon is away.
 * :func:`read_header` -- the fixed header and chunk table of a frame, checked (magic, version,
   sizes, header digest).
-* :func:`decode_raw` -- the bytes of a ``raw`` frame, every chunk digest checked.
+* :func:`decode_raw` -- the bytes of a ``raw`` frame, every chunk digest (32-lane, see ``_xxh32``) checked.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._xxh32 import xxh32, xxh32_chunks
+from ._xxh32 import chunk_digests, xxh32
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "DEFAULT_CHUNK", "DTYPE_CODES", "CODEC_IDS", "FrameHeader",
            "max_compressed_size", "encode_raw", "read_header", "decode_raw"]
 
 MAGIC = b"TZFR"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_CHUNK = 65536
 _FIXED = 48
 _ENTRY = 16
@@ -79,7 +79,7 @@ def encode_raw(data: torch.Tensor, dtype: str, shape: list[int], chunk_size: int
     body = frame[header_bytes:]
     if n:
         np.copyto(body.numpy(), data.detach().numpy())  # one thread (see _dlpack.copy_bytes)
-    digests = xxh32_chunks(body.numpy(), chunk_size) if n else []
+    digests = chunk_digests(body.numpy(), chunk_size) if n else []
     head = bytearray(header_bytes)
     checksum = xxh32(struct.pack(f"<{n_chunks}I", *digests))
     _HEADER.pack_into(head, 0, MAGIC, FORMAT_VERSION, DTYPE_CODES[dtype], CODEC_IDS["raw"], len(shape), 0, 0,
@@ -110,7 +110,10 @@ def read_header(frame) -> FrameHeader:
      checksum, header_digest, reserved44) = _HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise _fail(f"bad magic {magic!r}")
-    if version == 0 or version > FORMAT_VERSION:
+    if version == 1:
+        raise _fail("format version 1: pre-release version-1 frames are no longer read; re-compress the original tensor "
+                    f"(this reader knows version {FORMAT_VERSION})")
+    if version != FORMAT_VERSION:
         raise _fail(f"format version {version} (this reader knows {FORMAT_VERSION})")
     if dtype_code not in _DTYPE_NAMES or codec_id not in _CODEC_NAMES:
         raise _fail(f"unknown dtype code {dtype_code} or codec id {codec_id}")
@@ -146,7 +149,7 @@ def decode_raw(frame: torch.Tensor, header: FrameHeader, verify: bool = True) ->
     if verify and header.nbytes:
         table = frame[_align16(_FIXED + 8 * len(header.shape)) : header.header_bytes].numpy().tobytes()
         entries = [struct.unpack_from("<QII", table, _ENTRY * i) for i in range(header.n_chunks)]
-        digests = xxh32_chunks(body.numpy(), header.chunk_size)
+        digests = chunk_digests(body.numpy(), header.chunk_size)
         for i, ((off, size, digest), actual) in enumerate(zip(entries, digests)):
             if off != i * header.chunk_size or size != min(header.chunk_size, header.nbytes - off) or digest != actual:
                 raise _fail(f"chunk {i} does not match its table entry or digest")

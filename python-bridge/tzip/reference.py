@@ -22,6 +22,7 @@ Public API:
 * :func:`encode_frame` -- the canonical encoder, from the decision rules of docs/format.md ("Canonical encoder").
   Its frames must equal the C++ encoder's byte for byte; it proves that the specification is complete.
 * :func:`xxh32` -- XXH32 with seed 0 (delegates to the ``xxhash`` package).
+* :func:`chunk_digest` -- the digest of a chunk's original bytes (32 lanes of 16-byte stripes, docs/format.md 9).
 * :func:`max_compressed_size` -- the exact bound of a frame's size.
 """
 
@@ -42,13 +43,14 @@ __all__ = [
     "decode_frame",
     "encode_frame",
     "xxh32",
+    "chunk_digest",
     "max_compressed_size",
 ]
 
 #: Bytes 0..3 of every frame.
 MAGIC = b"TZFR"
-#: The only format version this decoder reads; newer versions are refused.
-FORMAT_VERSION = 1
+#: The only format version this decoder reads; version 1 (pre-release) and newer versions are refused.
+FORMAT_VERSION = 2
 
 #: dtype code -> (safetensors name, element size in bytes).
 DTYPES: dict[int, tuple[str, int]] = {
@@ -94,6 +96,27 @@ _RANS_BITMAP = 32
 def xxh32(data: bytes | bytearray | memoryview) -> int:
     """XXH32 of ``data`` with seed 0, as an unsigned 32-bit int (``xxhash.xxh32_intdigest``)."""
     return xxhash.xxh32_intdigest(bytes(data), seed=0)
+
+
+#: Lanes of the chunk digest and the bytes of one stripe (docs/format.md, "Checksums").
+_DIGEST_LANES = 32
+_DIGEST_STRIPE = 16
+
+
+def chunk_digest(data: bytes | bytearray | memoryview) -> int:
+    """The chunk digest of format version 2, straight from its definition (docs/format.md, "Checksums").
+
+    The bytes are cut into 16-byte stripes (the last may be shorter); lane ``l`` (0..31) is the concatenation of
+    stripes ``l, l+32, l+64, ...``; ``d_l = XXH32(lane l)``; the digest is XXH32 of ``d_0 .. d_31`` as 32
+    little-endian ``u32`` (128 bytes). An empty lane has ``d_l = XXH32(b"") = 0x02CC5D05``.
+    """
+    data = bytes(data)
+    n_stripes = -(-len(data) // _DIGEST_STRIPE)
+    lanes = [
+        b"".join(data[_DIGEST_STRIPE * s : _DIGEST_STRIPE * (s + 1)] for s in range(lane, n_stripes, _DIGEST_LANES))
+        for lane in range(_DIGEST_LANES)
+    ]
+    return xxh32(struct.pack(f"<{_DIGEST_LANES}I", *(xxh32(b) for b in lanes)))
 
 
 def _align16(x: int) -> int:
@@ -354,11 +377,11 @@ def _decode_chunk(chunk: bytes, raw_len: int, dtype: str, codec: str) -> tuple[b
 
 
 def decode_frame(frame: bytes | bytearray | memoryview, *, verify: bool = True) -> tuple[bytes, dict[str, Any]]:
-    """Decodes one tzip frame (format version 1) and verifies every digest.
+    """Decodes one tzip frame (format version 2) and verifies every digest.
 
     Args:
         frame: exactly one whole frame (bytes-like). Trailing bytes are an error.
-        verify: check each decoded chunk against its XXH32 digest (default True). The header digest and the
+        verify: check each decoded chunk against its chunk digest (default True). The header digest and the
             frame checksum over the chunk digests are always checked. False only serves tests that compare
             decoders on structurally valid frames whose digests no longer match.
 
@@ -372,7 +395,8 @@ def decode_frame(frame: bytes | bytearray | memoryview, *, verify: bool = True) 
         ``stored`` ('raw' | 'coded') and, for coded chunks, ``streams`` (mode, param, bytes, and LUT/RANS details).
 
     Raises:
-        ValueError: the frame is truncated, malformed, of an unsupported (newer) format version, or a digest
+        ValueError: the frame is truncated, malformed, of an unsupported format version (1: pre-release, or newer
+            than 2), or a digest
             does not match. The message says which field or chunk is at fault.
         TypeError: ``frame`` is not bytes-like.
     """
@@ -400,6 +424,11 @@ def decode_frame(frame: bytes | bytearray | memoryview, *, verify: bool = True) 
     ) = struct.unpack_from("<HBBBBHIQQIIII", buf, 4)
     if version == 0:
         raise _fail("format version 0")
+    if version == 1:
+        raise ValueError(
+            "unsupported tzip frame format version 1: pre-release version-1 frames (serial XXH32 chunk digests) are no "
+            f"longer read, re-compress the original tensor (this decoder reads version {FORMAT_VERSION} only)"
+        )
     if version > FORMAT_VERSION:
         raise ValueError(
             f"unsupported tzip frame format version {version}: this decoder reads version {FORMAT_VERSION} only"
@@ -442,13 +471,13 @@ def decode_frame(frame: bytes | bytearray | memoryview, *, verify: bool = True) 
     chunks: list[dict[str, Any]] = []
     expect_off = 0
     for i in range(n_chunks):
-        off, size, chunk_digest = struct.unpack_from("<QII", buf, table_off + _TABLE_ENTRY * i)
+        off, size, stored_digest = struct.unpack_from("<QII", buf, table_off + _TABLE_ENTRY * i)
         raw_len = min(chunk_size, nbytes - i * chunk_size)
         if off != expect_off:
             raise _fail(f"chunk {i} starts at {off}, the canonical offset is {expect_off}")
         if not 1 <= size <= raw_len:
             raise _fail(f"chunk {i} stored size {size} out of range 1..{raw_len}")
-        chunks.append({"offset": off, "size": size, "raw_size": raw_len, "digest": chunk_digest})
+        chunks.append({"offset": off, "size": size, "raw_size": raw_len, "digest": stored_digest})
         expect_off = off + size if i + 1 == n_chunks else _align16(off + size)
     if expect_off != payload_bytes:
         raise _fail(f"chunks end at {expect_off}, the header says the payload is {payload_bytes} bytes")
@@ -471,7 +500,7 @@ def decode_frame(frame: bytes | bytearray | memoryview, *, verify: bool = True) 
             data, described = _decode_chunk(payload[c["offset"] : end], c["raw_size"], dtype, codec)
         except ValueError as e:
             raise ValueError(f"chunk {i}: {e}") from None
-        if verify and xxh32(data) != c["digest"]:
+        if verify and chunk_digest(data) != c["digest"]:
             raise _fail(f"chunk {i} (bytes {i * chunk_size}..{i * chunk_size + c['raw_size']}) does not match its digest")
         c.update(described)
         out += data
@@ -743,7 +772,7 @@ def encode_frame(
     for i in range(n_chunks):
         raw = data[i * chunk_size : (i + 1) * chunk_size]
         stored = _encode_chunk(raw, dtype, codec)
-        digests.append(xxh32(raw))
+        digests.append(chunk_digest(raw))
         table += struct.pack("<QII", len(payload), len(stored), digests[-1])
         payload += stored
         if i + 1 < n_chunks:

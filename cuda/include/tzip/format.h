@@ -7,7 +7,7 @@ namespace tzip {
 
 // ---- Frame header (docs/format.md, "Frame") ----
 constexpr uint32_t kFrameMagic = 0x52465A54u;  // bytes "TZFR"
-constexpr uint16_t kFormatVersion = 1;
+constexpr uint16_t kFormatVersion = 2;
 constexpr uint32_t kFixedHeaderBytes = 48;      // fields before the shape
 constexpr uint32_t kChunkEntryBytes = 16;       // u64 offset, u32 size, u32 XXH32 digest
 constexpr uint32_t kMaxNdim = 32;

@@ -192,6 +192,58 @@ __device__ __forceinline__ uint4 ld_stripe(const uint8_t* p) {
   return make_uint4(ld_bytes_le(p, 4), ld_bytes_le(p + 4, 4), ld_bytes_le(p + 8, 4), ld_bytes_le(p + 12, 4));
 }
 
+// ---------------------------------------------------------------- chunk digest (format version 2), one warp
+
+/// Feeds lane l's stripes of a chunk to its state `st`: the whole 16-byte stripes s = from + l, from + l + 32, ... of
+/// the `len` bytes at p, in order (xxhash32.h, chunk_digest: lane l hashes the stripes s with s mod 32 == l). `from`
+/// is a multiple of 32: the stripes before it were fed already (by a decoder, as it wrote them). Eight stripes per lane
+/// are loaded before they are hashed, so a warp keeps 4 KiB of loads in flight.
+__device__ __forceinline__ void digest_stripes(Xxh32& st, const uint8_t* p, uint32_t len, uint32_t from) {
+  const uint32_t n = len / 16;
+  uint32_t s = from + lane_id();
+  if (aligned16(p)) {
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+    for (; s + 7 * 32 < n; s += 8 * 32) {
+      uint4 v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = q[s + 32 * k];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) st.stripe(v[k].x, v[k].y, v[k].z, v[k].w);
+    }
+    for (; s < n; s += 32) {
+      const uint4 v = q[s];
+      st.stripe(v.x, v.y, v.z, v.w);
+    }
+  } else {
+    for (; s < n; s += 32) {
+      const uint4 v = ld_stripe(p + 16ull * s);
+      st.stripe(v.x, v.y, v.z, v.w);
+    }
+  }
+}
+
+/// The chunk digest from the lanes' states once every whole stripe of the `len` bytes at p has been fed: the last,
+/// partial stripe (len % 16 bytes) goes to its lane's tail, every lane finishes its XXH32, and the 32 lane digests,
+/// as 128 little-endian bytes, are hashed once more. Every lane returns the digest.
+__device__ __forceinline__ uint32_t digest_finish(const Xxh32& st, const uint8_t* p, uint32_t len) {
+  const uint32_t whole = len / 16, rest = len % 16;
+  const bool tail = rest != 0 && (whole & 31u) == lane_id();
+  const uint32_t d = st.finish(tail ? p + 16ull * whole : p, tail ? rest : 0u);
+  Xxh32 top;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    top.stripe(__shfl_sync(kFull, d, 4 * i), __shfl_sync(kFull, d, 4 * i + 1), __shfl_sync(kFull, d, 4 * i + 2),
+               __shfl_sync(kFull, d, 4 * i + 3));
+  return top.finish(p, 0);
+}
+
+/// Chunk digest of the `len` bytes at p (any alignment), one warp; every lane returns it.
+__device__ __forceinline__ uint32_t warp_chunk_digest(const uint8_t* p, uint32_t len) {
+  Xxh32 st;
+  digest_stripes(st, p, len, 0);
+  return digest_finish(st, p, len);
+}
+
 /// Warp-cooperative XXH32 over a stream of `nstripes` 16-byte stripes, stripe i given by get(i): each lane loads one
 /// stripe per round (two rounds ahead of use), lane 0 feeds them to `st` in order through shuffles. The state is
 /// meaningful in lane 0 only. A serial hash, but its loads are no longer one at a time.

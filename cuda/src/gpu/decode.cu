@@ -15,8 +15,10 @@
 //      warp scan. Everything else takes the step path in the format's RANS order (lane l, element 32g + l): per step
 //      one symbol per stream and lane, RANS words fetched through a 64-word window held in the lanes' registers
 //      (ballot + popc give each lane its word).
-//   4. verify_kernel: header digests and checksums (one thread per frame), per-chunk XXH32 of the output (one thread
-//      per chunk) when verify is on.
+//      With verify on, each warp checks the chunk digest (format version 2: 32 lane hashes of interleaved 16-byte
+//      stripes) of the chunk it wrote: the tile path and raw copies hash the 16-byte vectors they store on the way out,
+//      other paths read the chunk back right after writing it (coalesced, from L2).
+//   4. verify_kernel: header digests and checksums (one warp per frame and hash).
 //   5. errors_kernel: the lowest-ranked error of each frame (the CPU's order of checks, then the lowest chunk) to the
 //      caller's array.
 #include <cuda_runtime.h>
@@ -132,7 +134,8 @@ __global__ void __launch_bounds__(1024, 1) parse_kernel(DecArgs a) {
         if (ld_le32u(f + kOffMagic) != kFrameMagic) { rank = kRMagic; break; }
         const uint32_t version = ld_le16u(f + kOffVersion);
         if (version == 0) { rank = kRVersion0; break; }
-        if (version > kFormatVersion) { rank = kRVersionNew; code = kUnsupported; break; }
+        // Version 1 (pre-release, whole-chunk XXH32 digests) is no longer read, as on the CPU.
+        if (version != kFormatVersion) { rank = kRVersionNew; code = kUnsupported; break; }
         const uint32_t dt = f[kOffDtype], cd = f[kOffCodec];
         if (dt >= kNumDtypes) { rank = kRDtype; break; }
         if (cd >= kNumCodecs) { rank = kRCodec; break; }
@@ -270,21 +273,23 @@ __global__ void __launch_bounds__(1024, 1) scan_kernel(DecArgs a) {
 #if defined(TZIP_DECODE_PART)
 // ---------------------------------------------------------------- 3. decode
 
-/// Per-warp shared memory, laid out by byte offsets: C RANS tables, L LUT tables, and a ring of RING bytes that
-/// cp.async fills with the fixed-rate streams of the next tiles (STREAM kernels).
+constexpr uint32_t kTile = 1024;  // elements per tile: 32 steps of 32 lanes
+
+/// Per-warp shared memory, laid out by byte offsets: C RANS tables, L LUT tables, a ring of RING bytes that cp.async
+/// fills with the fixed-rate streams of the next tiles, and a tile's exponent stage (STREAM kernels).
 template <uint32_t C, uint32_t L, uint32_t RING>
 struct WarpLayout {
   static constexpr uint32_t kRansSym = 0;                   // u8 [C][4096]
   static constexpr uint32_t kRansFc = kRansSym + 4096 * C;  // u32 [C][256]
   static constexpr uint32_t kLut = kRansFc + 1024 * C;      // u8 [L][128]
   static constexpr uint32_t kRing = kLut + 128 * L;
-  static constexpr uint32_t kBytes = kRing + RING;
+  static constexpr uint32_t kStage = kRing + RING;          // u8 [kTile] exponent symbols of a tile (tile path)
+  static constexpr uint32_t kBytes = kStage + (RING > 0 ? kTile : 0);
 };
 
 enum ChunkResult : int { kChunkOk = 0, kChunkBad = 1, kChunkDefer = 2 };
 /// A rejection, with the line of the check that failed (for Tuning::debug traces): bit 0 set, line above bit 2.
 __device__ __forceinline__ int kBadAt(int line) { return (line << 2) | kChunkBad; }
-constexpr uint32_t kTile = 1024;  // elements per tile: 32 steps of 32 lanes
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint32_t src_bytes) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -300,8 +305,10 @@ __device__ __forceinline__ void cp_wait(uint32_t n) {
   }
 }
 
-/// Copies n bytes with one warp.
-__device__ void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t n) {
+/// Copies n bytes with one warp. With `verify`, lane l feeds the 16-byte stripes l, l + 32, ... it copies to its
+/// chunk-digest state `dg` and sets `from` past the last whole stripe it fed (aligned copies only; otherwise the
+/// caller hashes the copied bytes afterwards from stripe `from` = 0).
+__device__ void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t n, bool verify, Xxh32& dg, uint32_t& from) {
   const uint32_t lane = lane_id();
   if (aligned16(dst) && aligned16(src)) {
     const uint32_t nv = n / 16;
@@ -314,9 +321,18 @@ __device__ void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t n) {
       for (int q = 0; q < 8; ++q) x[q] = s[v + 32 * q];
 #pragma unroll
       for (int q = 0; q < 8; ++q) d[v + 32 * q] = x[q];
+      if (verify) {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) dg.stripe(x[q].x, x[q].y, x[q].z, x[q].w);
+      }
     }
-    for (; v < nv; v += 32) d[v] = s[v];
+    for (; v < nv; v += 32) {
+      const uint4 x = s[v];
+      d[v] = x;
+      if (verify) dg.stripe(x.x, x.y, x.z, x.w);
+    }
     for (uint32_t b = nv * 16 + lane; b < n; b += 32) dst[b] = src[b];
+    from = (nv + 31) & ~31u;
   } else {
     for (uint32_t b = lane; b < n; b += 32) dst[b] = src[b];
   }
@@ -355,18 +371,22 @@ struct StreamState {
 /// The per-warp ring: slot t % S holds tile t of every ring stream.
 struct Ring {
   uint8_t* base;
-  uint32_t slot_bytes, S, tiles;
+  uint32_t slot_bytes, S, tiles;  // S: slots, 2 or 4
 };
 
 template <uint32_t NS>
 __device__ __forceinline__ void ring_issue(const Ring& rg, const StreamState* ss, uint32_t t) {
   if (t < rg.tiles) {
-    uint8_t* slot = rg.base + (t % rg.S) * rg.slot_bytes;
+    uint8_t* slot = rg.base + (t & (rg.S - 1)) * rg.slot_bytes;
 #pragma unroll
     for (uint32_t j = 0; j < NS; ++j) {
       const StreamState& s = ss[j];
       if (!s.tile_bytes) continue;
       const uint32_t off = t * s.tile_bytes;
+      if (t + 1 < rg.tiles) {  // a whole tile (tile_bytes = 128 * bits, a multiple of 16)
+        for (uint32_t u = 16 * lane_id(); u < s.tile_bytes; u += 512) cp_async16(slot + s.seg + u, s.data + off + u, 16);
+        continue;
+      }
       const uint32_t rem = s.len - off;
       const uint32_t nb = rem < s.tile_bytes ? rem : s.tile_bytes;
       const uint32_t units = (nb + 15) / 16;
@@ -384,23 +404,231 @@ __device__ __forceinline__ const uint8_t* ring_advance(const Ring& rg, const Str
   ring_issue<NS>(rg, ss, t + rg.S - 1);
   cp_wait(rg.S - 1);
   __syncwarp();
-  return rg.base + (t % rg.S) * rg.slot_bytes;
+  return rg.base + (t & (rg.S - 1)) * rg.slot_bytes;
 }
 
-/// Tile path (float families, no RANS): tiles [t, tiles_full) from the ring; lane l handles V consecutive elements
-/// of each sub-tile and stores them as one 16-byte vector.
+/// The exceptions of a LUT stream as the tile path consumes them (element order): a window of 256 exception bytes in
+/// the warp's registers (lane l holds bytes [base + 4l, base + 4l + 4) in `cur` and the next 128 bytes' share in
+/// `nxt`), slid 128 bytes at a time ahead of use. Placing an escape costs two shuffles instead of a dependent global
+/// load. Bytes past n_exc read as zero; the caller flags an index past n_exc as corrupt.
+struct ExcWindow {
+  const uint8_t* exc;  // 16-byte aligned: the tile path runs only on aligned chunks, and sections are 16-aligned
+  uint32_t n_exc, base, cur, nxt;
+  __device__ __forceinline__ uint32_t load(uint32_t at) const {
+    const uint32_t i = at + 4 * lane_id();
+    if (i + 4 <= n_exc) return *reinterpret_cast<const uint32_t*>(exc + i);
+    uint32_t v = 0;
+    for (uint32_t j = 0; j < 4; ++j)
+      if (i + j < n_exc) v |= uint32_t(exc[i + j]) << (8 * j);
+    return v;
+  }
+  __device__ __forceinline__ void init(const uint8_t* e, uint32_t n) {
+    exc = e;
+    n_exc = n;
+    base = 0;
+    cur = load(0);
+    nxt = load(128);
+  }
+  /// Slides the window forward (whole 128-byte steps) until `cursor` lies in its first half. Warp-uniform.
+  __device__ __forceinline__ void slide(uint32_t cursor) {
+    while (cursor >= base + 128) {
+      base += 128;
+      cur = nxt;
+      nxt = load(base + 128);
+    }
+  }
+  /// Exception byte `idx` (base <= idx < base + 256 where it is used); every lane must call it.
+  __device__ __forceinline__ uint32_t get(uint32_t idx) const {
+    const uint32_t p = idx - base;
+    const uint32_t a = __shfl_sync(kFull, cur, (p >> 2) & 31u), b = __shfl_sync(kFull, nxt, (p >> 2) & 31u);
+    return ((p < 128 ? a : b) >> (8 * (p & 3))) & 0xFFu;
+  }
+};
+
+/// V codes of KW (1..3) bits, packed LSB-first in the low V * KW bits of x, spread to one code per nibble (code e in
+/// bits [4e, 4e + 4)): the selector of __byte_perm, which then looks up four codes in an 8-entry LUT at once.
+template <uint32_t KW, uint32_t V>
+__device__ __forceinline__ uint32_t spread_nibbles(uint32_t y) {
+  static_assert(KW >= 1 && KW <= 3 && (V == 4 || V == 8), "nibble spread of 1..3-bit codes, 4 or 8 of them");
+  if constexpr (V == 8) {  // two groups of four codes -> 16-bit halves
+    constexpr uint32_t m = (1u << (4 * KW)) - 1u;
+    y = (y & m) | ((y << (16 - 4 * KW)) & (m << 16));
+  }
+  {  // pairs -> bytes
+    constexpr uint32_t m = (1u << (2 * KW)) - 1u;
+    y = (y & (m * 0x00010001u)) | ((y << (8 - 2 * KW)) & ((m << 8) * 0x00010001u));
+  }
+  {  // codes -> nibbles
+    constexpr uint32_t m = (1u << KW) - 1u;
+    y = (y & (m * 0x01010101u)) | ((y << (4 - KW)) & ((m << 4) * 0x01010101u));
+  }
+  return y;
+}
+
+/// Bit 4e set where nibble e holds the escape code 2^KW - 1.
+template <uint32_t KW>
+__device__ __forceinline__ uint32_t escape_nibbles(uint32_t nib) {
+  uint32_t t = nib;
+  if constexpr (KW >= 2) t &= nib >> 1;
+  if constexpr (KW >= 3) t &= nib >> 2;
+  if constexpr (KW >= 4) t &= nib >> 3;
+  return t & 0x11111111u;
+}
+
+/// Four LUT lookups at once: nibble e of `nib` (low 16 bits) indexes the 16-byte table L[0..3] (KW <= 3: only L[0..1]).
+template <uint32_t KW>
+__device__ __forceinline__ uint32_t lut4(const uint32_t* L, uint32_t nib) {
+  if constexpr (KW <= 3) {
+    return prmt(L[0], L[1], nib);
+  } else {
+    const uint32_t n = nib & 0x7777u;
+    const uint32_t a = prmt(L[0], L[1], n), b = prmt(L[2], L[3], n);
+    return prmt(a, b, 0x3210u | ((nib >> 1) & 0x4444u));
+  }
+}
+
+/// Tile path (float families, no RANS): tiles [t, tiles_full) from the ring. Lane l handles V consecutive elements of
+/// each sub-tile and stores them as one 16-byte vector, which is also the lane's next stripe of the chunk digest
+/// (xxhash32.h, chunk_digest: a sub-tile is 512 bytes, so lane l writes exactly the stripes l, l + 32, ...); with
+/// `verify` each stored vector goes into the lane's XXH32 state `dg` on the way out.
+/// With a LUT exponent stream a tile takes three phases: (1) every sub-tile's codes are looked up (four at a time with
+/// __byte_perm when KW <= 4) into the warp's exponent stage in shared memory, escapes noted per lane; (2) one warp scan
+/// of the per-sub-tile escape counts puts every escape's position in a list in exception order, and lane j patches
+/// the j-th escape's symbol into the stage (exceptions from a register window, see ExcWindow); (3) symbols are
+/// merged into elements, stored and hashed.
 template <uint32_t FID, uint32_t KW, bool LUTE>
-__device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg, uint32_t& t, uint32_t tiles_full, uint8_t* dst,
-                          const uint8_t* lut, uint32_t& cursor) {
+__device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg, uint32_t& t, uint32_t tiles_full,
+                                          uint8_t* dst, const uint8_t* lut, uint8_t* stage, uint32_t& cursor,
+                                          bool verify, Xxh32& dg) {
   using F = Fam<FID>;
   constexpr uint32_t E = F::kEsize, NS = F::kCount, V = 16 / E, SUB = 32 * V, NSUB = kTile / SUB;
+  static_assert(V == 4 || V == 8, "16-byte vectors of 2- or 4-byte elements");
+  static_assert(NSUB * V == 32, "a lane's escape flags of one tile fill one 32-bit word per 8 elements' nibbles");
+  constexpr bool kNib = LUTE && KW <= 4;      // codes looked up four at a time with __byte_perm
+  constexpr uint32_t FB = V == 8 ? 16 : 8;    // bits per sub-tile escape count in the packed scan (<= 256 / <= 128)
   const uint32_t lane = lane_id();
   const uint32_t w0 = F::width(0);
   const StreamState& s0 = ss[0];
+  uint32_t L[4] = {0, 0, 0, 0};
+  if constexpr (kNib) {
+    const uint32_t* l32 = reinterpret_cast<const uint32_t*>(lut);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) L[q] = l32[q];
+  }
+  ExcWindow win;
+  if constexpr (LUTE) {
+    win.init(s0.exc, s0.n_exc);
+    win.slide(cursor);
+  }
   bool bad = false;
   for (; t < tiles_full; ++t) {
     const uint8_t* slot = ring_advance<NS>(rg, ss, t);
-    const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg);
+    if constexpr (LUTE) {
+      // ---- phase 1: LUT lookups into the stage; escapes as nibble flags (bit 4e of a sub-tile's word)
+      const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg);
+      uint32_t escw[NSUB];
+      uint32_t cnt_lo = 0, cnt_hi = 0;  // packed per-sub-tile escape counts, FB bits each
+#pragma unroll
+      for (uint32_t sub = 0; sub < NSUB; ++sub) {
+        const uint32_t le = sub * SUB + lane * V;
+        const uint32_t b0 = le * KW, wi = b0 >> 5, sh = b0 & 31;
+        const uint32_t x0 = e_words[wi], x1 = e_words[wi + 1];
+        uint64_t es = 0;
+        uint32_t escn = 0;
+        if constexpr (kNib) {
+          uint32_t v = __funnelshift_r(x0, x1, sh);  // V * KW <= 32 bits; the rest belongs to the next lane
+          if constexpr (V * KW < 32) v &= (1u << (V * KW)) - 1u;
+          const uint32_t nib = KW == 4 ? v : spread_nibbles<(KW < 4 ? KW : 1), V>(v);
+          es = lut4<KW>(L, nib);  // an escape looks up the padding entry 2^KW - 1, which is 0
+          if constexpr (V == 8) es |= uint64_t(lut4<KW>(L, nib >> 16)) << 32;
+          escn = escape_nibbles<KW>(nib);
+        } else {
+          constexpr uint32_t mask = (1u << KW) - 1;
+          const uint32_t x2 = e_words[wi + 2];
+          const uint64_t v = uint64_t(__funnelshift_r(x0, x1, sh)) | (uint64_t(__funnelshift_r(x1, x2, sh)) << 32);
+#pragma unroll
+          for (uint32_t e = 0; e < V; ++e) {
+            const uint32_t c = uint32_t(v >> (e * KW)) & mask;
+            es |= uint64_t(lut[c]) << (8 * e);  // lut[mask] is the zero padding entry
+            escn |= uint32_t(c == mask) << (4 * e);
+          }
+        }
+        if constexpr (V == 8) *reinterpret_cast<uint64_t*>(stage + le) = es;
+        else *reinterpret_cast<uint32_t*>(stage + le) = uint32_t(es);
+        escw[sub] = escn;
+        const uint32_t c = uint32_t(__popc(escn));
+        if (FB * (sub + 1) <= 32) cnt_lo |= c << (FB * sub);  // sub is a constant after unrolling
+        else cnt_hi |= c << (FB * sub - 32);
+      }
+      // ---- phase 2: exception indices by one packed scan, then each lane patches its own escapes
+      if (__any_sync(kFull, (cnt_lo | cnt_hi) != 0)) {
+        uint32_t in_lo = cnt_lo, in_hi = cnt_hi;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {  // fields never carry into each other: totals fit in FB bits
+          const uint32_t o_lo = __shfl_up_sync(kFull, in_lo, d), o_hi = __shfl_up_sync(kFull, in_hi, d);
+          if (lane >= uint32_t(d)) { in_lo += o_lo; in_hi += o_hi; }
+        }
+        const uint32_t tot_lo = __shfl_sync(kFull, in_lo, 31), tot_hi = __shfl_sync(kFull, in_hi, 31);
+        const uint32_t ex_lo = in_lo - cnt_lo, ex_hi = in_hi - cnt_hi;
+        constexpr uint32_t FM = (1u << FB) - 1u;
+        auto field = [](uint32_t lo, uint32_t hi, uint32_t sub) {
+          return FB * (sub + 1) <= 32 ? (lo >> (FB * sub)) & FM : (hi >> (FB * sub - 32)) & FM;
+        };
+        uint32_t total = 0;
+#pragma unroll
+        for (uint32_t sub = 0; sub < NSUB; ++sub) total += field(tot_lo, tot_hi, sub);
+        // The escapes' tile positions go to a list in exception order, in the ring slot's code segment (its codes
+        // were consumed in phase 1, and the slot is not refilled before the next tile); then lane j patches the j-th
+        // escape with exception cursor + j from the window. Otherwise each lane reads its own from global memory.
+        uint16_t* list = reinterpret_cast<uint16_t*>(rg.base + (t & (rg.S - 1)) * rg.slot_bytes + s0.seg);
+        if (total <= s0.tile_bytes / 2 && cursor + total <= win.base + 256) {
+          uint32_t run = 0;
+#pragma unroll
+          for (uint32_t sub = 0; sub < NSUB; ++sub) {
+            const uint32_t ts = field(tot_lo, tot_hi, sub);
+            if (ts != 0) {  // warp-uniform
+              uint32_t j = run + field(ex_lo, ex_hi, sub), m = escw[sub];
+              while (m) {
+                list[j++] = uint16_t(sub * SUB + lane * V + (uint32_t(__ffs(m) - 1) >> 2));
+                m &= m - 1;
+              }
+              run += ts;
+            }
+          }
+          __syncwarp();
+          for (uint32_t j = lane; j < ((total + 31) & ~31u); j += 32) {
+            const uint32_t sv = win.get(cursor + j);
+            if (j < total) {
+              if (cursor + j >= s0.n_exc || (sv >> w0)) bad = true;
+              stage[list[j]] = uint8_t(sv);
+            }
+          }
+          __syncwarp();  // lanes patched each other's stage bytes
+        } else {
+          uint32_t run = cursor;
+#pragma unroll
+          for (uint32_t sub = 0; sub < NSUB; ++sub) {
+            const uint32_t ts = field(tot_lo, tot_hi, sub);
+            uint32_t idx = run + field(ex_lo, ex_hi, sub), m = escw[sub];
+            uint8_t* sp = stage + sub * SUB + lane * V;
+            while (m) {
+              const uint32_t e = uint32_t(__ffs(m) - 1) >> 2;
+              m &= m - 1;
+              uint32_t sv = 0;
+              if (idx < s0.n_exc) sv = s0.exc[idx];
+              else bad = true;
+              if (sv >> w0) bad = true;
+              sp[e] = uint8_t(sv);
+              ++idx;
+            }
+            run += ts;
+          }
+        }
+        cursor += total;
+        win.slide(cursor);
+      }
+    }
+    // ---- phase 3: merge, store, hash
 #pragma unroll 2
     for (uint32_t sub = 0; sub < NSUB; ++sub) {
       const uint32_t le = sub * SUB + lane * V;  // element within the tile
@@ -408,47 +636,21 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg,
       // them in local memory).
       uint64_t es = 0;
       uint64_t rs[NS];
-      if constexpr (KW == 0) {
+      if constexpr (LUTE) {
+        if constexpr (V == 8) es = *reinterpret_cast<const uint64_t*>(stage + le);
+        else es = *reinterpret_cast<const uint32_t*>(stage + le);
+      } else if constexpr (KW == 0) {
         es = uint64_t(rep4(s0.param)) * 0x100000001ull;
       } else if constexpr (KW == 8) {
         if constexpr (V == 8) es = *reinterpret_cast<const uint64_t*>(slot + s0.seg + le);
         else es = *reinterpret_cast<const uint32_t*>(slot + s0.seg + le);
-      } else {
+      } else {  // RAW exponents narrower than a byte (fp16: 5 bits)
+        const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg);
         const uint32_t b0 = le * KW, wi = b0 >> 5, sh = b0 & 31;
         const uint32_t x0 = e_words[wi], x1 = e_words[wi + 1], x2 = e_words[wi + 2];
         const uint64_t v = uint64_t(__funnelshift_r(x0, x1, sh)) | (uint64_t(__funnelshift_r(x1, x2, sh)) << 32);
-        constexpr uint32_t mask = (1u << KW) - 1;
-        uint32_t escm = 0;
 #pragma unroll
-        for (uint32_t e = 0; e < V; ++e) {
-          const uint32_t c = uint32_t(v >> (e * KW)) & mask;
-          uint32_t sv;
-          if constexpr (LUTE) {
-            sv = lut[c];
-            escm |= uint32_t(c == mask) << e;
-          } else {
-            sv = c;
-          }
-          es |= uint64_t(sv) << (8 * e);
-        }
-        if constexpr (LUTE) {
-          if (__any_sync(kFull, escm != 0)) {
-            const uint32_t cnt = __popc(escm);
-            const uint32_t incl = warp_inclusive_sum(cnt);
-            uint32_t idx = cursor + incl - cnt;
-            cursor += __shfl_sync(kFull, incl, 31);
-            while (escm) {
-              const uint32_t e = __ffs(escm) - 1;
-              escm &= escm - 1;
-              uint32_t sv = 0;
-              if (idx < s0.n_exc) sv = s0.exc[idx];
-              else bad = true;
-              if (sv >> w0) bad = true;
-              ++idx;
-              es = (es & ~(0xFFull << (8 * e))) | (uint64_t(sv & 0xFFu) << (8 * e));
-            }
-          }
-        }
+        for (uint32_t e = 0; e < V; ++e) es |= uint64_t(uint32_t(v >> (e * KW)) & ((1u << KW) - 1)) << (8 * e);
       }
 #pragma unroll
       for (uint32_t j = 1; j < NS; ++j) {
@@ -479,6 +681,7 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg,
         F::merge4(s4, out + q * E);
       }
       *reinterpret_cast<uint4*>(dst + uint64_t(t * kTile + le) * E) = make_uint4(out[0], out[1], out[2], out[3]);
+      if (verify) dg.stripe(out[0], out[1], out[2], out[3]);
     }
     __syncwarp();
     if (__any_sync(kFull, bad)) return false;
@@ -487,29 +690,32 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg,
 }
 
 template <uint32_t FID>
-__device__ __forceinline__ bool run_tiles(const StreamState* ss, const Ring& rg, uint32_t& t, uint32_t tiles_full, uint8_t* dst,
-                          const uint8_t* lut, uint32_t& cursor) {
+__device__ __forceinline__ bool run_tiles(const StreamState* ss, const Ring& rg, uint32_t& t, uint32_t tiles_full,
+                                          uint8_t* dst, const uint8_t* lut, uint8_t* stage, uint32_t& cursor,
+                                          bool verify, Xxh32& dg) {
   const StreamState& s0 = ss[0];
-  if (s0.mode == uint32_t(StreamMode::CONST)) return tile_loop<FID, 0, false>(ss, rg, t, tiles_full, dst, lut, cursor);
+#define TZIP_TILES(KW, LUTE) tile_loop<FID, KW, LUTE>(ss, rg, t, tiles_full, dst, lut, stage, cursor, verify, dg)
+  if (s0.mode == uint32_t(StreamMode::CONST)) return TZIP_TILES(0, false);
   if (s0.mode == uint32_t(StreamMode::RAW)) {
-    if constexpr (FID == kFamF16) return tile_loop<FID, 5, false>(ss, rg, t, tiles_full, dst, lut, cursor);
-    else return tile_loop<FID, 8, false>(ss, rg, t, tiles_full, dst, lut, cursor);
+    if constexpr (FID == kFamF16) return TZIP_TILES(5, false);
+    else return TZIP_TILES(8, false);
   }
   switch (s0.param) {
-    case 1: return tile_loop<FID, 1, true>(ss, rg, t, tiles_full, dst, lut, cursor);
-    case 2: return tile_loop<FID, 2, true>(ss, rg, t, tiles_full, dst, lut, cursor);
-    case 3: return tile_loop<FID, 3, true>(ss, rg, t, tiles_full, dst, lut, cursor);
-    case 4: return tile_loop<FID, 4, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+    case 1: return TZIP_TILES(1, true);
+    case 2: return TZIP_TILES(2, true);
+    case 3: return TZIP_TILES(3, true);
+    case 4: return TZIP_TILES(4, true);
     default:
       if constexpr (FID != kFamF16) {
         switch (s0.param) {
-          case 5: return tile_loop<FID, 5, true>(ss, rg, t, tiles_full, dst, lut, cursor);
-          case 6: return tile_loop<FID, 6, true>(ss, rg, t, tiles_full, dst, lut, cursor);
-          default: return tile_loop<FID, 7, true>(ss, rg, t, tiles_full, dst, lut, cursor);
+          case 5: return TZIP_TILES(5, true);
+          case 6: return TZIP_TILES(6, true);
+          default: return TZIP_TILES(7, true);
         }
       }
       return false;
   }
+#undef TZIP_TILES
 }
 
 /// Decodes one coded chunk with one warp. Returns kChunkOk, kChunkBad (corrupt) or kChunkDefer (needs more tables
@@ -518,7 +724,7 @@ __device__ __forceinline__ bool run_tiles(const StreamState* ss, const Ring& rg,
 /// from global memory where they are (any alignment).
 template <uint32_t FID, uint32_t C, uint32_t L, uint32_t RING>
 __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len, uint8_t* dst, uint8_t* ws,
-                            bool tile_ok) {
+                            bool tile_ok, bool verify, Xxh32& dg, uint32_t& dg_from) {
   using F = Fam<FID>;
   using WL = WarpLayout<C, L, RING>;
   constexpr bool STREAM = RING > 0;
@@ -700,6 +906,7 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
     rg.base = ws + WL::kRing;
     rg.slot_bytes = sb;
     rg.S = sb ? min(4u, RING / sb) : 4u;
+    if (rg.S == 3) rg.S = 2;  // a power of two: slots by mask, not by division
     rg.tiles = tiles;
     if (rg.S < 2) return kChunkDefer;
     for (uint32_t t = 0; t + 1 < rg.S; ++t) ring_issue<NS>(rg, ss, t);
@@ -715,11 +922,12 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
     if (ok && tiles_full) {
       uint32_t cursor = 0;
       const uint8_t* lut = lut_base + 128 * ss[0].slot;
-      if (!run_tiles<FID>(ss, rg, t, tiles_full, dst, lut, cursor)) {
+      if (!run_tiles<FID>(ss, rg, t, tiles_full, dst, lut, ws + WL::kStage, cursor, verify, dg)) {
         cp_wait(0);
         return kBadAt(__LINE__);
       }
       ss[0].cursor = cursor;
+      dg_from = tiles_full * (kTile * E / 16);  // every lane fed its stripes of the tiles (a multiple of 32 stripes)
     }
   }
 
@@ -886,11 +1094,14 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
     uint8_t* dst = T.out + ci * cs;
     const uint32_t raw_len = uint32_t(umin64(cs, T.nbytes - ci * cs));
     int r = kChunkOk;
+    const bool vfy = a.verify != 0;
+    Xxh32 dg;              // this lane's share of the chunk digest (docs/format.md, section 9)
+    uint32_t dg_from = 0;  // stripes of the output already fed to dg (by the copy or the tile path)
     // Padding up to the next chunk must be zero (checked before the chunk, as on the CPU).
     if (ci + 1 < T.n_chunks && !warp_zero(src + size, uint32_t(align16(off + size) - (off + size)))) {
       r = kChunkBad;
     } else if (size == raw_len) {
-      warp_copy(dst, src, raw_len);
+      warp_copy(dst, src, raw_len, vfy, dg, dg_from);
     } else if (T.codec == uint8_t(Codec::RAW)) {
       r = kChunkBad;
     } else if (MODE != 0 && defer_all) {
@@ -898,23 +1109,32 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
     } else {
       const bool tok = tile_ok && aligned16(dst);
       switch (family_of(Dtype(T.dtype), Codec(T.codec))) {
-        case kFamBF16: r = decode_coded<kFamBF16, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
-        case kFamF16: r = decode_coded<kFamF16, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
-        case kFamF32: r = decode_coded<kFamF32, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+        case kFamBF16: r = decode_coded<kFamBF16, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
+        case kFamF16: r = decode_coded<kFamF16, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
+        case kFamF32: r = decode_coded<kFamF32, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
         default:
           if constexpr (MODE == 1) {
             r = kChunkBad;  // class 1 holds only fast and raw frames, whose families are the three above
           } else {
             switch (family_of(Dtype(T.dtype), Codec(T.codec))) {
-              case kFamP1: r = decode_coded<kFamP1, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
-              case kFamP2: r = decode_coded<kFamP2, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
-              case kFamP4: r = decode_coded<kFamP4, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
-              default: r = decode_coded<kFamP8, C, L, RING>(src, size, raw_len, dst, ws, tok); break;
+              case kFamP1: r = decode_coded<kFamP1, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
+              case kFamP2: r = decode_coded<kFamP2, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
+              case kFamP4: r = decode_coded<kFamP4, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
+              default: r = decode_coded<kFamP8, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
             }
           }
       }
     }
+    bool digest_bad = false;
+    if (r == kChunkOk && vfy) {
+      // The chunk digest of the bytes written: the stripes not fed on the way out are read back (this warp wrote them;
+      // __syncwarp orders the lanes' stores before the loads).
+      __syncwarp();
+      digest_stripes(dg, dst, raw_len, dg_from);
+      digest_bad = digest_finish(dg, dst, raw_len) != ld_le32u(e + 12);
+    }
     if (lane == 0) {
+      if (digest_bad) report(a, ti, err_key(kRChunk, ci, 1, kChecksum));
       if (r & kChunkBad) {
         report(a, ti, err_key(kRChunk, ci, 0, kCorrupt));
         if (a.debug) printf("tzip decode: frame %u chunk %llu rejected at decode.cu:%d\n", ti, (unsigned long long)ci, r >> 2);
@@ -933,12 +1153,11 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
 #if !defined(TZIP_DECODE_PART)
 // ---------------------------------------------------------------- 4. verify, 5. errors
 
-/// Header digests and checksums (one warp each), then per-chunk XXH32 of the output (one lane per chunk, 32 chunks per
-/// warp task) when verify is on. Warps take tasks from a ticket, the long serial ones first.
+/// Header digests and checksums, one warp each (serial hashes; warps take tasks from a ticket). Chunk digests are checked
+/// by the decode kernels as they write each chunk.
 __global__ void __launch_bounds__(1024, 1) verify_kernel(DecArgs a) {
   const uint32_t lane = lane_id();
-  const uint64_t total = a.base[0][a.n];
-  const uint64_t tasks = 2ull * a.n + (a.verify ? (total + 31) / 32 : 0);
+  const uint64_t tasks = 2ull * a.n;
   for (;;) {
     unsigned long long k = 0;
     if (lane == 0) k = atomicAdd(a.tickets + 4, 1ull);
@@ -974,17 +1193,6 @@ __global__ void __launch_bounds__(1024, 1) verify_kernel(DecArgs a) {
           if (st.finish(tail, uint32_t(4 * (nd - i0))) != T.checksum) report(a, ti, err_key(kRChecksum, 0, 0, kCorrupt));
         }
       }
-    } else {
-      const uint64_t c = (k - 2ull * a.n) * 32 + lane;
-      if (c < total) {
-        const uint32_t ti = find_frame(a.base[0], a.n, c);
-        const DecTensor& T = a.t[ti];
-        const uint64_t ci = c - a.base[0][ti];
-        const uint64_t begin = ci * T.chunk_bytes;
-        const uint64_t len = umin64(T.chunk_bytes, T.nbytes - begin);
-        const uint32_t stored = ld_le32u(T.frame + chunk_table_offset(T.ndim) + kChunkEntryBytes * ci + 12);
-        if (xxh32_dev(T.out + begin, len) != stored) report(a, ti, err_key(kRChunk, ci, 1, kChecksum));
-      }
     }
   }
 }
@@ -1008,7 +1216,7 @@ constexpr uint32_t kC = 0, kL = 1, kW = 16, kRingBytes = 8192;
 constexpr int kMode = 1;
 #elif TZIP_DECODE_PART == 2
 #define TZIP_PART_FN run_part2
-constexpr uint32_t kC = 1, kL = 2, kW = 16, kRingBytes = 8192;
+constexpr uint32_t kC = 1, kL = 2, kW = 16, kRingBytes = 7168;  // 16 warps x 14.6 KB fit in 227 KB
 constexpr int kMode = 2;
 #else
 #define TZIP_PART_FN run_part0

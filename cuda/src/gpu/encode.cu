@@ -4,7 +4,7 @@
 // Launch sequence (one stream, every grid sized by the SM budget, see codec.h):
 //   1. auto_hist_kernel + auto_resolve_kernel   (only when some tensor asks for "auto"): the exponent histogram of each
 //      such tensor and the integer rule of tzip::resolve_auto, written into the tensor's descriptor.
-//   2. digest_kernel: XXH32 of every chunk's input, one thread per chunk.
+//   2. digest_kernel: the digest of every chunk's input (format version 2), one warp per chunk.
 //   3. encode_kernel: one group of 256 threads per chunk (4 groups per 1024-thread block, named barriers). Per chunk:
 //      pass 1 reads the chunk (16-byte loads), splits it into streams 4 elements at a time (warp.h, Fam<>::split4) and
 //      builds the stream histograms in shared memory (32-way replicated u16 counters: lane-private columns, so the
@@ -800,16 +800,18 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads, 1) encode_kernel(EncA
   }
 }
 
-/// XXH32 of each chunk's input, one thread per chunk; consecutive chunks go to different blocks so that every SM of the
-/// grid gets work even when there are few chunks.
+/// Digest of each chunk's input (format version 2: xxhash32.h, chunk_digest), one warp per chunk, coalesced 16-byte
+/// loads; consecutive chunks go to different blocks so that every SM of the grid gets work even when there are few.
 __global__ void __launch_bounds__(1024, 1) digest_kernel(EncArgs a) {
-  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-  for (uint64_t g = uint64_t(threadIdx.x) * gridDim.x + blockIdx.x; g < a.total_chunks; g += stride) {
+  const uint32_t warps = blockDim.x / 32, w = threadIdx.x / 32;
+  const uint64_t stride = uint64_t(gridDim.x) * warps;
+  for (uint64_t g = uint64_t(w) * gridDim.x + blockIdx.x; g < a.total_chunks; g += stride) {
     const uint32_t t = find_tensor(a.tensors, a.n_tensors, g);
     const EncTensor& T = a.tensors[t];
     const uint64_t begin = (g - T.chunk_base) * a.chunk_bytes;
-    const uint64_t len = umin64(a.chunk_bytes, T.nbytes - begin);
-    a.digests[g] = xxh32_dev(T.in + begin, len);
+    const uint32_t len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin));
+    const uint32_t d = warp_chunk_digest(T.in + begin, len);
+    if (lane_id() == 0) a.digests[g] = d;
   }
 }
 
