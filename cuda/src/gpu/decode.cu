@@ -582,6 +582,7 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg,
         // escape with exception cursor + j from the window. Otherwise each lane reads its own from global memory.
         uint16_t* list = reinterpret_cast<uint16_t*>(rg.base + (t & (rg.S - 1)) * rg.slot_bytes + s0.seg);
         if (total <= s0.tile_bytes / 2 && cursor + total <= win.base + 256) {
+          __syncwarp();  // every lane has read its codes (phase 1) before any lane writes the list over them
           uint32_t run = 0;
 #pragma unroll
           for (uint32_t sub = 0; sub < NSUB; ++sub) {
