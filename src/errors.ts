@@ -4,13 +4,14 @@
  * file and tensor they concern are attached so that every message names them.
  */
 
-/** Error codes. The first five come from the native addon (docs/addon.md); the rest are added here. */
+/** Error codes. The first six come from the native addon (docs/addon.md); the rest are added here. */
 export const TZIP_ERROR_CODES = [
   'TZIP_INVALID_ARGUMENT', // bad options (codec name, thread count, shape/size mismatch)
   'TZIP_CORRUPT', // malformed stream or file
   'TZIP_TRUNCATED', // stream or file shorter than its header says
-  'TZIP_CHECKSUM', // decoded bytes do not match the stored XXH32 digests
-  'TZIP_UNSUPPORTED', // newer format version, unknown flags, or a size this build cannot handle
+  'TZIP_CHECKSUM', // decoded bytes do not match the stored chunk digests (docs/format.md, section 9)
+  'TZIP_UNSUPPORTED', // a format version this build does not read (newer, or pre-release frame version 1), unknown flags, or a size this build cannot handle
+  'TZIP_CUDA', // a CUDA runtime call failed (the message has the CUDA error name and text)
   'TZIP_IO', // the operating system refused a read/write/open (missing file, permissions, disk full)
   'TZIP_USAGE', // the caller asked for something that does not exist (e.g. an unknown tensor name)
 ] as const;
@@ -30,6 +31,8 @@ export interface ErrorContext {
 export interface TzipErrorOptions extends ErrorContext {
   /** For TZIP_TRUNCATED from the addon's readHeader: how many bytes of the frame are needed. */
   needBytes?: number | undefined;
+  /** For a batched GPU decode (gpuDecompress): per item, its error code, or '' for an item that decoded. */
+  itemErrors?: string[] | undefined;
   /** The underlying error. */
   cause?: unknown;
 }
@@ -50,6 +53,8 @@ export class TzipError extends Error {
   readonly file: string | undefined;
   readonly tensor: string | undefined;
   readonly needBytes: number | undefined;
+  /** For a batched GPU decode (gpuDecompress): per item, its error code, or '' for an item that decoded. */
+  readonly itemErrors: string[] | undefined;
 
   constructor(code: TzipErrorCode, detail: string, options: TzipErrorOptions = {}) {
     const where = [
@@ -62,6 +67,7 @@ export class TzipError extends Error {
     this.file = options.file;
     this.tensor = options.tensor;
     this.needBytes = options.needBytes;
+    this.itemErrors = options.itemErrors;
   }
 
   /**
@@ -72,7 +78,9 @@ export class TzipError extends Error {
     const file = this.file ?? context.file;
     const tensor = this.tensor ?? context.tensor;
     if (file === this.file && tensor === this.tensor) return this;
-    const copy = new TzipError(this.code, this.detail, { file, tensor, needBytes: this.needBytes, cause: this.cause });
+    const copy = new TzipError(this.code, this.detail, {
+      file, tensor, needBytes: this.needBytes, itemErrors: this.itemErrors, cause: this.cause,
+    });
     copy.stack = this.stack;
     return copy;
   }
@@ -87,7 +95,8 @@ function isSystemError(err: unknown): err is NodeJS.ErrnoException {
 /**
  * Maps any thrown value into a {@link TzipError} with the given context:
  * - a TzipError gets the missing context added;
- * - an addon error (an Error whose `.code` is one of {@link TZIP_ERROR_CODES}) keeps its code and message;
+ * - an addon error (an Error whose `.code` is one of {@link TZIP_ERROR_CODES}) keeps its code, message,
+ *   `needBytes` and `itemErrors`;
  * - a Node system error (ENOENT, EACCES, EISDIR, ENOSPC, ...) becomes TZIP_IO with the errno code in the text;
  * - anything else is rethrown unchanged (a bug, not bad input).
  * @throws the input itself when it is none of the above.
@@ -97,9 +106,11 @@ export function toTzipError(err: unknown, context: ErrorContext = {}): TzipError
   const code = err instanceof Error ? (err as { code?: unknown }).code : undefined;
   if (err instanceof Error && isTzipErrorCode(code)) {
     const needBytes = (err as { needBytes?: unknown }).needBytes;
+    const itemErrors = (err as { itemErrors?: unknown }).itemErrors;
     return new TzipError(code, err.message, {
       ...context,
       needBytes: typeof needBytes === 'number' ? needBytes : undefined,
+      itemErrors: Array.isArray(itemErrors) ? itemErrors.map(String) : undefined,
       cause: err,
     });
   }

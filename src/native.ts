@@ -101,6 +101,99 @@ export interface GpuInfo {
   }[];
 }
 
+/** One GPU, as listed by {@link gpuDevices}. */
+export interface GpuDevice {
+  /** CUDA device ordinal (as CUDA_VISIBLE_DEVICES maps it): what every GPU function's `device` argument takes. */
+  ordinal: number;
+  /** 'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx', exactly as `nvidia-smi -L` prints it; stable across processes. */
+  uuid: string;
+  /** e.g. 'NVIDIA H200'. */
+  name: string;
+  /** Streaming multiprocessors. */
+  smCount: number;
+  /** Device memory in bytes. */
+  totalMemory: number;
+  /** PCI address as cudaDeviceGetPCIBusId writes it, e.g. '0000:18:00.0' ('' if CUDA cannot tell). */
+  pciBusId: string;
+  /** Compute capability, e.g. '9.0'. */
+  computeCapability: string;
+}
+
+/**
+ * A device pointer: a CUDA device address (CUdeviceptr / void*) as an unsigned 64-bit bigint, e.g. from
+ * {@link gpuAlloc}, {@link cudaIpcOpenMemHandle} plus an offset, or torch's `tensor.data_ptr()`.
+ */
+export type DevicePtr = bigint;
+
+/** A byte count: a number (up to 2^53 - 1) or a bigint (up to 2^64 - 1). */
+export type ByteCount = number | bigint;
+
+/** One tensor of a {@link gpuCompress} batch. */
+export interface GpuEncodeItem {
+  /** Device pointer to the tensor's bytes (any alignment; 16-byte aligned is fastest). May be 0n when nbytes is 0. */
+  data: DevicePtr;
+  /** Bytes at `data`: must equal prod(shape) * element size. */
+  nbytes: ByteCount;
+  /** safetensors dtype name ('BF16', 'F32', ...; see {@link CompressOptions.dtype}). */
+  dtype: string;
+  /** Codec; 'auto' when left out. Same choice and same bytes as {@link compress}. */
+  codec?: Codec | undefined;
+  /** Tensor shape, at most 32 dimensions. */
+  shape: readonly ByteCount[];
+  /** Device pointer where the frame is written (any alignment). */
+  frame: DevicePtr;
+  /**
+   * Bytes available at `frame`: at least {@link maxCompressedSize}(nbytes, shape.length, chunkSize). The frame is
+   * written inside [frame, frame + frameCapacity); its size is in the result of {@link gpuCompress}.
+   */
+  frameCapacity: ByteCount;
+}
+
+/** One frame of a {@link gpuDecompress} batch. */
+export interface GpuDecodeItem {
+  /** Device pointer to a frame (any alignment). */
+  frame: DevicePtr;
+  /** The frame's exact size in bytes (as for {@link decompress}: a longer range is TZIP_CORRUPT, a shorter TZIP_TRUNCATED). */
+  frameBytes: ByteCount;
+  /** Device pointer where the tensor's bytes are written (any alignment). May be 0n when outBytes is 0. */
+  out: DevicePtr;
+  /** Bytes at `out`: exactly the frame's nbytes, else this item fails with TZIP_INVALID_ARGUMENT. */
+  outBytes: ByteCount;
+}
+
+/** Options of {@link gpuCompress} and {@link gpuDecompress}. */
+export interface GpuRunOptions {
+  /** Ordinal of the GPU that owns every pointer of the call (checked: TZIP_INVALID_ARGUMENT otherwise). */
+  device: number;
+  /**
+   * SMs the call's kernels may occupy at a time (each kernel is a persistent grid of that many SMs' worth of blocks);
+   * default 10; 0 or less: all SMs of the device.
+   */
+  smBudget?: number | undefined;
+  /** gpuCompress only: bytes of input per chunk, a multiple of 256 from 4096 to 65536; default 65536. */
+  chunkSize?: number | undefined;
+  /** gpuDecompress only: check each chunk's XXH32 digest (default true; the header digest and checksum always are). */
+  verify?: boolean | undefined;
+  /** A cudaEvent_t (as a bigint) the addon's stream waits for before the call's work (cudaStreamWaitEvent). */
+  waitEvent?: bigint | undefined;
+  /** A cudaEvent_t (as a bigint) recorded on the addon's stream after the call's work (cudaEventRecord). */
+  recordEvent?: bigint | undefined;
+}
+
+/** Free and total device memory in bytes ({@link cudaMemGetInfo}). */
+export interface GpuMemInfo {
+  free: number;
+  total: number;
+}
+
+/** An interprocess CUDA event and its handle ({@link cudaEventCreateInterprocess}). */
+export interface InterprocessEvent {
+  /** The cudaEvent_t, for {@link GpuRunOptions.waitEvent} / {@link GpuRunOptions.recordEvent} and {@link cudaEventDestroy}. */
+  event: bigint;
+  /** The 64-byte cudaIpcEventHandle_t another process opens with cudaIpcOpenEventHandle. */
+  handle: Buffer;
+}
+
 /** The addon's exports, as documented in docs/addon.md. */
 interface Addon {
   compress(input: Uint8Array, opts: CompressOptions): Promise<Buffer>;
@@ -109,6 +202,20 @@ interface Addon {
   maxCompressedSize(nbytes: number, ndim: number, chunkSize?: number): number;
   entropy(input: Uint8Array, dtype: string): EntropyBound;
   gpu(): GpuInfo;
+  gpuDevices(): GpuDevice[];
+  gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunOptions): Promise<bigint[]>;
+  gpuDecompress(items: readonly GpuDecodeItem[], opts: GpuRunOptions): Promise<void>;
+  cudaIpcGetMemHandle(ptr: DevicePtr, device: number): Buffer;
+  cudaIpcOpenMemHandle(handle: Uint8Array, device: number): bigint;
+  cudaIpcCloseMemHandle(base: DevicePtr, device: number): void;
+  cudaIpcOpenEventHandle(handle: Uint8Array, device: number): bigint;
+  cudaEventCreateInterprocess(device: number): InterprocessEvent;
+  cudaEventDestroy(event: bigint, device: number): void;
+  cudaMemGetInfo(device: number): GpuMemInfo;
+  gpuAlloc(device: number, nbytes: ByteCount): bigint;
+  gpuFree(ptr: DevicePtr, device: number): void;
+  gpuCopyToDevice(ptr: DevicePtr, src: Uint8Array, device: number): void;
+  gpuCopyFromDevice(ptr: DevicePtr, nbytes: ByteCount, device: number): Buffer;
   formatVersion: number;
   defaultChunkSize: number;
   defaultThreads: number;
@@ -223,4 +330,168 @@ export function defaultChunkSize(): number {
 /** Default worker thread count of the addon (all cores). */
 export function defaultThreads(): number {
   return load().defaultThreads;
+}
+
+// ------------------------------------------------------------------------------------------------ GPU codec and CUDA IPC
+//
+// Pointers are device addresses as bigints; sizes are bytes (number or bigint, 64-bit). Every function takes the
+// ordinal of the GPU it works on, makes that device current for the call and restores the previous one. Errors are
+// TzipError: TZIP_UNSUPPORTED when no GPU or driver can be used (`detail` says why, as gpu().reason does),
+// TZIP_INVALID_ARGUMENT for bad arguments (a pointer that is not device memory of `device`, a size mismatch, a
+// capacity below the bound), TZIP_CUDA when a CUDA runtime call fails (the message has the CUDA error name and text).
+
+/** Calls `f` on the loaded addon and maps its errors into {@link TzipError}. */
+function call<T>(f: (native: Addon) => T): T {
+  const native = load();
+  try {
+    return f(native);
+  } catch (err) {
+    throw toTzipError(err);
+  }
+}
+
+/**
+ * The GPUs this process can use, with their UUIDs (to match a client's GPU by UUID, not by ordinal).
+ * @returns [] when there is no driver or no GPU (never throws for that; {@link gpu} says why).
+ * @throws TzipError TZIP_IO when the addon is not built.
+ */
+export function gpuDevices(): GpuDevice[] {
+  return call((n) => n.gpuDevices());
+}
+
+/**
+ * Compresses a batch of tensors already in GPU memory into one frame each, byte for byte the frames {@link compress}
+ * makes from the same bytes, dtype, shape, codec and chunk size. One launch sequence for the whole batch, on the
+ * addon's own non-blocking stream of `opts.device` (after `opts.waitEvent`, before `opts.recordEvent`); the promise
+ * resolves once that work has finished (a worker thread waits for it, never the event loop).
+ * @returns per item, the size in bytes of the frame written at `item.frame`.
+ * @throws TzipError (as a rejection) TZIP_INVALID_ARGUMENT (bad item or option, pointer not device memory of
+ *   `opts.device`, frameCapacity below {@link maxCompressedSize}), TZIP_UNSUPPORTED (no GPU), TZIP_CUDA.
+ */
+export async function gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunOptions): Promise<bigint[]> {
+  const native = load();
+  try {
+    return await native.gpuCompress(items, opts);
+  } catch (err) {
+    throw toTzipError(err);
+  }
+}
+
+/**
+ * Decodes a batch of frames in GPU memory into GPU memory; same stream, events and completion as {@link gpuCompress}.
+ * Every frame is parsed and checked on the device; a failing item never writes outside its `out` range (it may
+ * leave that range partly written), and the other items still decode.
+ * @throws TzipError (as a rejection) whose code is the first failing item's (TZIP_CORRUPT, TZIP_TRUNCATED,
+ *   TZIP_CHECKSUM, TZIP_UNSUPPORTED, or TZIP_INVALID_ARGUMENT when outBytes is not the frame's nbytes: the same code
+ *   {@link decompress} gives for the same bytes), whose message names the item index, and whose `itemErrors` holds
+ *   per item its code or '' for an item that decoded; TZIP_INVALID_ARGUMENT (bad item or option, pointer not device
+ *   memory of `opts.device`) and TZIP_CUDA without `itemErrors`; TZIP_UNSUPPORTED when there is no GPU.
+ */
+export async function gpuDecompress(items: readonly GpuDecodeItem[], opts: GpuRunOptions): Promise<void> {
+  const native = load();
+  try {
+    await native.gpuDecompress(items, opts);
+  } catch (err) {
+    throw toTzipError(err);
+  }
+}
+
+/**
+ * The CUDA IPC handle of the allocation that holds `ptr` (cudaIpcGetMemHandle; for tests and tools). Another process
+ * opens it with {@link cudaIpcOpenMemHandle} and gets the allocation's base, so pass an allocation's base here (as
+ * {@link gpuAlloc} returns) or send the offset of `ptr` in it along.
+ * @returns the 64-byte cudaIpcMemHandle_t.
+ * @throws TzipError TZIP_INVALID_ARGUMENT (not device memory of `device`), TZIP_CUDA, TZIP_UNSUPPORTED.
+ */
+export function cudaIpcGetMemHandle(ptr: DevicePtr, device: number): Buffer {
+  return call((n) => n.cudaIpcGetMemHandle(ptr, device));
+}
+
+/**
+ * Maps another process's allocation into this one (cudaIpcOpenMemHandle with cudaIpcMemLazyEnablePeerAccess).
+ * A handle cannot be opened in the process that made it. Close with {@link cudaIpcCloseMemHandle}.
+ * @param handle the 64-byte cudaIpcMemHandle_t.
+ * @returns the base address of the mapping (the allocation's first byte).
+ * @throws TzipError TZIP_INVALID_ARGUMENT (handle not 64 bytes), TZIP_CUDA (e.g. an invalid or stale handle), TZIP_UNSUPPORTED.
+ */
+export function cudaIpcOpenMemHandle(handle: Uint8Array, device: number): bigint {
+  return call((n) => n.cudaIpcOpenMemHandle(handle, device));
+}
+
+/**
+ * Unmaps what {@link cudaIpcOpenMemHandle} mapped (cudaIpcCloseMemHandle).
+ * @throws TzipError TZIP_CUDA, TZIP_INVALID_ARGUMENT, TZIP_UNSUPPORTED.
+ */
+export function cudaIpcCloseMemHandle(base: DevicePtr, device: number): void {
+  call((n) => n.cudaIpcCloseMemHandle(base, device));
+}
+
+/**
+ * Opens another process's interprocess event (cudaIpcOpenEventHandle), for {@link GpuRunOptions.waitEvent} /
+ * {@link GpuRunOptions.recordEvent}. Release it with {@link cudaEventDestroy}.
+ * @param handle the 64-byte cudaIpcEventHandle_t.
+ * @returns the cudaEvent_t.
+ * @throws TzipError TZIP_INVALID_ARGUMENT (handle not 64 bytes), TZIP_CUDA, TZIP_UNSUPPORTED.
+ */
+export function cudaIpcOpenEventHandle(handle: Uint8Array, device: number): bigint {
+  return call((n) => n.cudaIpcOpenEventHandle(handle, device));
+}
+
+/**
+ * Creates an event other processes can open (cudaEventInterprocess | cudaEventDisableTiming) and its handle.
+ * Release it with {@link cudaEventDestroy}.
+ * @throws TzipError TZIP_CUDA, TZIP_INVALID_ARGUMENT, TZIP_UNSUPPORTED.
+ */
+export function cudaEventCreateInterprocess(device: number): InterprocessEvent {
+  return call((n) => n.cudaEventCreateInterprocess(device));
+}
+
+/**
+ * Destroys an event made by {@link cudaEventCreateInterprocess} or opened by {@link cudaIpcOpenEventHandle}.
+ * @throws TzipError TZIP_CUDA, TZIP_INVALID_ARGUMENT, TZIP_UNSUPPORTED.
+ */
+export function cudaEventDestroy(event: bigint, device: number): void {
+  call((n) => n.cudaEventDestroy(event, device));
+}
+
+/**
+ * Free and total memory of a GPU, in bytes (cudaMemGetInfo).
+ * @throws TzipError TZIP_CUDA, TZIP_INVALID_ARGUMENT, TZIP_UNSUPPORTED.
+ */
+export function cudaMemGetInfo(device: number): GpuMemInfo {
+  return call((n) => n.cudaMemGetInfo(device));
+}
+
+/**
+ * Allocates device memory (cudaMalloc of max(nbytes, 1) bytes; for tests and tools). Free with {@link gpuFree}.
+ * @returns the device pointer.
+ * @throws TzipError TZIP_CUDA (e.g. cudaErrorMemoryAllocation), TZIP_INVALID_ARGUMENT, TZIP_UNSUPPORTED.
+ */
+export function gpuAlloc(device: number, nbytes: ByteCount): bigint {
+  return call((n) => n.gpuAlloc(device, nbytes));
+}
+
+/**
+ * Frees what {@link gpuAlloc} allocated (cudaFree).
+ * @throws TzipError TZIP_CUDA, TZIP_INVALID_ARGUMENT, TZIP_UNSUPPORTED.
+ */
+export function gpuFree(ptr: DevicePtr, device: number): void {
+  call((n) => n.gpuFree(ptr, device));
+}
+
+/**
+ * Copies `src` to [ptr, ptr + src.byteLength) and waits until the bytes are in device memory (for tests and tools).
+ * @throws TzipError TZIP_INVALID_ARGUMENT (range not device memory of `device`), TZIP_CUDA, TZIP_UNSUPPORTED.
+ */
+export function gpuCopyToDevice(ptr: DevicePtr, src: Uint8Array, device: number): void {
+  call((n) => n.gpuCopyToDevice(ptr, src, device));
+}
+
+/**
+ * Copies [ptr, ptr + nbytes) of device memory into a new Buffer (synchronous; for tests and tools).
+ * @throws TzipError TZIP_INVALID_ARGUMENT (range not device memory of `device`), TZIP_UNSUPPORTED (no GPU, or more
+ *   bytes than a Buffer can hold), TZIP_CUDA.
+ */
+export function gpuCopyFromDevice(ptr: DevicePtr, nbytes: ByteCount, device: number): Buffer {
+  return call((n) => n.gpuCopyFromDevice(ptr, nbytes, device));
 }

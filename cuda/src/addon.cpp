@@ -1,6 +1,7 @@
 // N-API binding of the codec core (node-addon-api). Codec work runs on libuv worker threads (AsyncWorker) and
 // fans out to its own threads per chunk, so the JavaScript event loop never waits on a codec call.
-// The JavaScript surface is documented in src/native.ts.
+// The JavaScript surface is documented in src/native.ts and docs/addon.md; the GPU codec and CUDA IPC entry points are
+// registered from addon/gpu_codec.cpp, addon/gpu_memory.cpp and addon/cuda_ipc.cpp.
 #include <napi.h>
 
 #include <fcntl.h>
@@ -15,6 +16,9 @@
 #include <memory>
 #include <thread>
 
+#include "addon/args.h"
+#include "addon/device.h"
+#include "addon/register.h"
 #include "entropy.h"
 #include "errors.h"
 #include "frame.h"
@@ -26,46 +30,16 @@ using tzip::Codec;
 using tzip::Dtype;
 using tzip::Error;
 using tzip::ErrorCode;
+using tzip::addon::Bytes;
+using tzip::addon::bytes_of;
+using tzip::addon::invalid;
+using tzip::addon::make_error;
+using tzip::addon::options_of;
+using tzip::addon::u64_of;
 
 uint32_t default_threads() {
   const unsigned hc = std::thread::hardware_concurrency();
   return hc ? hc : 1;
-}
-
-Napi::Error make_error(Napi::Env env, const Error& e) {
-  Napi::Error err = Napi::Error::New(env, e.what());
-  err.Set("code", Napi::String::New(env, tzip::error_code_name(e.code())));
-  if (e.need_bytes()) err.Set("needBytes", Napi::Number::New(env, double(e.need_bytes())));
-  return err;
-}
-
-[[noreturn]] void invalid(const std::string& what) { throw Error(ErrorCode::InvalidArgument, what); }
-
-/// A byte view of a Uint8Array/Buffer argument (any offset, any alignment).
-struct Bytes {
-  const uint8_t* data = nullptr;
-  uint64_t size = 0;
-};
-
-Bytes bytes_of(const Napi::Value& v, const char* what) {
-  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-    invalid(std::string(what) + " must be a Uint8Array or Buffer");
-  auto a = v.As<Napi::Uint8Array>();
-  return {a.Data(), a.ByteLength()};
-}
-
-uint64_t u64_of(const Napi::Value& v, const char* what) {
-  if (v.IsBigInt()) {
-    bool lossless = true;
-    uint64_t x = v.As<Napi::BigInt>().Uint64Value(&lossless);
-    if (!lossless) invalid(std::string(what) + " is out of range");
-    return x;
-  }
-  if (!v.IsNumber()) invalid(std::string(what) + " must be a non-negative integer");
-  const double d = v.As<Napi::Number>().DoubleValue();
-  if (!(d >= 0) || d != double(uint64_t(d)) || d > 9007199254740991.0)
-    invalid(std::string(what) + " must be a non-negative integer");
-  return uint64_t(d);
 }
 
 uint32_t threads_opt(const Napi::Object& o) {
@@ -73,12 +47,6 @@ uint32_t threads_opt(const Napi::Object& o) {
   const uint64_t t = u64_of(o.Get("threads"), "threads");
   if (t < 1 || t > 1024) invalid("threads must be between 1 and 1024");
   return uint32_t(t);
-}
-
-Napi::Object options_of(const Napi::CallbackInfo& info, size_t i) {
-  if (info.Length() <= i || info[i].IsUndefined()) return Napi::Object::New(info.Env());
-  if (!info[i].IsObject()) invalid("options must be an object");
-  return info[i].As<Napi::Object>();
 }
 
 Napi::Value bigsafe(Napi::Env env, uint64_t v) { return Napi::Number::New(env, double(v)); }
@@ -322,7 +290,7 @@ Napi::Value Entropy(const Napi::CallbackInfo& info) {
 
 Napi::Value Gpu(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  const tzip::gpu::Probe p = tzip::gpu::probe();
+  const tzip::gpu::Probe& p = tzip::addon::gpu_probe();
   Napi::Object r = Napi::Object::New(env);
   r.Set("available", p.available);
   r.Set("reason", p.reason);
@@ -385,6 +353,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("formatVersion", Napi::Number::New(env, tzip::kFormatVersion));
   exports.Set("defaultChunkSize", Napi::Number::New(env, tzip::kDefaultChunkBytes));
   exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
+  tzip::addon::register_gpu_codec(env, exports);
+  tzip::addon::register_gpu_memory(env, exports);
+  tzip::addon::register_cuda_ipc(env, exports);
   return exports;
 }
 

@@ -1,0 +1,106 @@
+// Argument parsing and error conversion shared by the addon's N-API files (addon.cpp, addon/*.cpp): byte views,
+// 64-bit integers from number | bigint, options objects, and JavaScript errors with a `.code`.
+#pragma once
+#include <napi.h>
+
+#include <cstdint>
+#include <new>
+#include <string>
+
+#include "addon/coded_error.h"
+#include "errors.h"
+
+namespace tzip::addon {
+
+/// A JavaScript Error with `.code` (and `.needBytes` for truncated headers) from a codec core error.
+inline Napi::Error make_error(Napi::Env env, const tzip::Error& e) {
+  Napi::Error err = Napi::Error::New(env, e.what());
+  err.Set("code", Napi::String::New(env, tzip::error_code_name(e.code())));
+  if (e.need_bytes()) err.Set("needBytes", Napi::Number::New(env, double(e.need_bytes())));
+  return err;
+}
+
+/// A JavaScript Error with `.code` (and `.itemErrors` for batched decodes) from an addon error.
+inline Napi::Error make_error(Napi::Env env, const CodedError& e) {
+  Napi::Error err = Napi::Error::New(env, e.what());
+  err.Set("code", Napi::String::New(env, e.code()));
+  if (!e.item_errors.empty()) {
+    Napi::Array items = Napi::Array::New(env, e.item_errors.size());
+    for (uint32_t i = 0; i < e.item_errors.size(); ++i) items.Set(i, Napi::String::New(env, e.item_errors[i]));
+    err.Set("itemErrors", items);
+  }
+  return err;
+}
+
+/// Runs `f` (a synchronous N-API function body) and turns codec and addon errors into JavaScript exceptions.
+template <class F>
+Napi::Value guarded(Napi::Env env, F&& f) {
+  try {
+    return f();
+  } catch (const tzip::Error& e) {
+    throw make_error(env, e);
+  } catch (const CodedError& e) {
+    throw make_error(env, e);
+  } catch (const std::bad_alloc&) {
+    throw make_error(env, CodedError("TZIP_INVALID_ARGUMENT", "out of memory"));
+  }
+}
+
+[[noreturn]] inline void invalid(const std::string& what) { throw tzip::Error(tzip::ErrorCode::InvalidArgument, what); }
+
+/// A byte view of a Uint8Array/Buffer argument (any offset, any alignment).
+struct Bytes {
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+};
+
+inline Bytes bytes_of(const Napi::Value& v, const char* what) {
+  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    invalid(std::string(what) + " must be a Uint8Array or Buffer");
+  auto a = v.As<Napi::Uint8Array>();
+  return {a.Data(), a.ByteLength()};
+}
+
+/// A non-negative integer from a number (a safe integer) or a bigint (up to 2^64 - 1).
+inline uint64_t u64_of(const Napi::Value& v, const std::string& what) {
+  if (v.IsBigInt()) {
+    bool lossless = true;
+    uint64_t x = v.As<Napi::BigInt>().Uint64Value(&lossless);
+    if (!lossless) invalid(what + " is out of range");
+    return x;
+  }
+  if (!v.IsNumber()) invalid(what + " must be a non-negative integer");
+  const double d = v.As<Napi::Number>().DoubleValue();
+  if (!(d >= 0) || d > 9007199254740991.0 || d != double(uint64_t(d))) invalid(what + " must be a non-negative integer");
+  return uint64_t(d);
+}
+
+/// Argument i as u64_of; TZIP_INVALID_ARGUMENT when it is missing.
+inline uint64_t arg_u64(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i) invalid(std::string(what) + " is required");
+  return u64_of(info[i], what);
+}
+
+/// A signed 32-bit integer from a number.
+inline int32_t i32_of(const Napi::Value& v, const std::string& what) {
+  if (!v.IsNumber()) invalid(what + " must be an integer");
+  const double d = v.As<Napi::Number>().DoubleValue();
+  if (!(d >= -2147483648.0 && d <= 2147483647.0) || d != double(int64_t(d))) invalid(what + " must be a 32-bit integer");
+  return int32_t(d);
+}
+
+/// The options object at argument i ({} when absent).
+inline Napi::Object options_of(const Napi::CallbackInfo& info, size_t i) {
+  if (info.Length() <= i || info[i].IsUndefined()) return Napi::Object::New(info.Env());
+  if (!info[i].IsObject()) invalid("options must be an object");
+  return info[i].As<Napi::Object>();
+}
+
+/// Whether `o.key` is present and neither undefined nor null.
+inline bool has_opt(const Napi::Object& o, const char* key) {
+  if (!o.Has(key)) return false;
+  const Napi::Value v = o.Get(key);
+  return !v.IsUndefined() && !v.IsNull();
+}
+
+}  // namespace tzip::addon

@@ -1,0 +1,227 @@
+// CUDA runtime plumbing of the addon's GPU entry points (see addon/device.h).
+#include "addon/device.h"
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "addon/coded_error.h"
+
+namespace tzip::addon {
+
+namespace {
+
+/// Per-device state, sized to the probe's device count on first use.
+struct Devices {
+  std::mutex mu;
+  std::vector<cudaStream_t> streams;
+  std::vector<std::unique_ptr<std::mutex>> enqueue;
+  std::vector<std::vector<cudaEvent_t>> idle_events;
+};
+
+Devices& devices() {
+  static Devices* d = [] {
+    auto* t = new Devices;  // never destroyed: worker threads may still use it while the process exits
+    const size_t n = gpu_probe().devices.size();
+    t->streams.assign(n, nullptr);
+    t->idle_events.resize(n);
+    for (size_t i = 0; i < n; ++i) t->enqueue.push_back(std::make_unique<std::mutex>());
+    return t;
+  }();
+  return *d;
+}
+
+std::mutex g_pinned_mu;
+std::multimap<size_t, void*>* g_pinned_idle = new std::multimap<size_t, void*>;
+constexpr size_t kMaxIdlePinned = 32;
+
+const char* memory_type_name(cudaMemoryType t) {
+  switch (t) {
+    case cudaMemoryTypeUnregistered: return "not memory CUDA knows of (unregistered host memory or no allocation)";
+    case cudaMemoryTypeHost: return "page-locked host memory";
+    case cudaMemoryTypeDevice: return "device memory";
+    case cudaMemoryTypeManaged: return "managed memory";
+  }
+  return "memory of an unknown kind";
+}
+
+}  // namespace
+
+const gpu::Probe& gpu_probe() {
+  static const gpu::Probe* p = new gpu::Probe(gpu::probe());
+  return *p;
+}
+
+void require_gpu() {
+  const gpu::Probe& p = gpu_probe();
+  if (!p.available) throw CodedError("TZIP_UNSUPPORTED", "no GPU can be used: " + p.reason);
+}
+
+void check_device(int64_t device) {
+  const size_t n = gpu_probe().devices.size();
+  if (device < 0 || uint64_t(device) >= n)
+    throw_invalid("device " + std::to_string(device) + " does not exist: " + std::to_string(n) +
+                  " GPU(s) visible, ordinals 0.." + std::to_string(int64_t(n) - 1));
+}
+
+void cuda_check(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();  // clear a non-sticky error so that later calls start clean
+  throw CodedError("TZIP_CUDA", what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+std::string cuda_error_name_of_text(const std::string& message) {
+  std::string best, best_text;
+  for (int i = 1; i < 1000; ++i) {
+    const cudaError_t e = cudaError_t(i);
+    const std::string name = cudaGetErrorName(e);
+    if (name.rfind("cudaError", 0) != 0) continue;
+    const std::string text = cudaGetErrorString(e);
+    if (text.size() <= best_text.size() || text.size() > message.size()) continue;
+    if (message.compare(message.size() - text.size(), text.size(), text) == 0) {
+      best = name;
+      best_text = text;
+    }
+  }
+  return best;
+}
+
+namespace {
+
+/// cuCtxGetCurrent / cuCtxSetCurrent through the runtime's driver entry points (no link-time libcuda dependency), so
+/// that DeviceScope restores exactly the context that was current, none included, instead of making the previous
+/// device current again (which would create a context on device 0 for a thread that never used it).
+struct ContextApi {
+  int (*get)(void** ctx) = nullptr;
+  int (*set)(void* ctx) = nullptr;
+};
+
+const ContextApi& context_api() {
+  static const ContextApi api = [] {
+    ContextApi a;
+    void* get = nullptr;
+    void* set = nullptr;
+    cudaDriverEntryPointQueryResult qg = cudaDriverEntryPointSymbolNotFound, qs = cudaDriverEntryPointSymbolNotFound;
+    const bool ok = cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &qg) == cudaSuccess &&
+                    cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault, &qs) == cudaSuccess &&
+                    qg == cudaDriverEntryPointSuccess && qs == cudaDriverEntryPointSuccess && get && set;
+    cudaGetLastError();
+    if (ok) {
+      a.get = reinterpret_cast<int (*)(void**)>(get);
+      a.set = reinterpret_cast<int (*)(void*)>(set);
+    }
+    return a;
+  }();
+  return api;
+}
+
+}  // namespace
+
+DeviceScope::DeviceScope(int device) : dev_(device) {
+  const ContextApi& api = context_api();
+  if (api.get && api.get(&saved_ctx_) == 0) {
+    exact_ = true;
+  } else {
+    cuda_check(cudaGetDevice(&prev_), "cudaGetDevice");
+  }
+  cuda_check(cudaSetDevice(dev_), "cudaSetDevice(" + std::to_string(dev_) + ")");
+}
+
+DeviceScope::~DeviceScope() {
+  if (exact_) context_api().set(saved_ctx_);
+  else if (prev_ >= 0 && prev_ != dev_) cudaSetDevice(prev_);
+}
+
+cudaStream_t device_stream(int device) {
+  Devices& d = devices();
+  std::lock_guard<std::mutex> lock(d.mu);
+  cudaStream_t& s = d.streams.at(size_t(device));
+  if (!s) cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return s;
+}
+
+std::mutex& enqueue_mutex(int device) { return *devices().enqueue.at(size_t(device)); }
+
+PinnedBuffer::PinnedBuffer(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    auto it = g_pinned_idle->lower_bound(bytes);
+    if (it != g_pinned_idle->end() && it->first <= 4 * bytes + 4096) {
+      bytes_ = it->first;
+      ptr_ = it->second;
+      g_pinned_idle->erase(it);
+      return;
+    }
+  }
+  size_t size = 4096;
+  while (size < bytes) size *= 2;
+  cuda_check(cudaHostAlloc(&ptr_, size, cudaHostAllocPortable), "cudaHostAlloc(" + std::to_string(size) + " bytes)");
+  bytes_ = size;
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (!ptr_ || poisoned_) return;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    if (g_pinned_idle->size() < kMaxIdlePinned) {
+      g_pinned_idle->emplace(bytes_, ptr_);
+      return;
+    }
+  }
+  cudaFreeHost(ptr_);
+}
+
+CompletionEvent::CompletionEvent(int device) : device_(device) {
+  Devices& d = devices();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    std::vector<cudaEvent_t>& idle = d.idle_events.at(size_t(device));
+    if (!idle.empty()) {
+      ev_ = idle.back();
+      idle.pop_back();
+      return;
+    }
+  }
+  cuda_check(cudaEventCreateWithFlags(&ev_, cudaEventBlockingSync | cudaEventDisableTiming), "cudaEventCreateWithFlags");
+}
+
+CompletionEvent::~CompletionEvent() {
+  if (!ev_) return;
+  Devices& d = devices();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.idle_events.at(size_t(device_)).push_back(ev_);
+}
+
+std::string hex_ptr(uint64_t ptr) {
+  char s[32];
+  std::snprintf(s, sizeof s, "0x%llx", static_cast<unsigned long long>(ptr));
+  return s;
+}
+
+void check_device_range(uint64_t ptr, uint64_t nbytes, int device, const std::string& what) {
+  const std::string span = what + " (" + (nbytes ? std::to_string(nbytes) + " bytes at " : std::string("pointer ")) +
+                           hex_ptr(ptr) + ")";
+  if (ptr == 0) throw_invalid(span + " is a null pointer");
+  if (nbytes && ptr + (nbytes - 1) < ptr) throw_invalid(span + " wraps around the address space");
+  auto check_one = [&](uint64_t p) {
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(static_cast<uintptr_t>(p)));
+    const std::string where = p == ptr ? span : span + ": its last byte " + hex_ptr(p);
+    if (e == cudaErrorInvalidValue) {
+      cudaGetLastError();
+      throw_invalid(where + " is not device memory of device " + std::to_string(device));
+    }
+    cuda_check(e, "cudaPointerGetAttributes");
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+      throw_invalid(where + " is " + memory_type_name(a.type) + ", not device memory of device " + std::to_string(device));
+    if (a.device != device)
+      throw_invalid(where + " is memory of device " + std::to_string(a.device) + ", not of device " +
+                    std::to_string(device) + " (options.device)");
+  };
+  check_one(ptr);
+  if (nbytes > 1) check_one(ptr + nbytes - 1);
+}
+
+}  // namespace tzip::addon

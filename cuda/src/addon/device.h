@@ -1,0 +1,94 @@
+// CUDA runtime plumbing of the addon's GPU entry points: whether a GPU can be used (and why not), device ordinals,
+// making a device current for a call, one non-blocking stream per device, pinned host buffers and completion events
+// for worker threads, pointer ownership checks, and CUDA errors as TZIP_CUDA.
+//
+// The CUDA runtime is linked statically and loads the driver lazily, so everything here works (and says why no GPU is
+// used) on machines without a driver.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "gpu/probe.h"
+
+namespace tzip::addon {
+
+/// The device probe, taken once per process (device ordinals and UUIDs do not change while it runs).
+const gpu::Probe& gpu_probe();
+
+/// Throws TZIP_UNSUPPORTED with the probe's reason when no GPU can be used.
+void require_gpu();
+
+/// Throws TZIP_INVALID_ARGUMENT unless `device` is an ordinal of a visible GPU (call require_gpu() first).
+void check_device(int64_t device);
+
+/// Throws TZIP_CUDA ("<what>: cudaErrorX: text") when e is not cudaSuccess; clears the runtime's last error.
+void cuda_check(cudaError_t e, const std::string& what);
+
+/// "cudaErrorX" for a CUDA runtime error text (as in a tzip::gpu::Status message), or "" when none matches.
+std::string cuda_error_name_of_text(const std::string& message);
+
+/// Makes `device` current for the calling thread (cudaSetDevice) and, when destroyed, restores the context that was
+/// current before, or none: a thread that had no context gets none back, rather than a new one on device 0.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  void* saved_ctx_ = nullptr;  // CUcontext current before (exact_), else prev_ is the device to restore
+  bool exact_ = false;
+  int prev_ = -1, dev_ = -1;
+};
+
+/// The addon's stream of `device` (cudaStreamNonBlocking), created on first use; `device` must be current.
+cudaStream_t device_stream(int device);
+
+/// Held while one call enqueues its work on device_stream(device), so that calls do not interleave.
+std::mutex& enqueue_mutex(int device);
+
+/// Page-locked host memory from a pool, returned to the pool when destroyed (or dropped when `poisoned`).
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* data() const { return ptr_; }
+  /// Never reuse this memory (a copy into it may still be pending after a CUDA failure).
+  void poison() { poisoned_ = true; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  bool poisoned_ = false;
+};
+
+/// An event of the addon (cudaEventBlockingSync | cudaEventDisableTiming) on `device`, from a pool.
+class CompletionEvent {
+ public:
+  explicit CompletionEvent(int device);
+  ~CompletionEvent();
+  CompletionEvent(const CompletionEvent&) = delete;
+  CompletionEvent& operator=(const CompletionEvent&) = delete;
+  cudaEvent_t get() const { return ev_; }
+
+ private:
+  int device_;
+  cudaEvent_t ev_ = nullptr;
+};
+
+/// Throws TZIP_INVALID_ARGUMENT unless [ptr, ptr + nbytes) starts and ends in device memory of `device` (device or
+/// managed memory, CUDA IPC mappings included). `what` names the pointer in the message ("item 3: data").
+/// nbytes == 0 checks only ptr.
+void check_device_range(uint64_t ptr, uint64_t nbytes, int device, const std::string& what);
+
+/// "0x7f12..." for messages.
+std::string hex_ptr(uint64_t ptr);
+
+}  // namespace tzip::addon

@@ -1,0 +1,401 @@
+// gpuCompress / gpuDecompress: one batched call of the GPU codec (gpu/codec.h) per JavaScript call.
+//
+// The JavaScript thread only parses and validates arguments. A libuv worker (AsyncWorker::Execute) then checks that
+// every pointer is device memory of options.device, and enqueues on the addon's non-blocking stream of that device:
+// [wait options.waitEvent] -> tzip::gpu::encode/decode -> copy of the per-item results (frame sizes / error codes) to
+// pinned host memory -> [record options.recordEvent] -> record an event of the addon, which the worker then waits for.
+// The promise settles in OnOK on the JavaScript thread, which never waits for the GPU.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "addon/args.h"
+#include "addon/device.h"
+#include "addon/register.h"
+#include "frame.h"
+#include "gpu/codec.h"
+
+namespace tzip::addon {
+
+namespace {
+
+/// GpuRunOptions (src/native.ts).
+struct RunOptions {
+  int device = 0;
+  int sm_budget = 10;
+  uint32_t chunk = kDefaultChunkBytes;
+  bool verify = true;
+  uint64_t wait_event = 0;    // cudaEvent_t, 0: none
+  uint64_t record_event = 0;  // cudaEvent_t, 0: none
+};
+
+RunOptions run_options(const Napi::Value& v, bool encode) {
+  if (!v.IsObject()) invalid("options must be an object with at least { device }");
+  const Napi::Object o = v.As<Napi::Object>();
+  RunOptions r;
+  if (!has_opt(o, "device")) invalid("options.device is required: the ordinal of the GPU that owns every pointer");
+  r.device = device_of(o.Get("device"), "options.device");
+  if (has_opt(o, "smBudget")) r.sm_budget = i32_of(o.Get("smBudget"), "options.smBudget");
+  if (encode && has_opt(o, "chunkSize")) {
+    const uint64_t c = u64_of(o.Get("chunkSize"), "options.chunkSize");
+    if (c < kMinChunkBytes || c > kMaxChunkBytes || c % kChunkBytesMultiple)
+      invalid("options.chunkSize must be a multiple of 256 between 4096 and 65536 bytes");
+    r.chunk = uint32_t(c);
+  }
+  if (!encode && has_opt(o, "verify")) r.verify = o.Get("verify").ToBoolean().Value();
+  for (const char* key : {"waitEvent", "recordEvent"}) {
+    if (!has_opt(o, key)) continue;
+    const uint64_t ev = u64_of(o.Get(key), std::string("options.") + key);
+    if (!ev) invalid(std::string("options.") + key + " is a null cudaEvent_t");
+    (key[0] == 'w' ? r.wait_event : r.record_event) = ev;
+  }
+  return r;
+}
+
+Napi::Array items_of(const Napi::Value& v, const char* fn) {
+  if (!v.IsArray()) invalid(std::string(fn) + "(items, options): items must be an array");
+  return v.As<Napi::Array>();
+}
+
+Napi::Object item_object(const Napi::Array& items, uint32_t i) {
+  const Napi::Value v = items.Get(i);
+  if (!v.IsObject()) invalid("item " + std::to_string(i) + " must be an object");
+  return v.As<Napi::Object>();
+}
+
+uint64_t field_u64(const Napi::Object& o, const char* key, const std::string& who) {
+  if (!has_opt(o, key)) invalid(who + key + " is required");
+  return u64_of(o.Get(key), who + key);
+}
+
+/// A gpu::Status error as an addon error; CUDA failures get the CUDA error name where the text identifies it.
+CodedError status_error(const gpu::Status& st, const char* fn) {
+  if (st.code == gpu::kCudaError) {
+    const std::string name = cuda_error_name_of_text(st.message);
+    return CodedError("TZIP_CUDA", std::string(fn) + ": " + st.message + (name.empty() ? "" : " (" + name + ")"));
+  }
+  return CodedError(gpu::error_code_name(st.code), std::string(fn) + ": " + st.message);
+}
+
+cudaEvent_t event_of(uint64_t v) { return reinterpret_cast<cudaEvent_t>(static_cast<uintptr_t>(v)); }
+
+/// Enqueues one call on the device's stream and waits for it in the calling (worker) thread:
+/// [wait o.wait_event] enqueue(stream, d_result) [copy result_bytes of d_result to the host] [record o.record_event].
+/// d_result is stream-ordered scratch of result_bytes for the per-item results; host_result receives them.
+void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
+                   const std::function<void(cudaStream_t, void*)>& enqueue) {
+  const cudaStream_t s = device_stream(o.device);
+  PinnedBuffer pinned(result_bytes);
+  CompletionEvent done(o.device);
+  bool copy_pending = false;
+  try {
+    std::lock_guard<std::mutex> lock(enqueue_mutex(o.device));
+    if (o.wait_event) cuda_check(cudaStreamWaitEvent(s, event_of(o.wait_event), 0), "cudaStreamWaitEvent(options.waitEvent)");
+    void* d_result = nullptr;
+    if (result_bytes) cuda_check(cudaMallocAsync(&d_result, result_bytes, s), "cudaMallocAsync");
+    try {
+      enqueue(s, d_result);
+    } catch (...) {
+      if (d_result) cudaFreeAsync(d_result, s);
+      throw;
+    }
+    if (result_bytes) {
+      const cudaError_t e = cudaMemcpyAsync(pinned.data(), d_result, result_bytes, cudaMemcpyDeviceToHost, s);
+      copy_pending = e == cudaSuccess;
+      cudaFreeAsync(d_result, s);
+      cuda_check(e, "cudaMemcpyAsync of the results to the host");
+    }
+    if (o.record_event) cuda_check(cudaEventRecord(event_of(o.record_event), s), "cudaEventRecord(options.recordEvent)");
+    cuda_check(cudaEventRecord(done.get(), s), "cudaEventRecord");
+  } catch (...) {
+    // Work already queued may still write into `pinned`: wait for it, or never reuse that memory.
+    if (copy_pending && cudaStreamSynchronize(s) != cudaSuccess) {
+      cudaGetLastError();
+      pinned.poison();
+    }
+    throw;
+  }
+  const cudaError_t e = cudaEventSynchronize(done.get());
+  if (e != cudaSuccess) {
+    pinned.poison();
+    cuda_check(e, "the GPU work of this call failed (cudaEventSynchronize)");
+  }
+  if (result_bytes) std::memcpy(host_result, pinned.data(), result_bytes);
+}
+
+/// Base of the two workers: a promise, the run options, and an error caught in Execute.
+class GpuWorker : public Napi::AsyncWorker {
+ public:
+  GpuWorker(Napi::Env env, const RunOptions& o)
+      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), opt_(o) {}
+  Napi::Promise Promise() { return deferred_.Promise(); }
+
+  void Execute() override {
+    try {
+      DeviceScope scope(opt_.device);
+      Run();
+    } catch (const CodedError& e) {
+      error_ = std::make_unique<CodedError>(e);
+    } catch (const tzip::Error& e) {
+      error_ = std::make_unique<CodedError>(tzip::error_code_name(e.code()), e.what());
+    } catch (const std::bad_alloc&) {
+      error_ = std::make_unique<CodedError>("TZIP_INVALID_ARGUMENT", "out of memory");
+    } catch (const std::exception& e) {
+      error_ = std::make_unique<CodedError>("TZIP_INTERNAL", std::string("internal error: ") + e.what());
+    }
+  }
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (error_) deferred_.Reject(make_error(env, *error_).Value());
+    else deferred_.Resolve(Result(env));
+  }
+
+ protected:
+  virtual void Run() = 0;
+  virtual Napi::Value Result(Napi::Env env) = 0;
+  Napi::Promise::Deferred deferred_;
+  RunOptions opt_;
+  std::unique_ptr<CodedError> error_;
+};
+
+/// A promise rejected with the error that `f` throws, or `f`'s promise.
+template <class F>
+Napi::Value promise_of(Napi::Env env, F&& f) {
+  try {
+    return f();
+  } catch (const tzip::Error& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(make_error(env, e).Value());
+    return d.Promise();
+  } catch (const CodedError& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(make_error(env, e).Value());
+    return d.Promise();
+  }
+}
+
+// ---------------------------------------------------------------- gpuCompress
+
+struct EncodeSpec {
+  uint64_t data = 0, nbytes = 0, frame = 0, capacity = 0;
+  Dtype dtype = Dtype::U8;
+  uint8_t codec = gpu::kCodecAuto;
+  std::vector<uint64_t> shape;
+};
+
+EncodeSpec encode_spec(const Napi::Object& o, uint32_t i, uint32_t chunk) {
+  const std::string who = "item " + std::to_string(i) + ": ";
+  EncodeSpec s;
+  s.data = field_u64(o, "data", who);
+  s.nbytes = field_u64(o, "nbytes", who);
+  if (!has_opt(o, "dtype") || !o.Get("dtype").IsString()) invalid(who + "dtype must be a safetensors dtype name");
+  const std::string dname = o.Get("dtype").As<Napi::String>().Utf8Value();
+  if (!parse_dtype_name(dname, &s.dtype)) invalid(who + "unknown dtype '" + dname + "' (pass U8 for opaque bytes)");
+  if (has_opt(o, "codec")) {
+    const std::string cname = o.Get("codec").ToString().Utf8Value();
+    Codec c = Codec::RAW;
+    bool is_auto = false;
+    if (!parse_codec_name(cname, &c, &is_auto)) invalid(who + "unknown codec '" + cname + "' (auto, fast, max, bytes, raw)");
+    s.codec = is_auto ? gpu::kCodecAuto : uint8_t(c);
+  }
+  if (!has_opt(o, "shape") || !o.Get("shape").IsArray()) invalid(who + "shape must be an array of dimensions");
+  const Napi::Array sa = o.Get("shape").As<Napi::Array>();
+  if (sa.Length() > kMaxNdim) invalid(who + "at most 32 dimensions are supported");
+  using u128 = unsigned __int128;
+  const u128 kTooBig = u128(~uint64_t(0)) + 1;  // saturated product: can never match nbytes
+  u128 expect = dtype_size(s.dtype);
+  for (uint32_t k = 0; k < sa.Length(); ++k) {
+    s.shape.push_back(u64_of(sa.Get(k), who + "shape entries"));
+    expect = std::min<u128>(expect * s.shape.back(), kTooBig);
+  }
+  if (expect != s.nbytes)
+    invalid(who + "nbytes is " + std::to_string(s.nbytes) + " but dtype " + dname + " and the shape need " +
+            (expect > ~uint64_t(0) ? std::string("more than 2^64") : std::to_string(uint64_t(expect))));
+  if (s.nbytes && !s.data) invalid(who + "data is a null pointer");
+  s.frame = field_u64(o, "frame", who);
+  if (!s.frame) invalid(who + "frame is a null pointer");
+  s.capacity = field_u64(o, "frameCapacity", who);
+  const uint64_t need = max_frame_bytes(s.nbytes, uint32_t(s.shape.size()), chunk);
+  if (s.capacity < need)
+    invalid(who + "frameCapacity " + std::to_string(s.capacity) + " is below maxCompressedSize(" +
+            std::to_string(s.nbytes) + ", " + std::to_string(s.shape.size()) + ", " + std::to_string(chunk) +
+            ") = " + std::to_string(need) + " bytes");
+  return s;
+}
+
+class GpuCompressWorker : public GpuWorker {
+ public:
+  GpuCompressWorker(Napi::Env env, const RunOptions& o, std::vector<EncodeSpec> specs)
+      : GpuWorker(env, o), specs_(std::move(specs)) {}
+
+ protected:
+  void Run() override {
+    const size_t n = specs_.size();
+    std::vector<gpu::EncodeItem> items(n);
+    for (size_t i = 0; i < n; ++i) {
+      const EncodeSpec& s = specs_[i];
+      const std::string who = "gpuCompress: item " + std::to_string(i) + ": ";
+      if (s.nbytes) check_device_range(s.data, s.nbytes, opt_.device, who + "data");
+      check_device_range(s.frame, s.capacity, opt_.device, who + "frame");
+      gpu::EncodeItem& it = items[i];
+      it.data = reinterpret_cast<const void*>(static_cast<uintptr_t>(s.data));
+      it.nbytes = s.nbytes;
+      it.dtype = uint8_t(s.dtype);
+      it.codec = s.codec;
+      it.ndim = uint32_t(s.shape.size());
+      it.shape = s.shape.data();
+      it.frame = reinterpret_cast<void*>(static_cast<uintptr_t>(s.frame));
+    }
+    sizes_.assign(n, 0);
+    run_on_stream(opt_, 8 * n, sizes_.data(), [&](cudaStream_t stream, void* d_sizes) {
+      if (n == 0) return;
+      gpu::EncodeOptions eo;
+      eo.chunk_bytes = opt_.chunk;
+      eo.sm_budget = opt_.sm_budget;
+      eo.stream = stream;
+      const gpu::Status st = gpu::encode(items.data(), n, eo, static_cast<uint64_t*>(d_sizes));
+      if (!st.ok()) throw status_error(st, "gpuCompress");
+    });
+  }
+  Napi::Value Result(Napi::Env env) override {
+    Napi::Array out = Napi::Array::New(env, sizes_.size());
+    for (uint32_t i = 0; i < sizes_.size(); ++i) out.Set(i, Napi::BigInt::New(env, sizes_[i]));
+    return out;
+  }
+
+ private:
+  std::vector<EncodeSpec> specs_;
+  std::vector<uint64_t> sizes_;
+};
+
+Napi::Value GpuCompress(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return promise_of(env, [&]() -> Napi::Value {
+    require_gpu();
+    if (info.Length() < 2) invalid("gpuCompress(items, options) needs items and options");
+    const Napi::Array items = items_of(info[0], "gpuCompress");
+    const RunOptions o = run_options(info[1], true);
+    std::vector<EncodeSpec> specs;
+    specs.reserve(items.Length());
+    for (uint32_t i = 0; i < items.Length(); ++i) specs.push_back(encode_spec(item_object(items, i), i, o.chunk));
+    auto* w = new GpuCompressWorker(env, o, std::move(specs));
+    Napi::Promise p = w->Promise();
+    w->Queue();
+    return p;
+  });
+}
+
+// ---------------------------------------------------------------- gpuDecompress
+
+struct DecodeSpec {
+  uint64_t frame = 0, frame_bytes = 0, out = 0, out_bytes = 0;
+};
+
+DecodeSpec decode_spec(const Napi::Object& o, uint32_t i) {
+  const std::string who = "item " + std::to_string(i) + ": ";
+  DecodeSpec s;
+  s.frame = field_u64(o, "frame", who);
+  s.frame_bytes = field_u64(o, "frameBytes", who);
+  s.out = field_u64(o, "out", who);
+  s.out_bytes = field_u64(o, "outBytes", who);
+  if (!s.frame) invalid(who + "frame is a null pointer");
+  if (!s.out && s.out_bytes) invalid(who + "out is a null pointer");
+  return s;
+}
+
+/// What a per-frame error code of the GPU decoder means, for messages.
+const char* decode_error_text(const std::string& code) {
+  if (code == "TZIP_CORRUPT") return "corrupt frame";
+  if (code == "TZIP_TRUNCATED") return "truncated frame (frameBytes is less than the frame's size)";
+  if (code == "TZIP_CHECKSUM") return "checksum mismatch: the decoded bytes do not match the frame's digests";
+  if (code == "TZIP_UNSUPPORTED") return "unsupported frame (newer format version or unknown flags)";
+  if (code == "TZIP_INVALID_ARGUMENT") return "outBytes differs from the frame's nbytes";
+  return "the GPU decoder failed";
+}
+
+class GpuDecompressWorker : public GpuWorker {
+ public:
+  GpuDecompressWorker(Napi::Env env, const RunOptions& o, std::vector<DecodeSpec> specs)
+      : GpuWorker(env, o), specs_(std::move(specs)) {}
+
+ protected:
+  void Run() override {
+    const size_t n = specs_.size();
+    std::vector<gpu::DecodeItem> items(n);
+    for (size_t i = 0; i < n; ++i) {
+      const DecodeSpec& s = specs_[i];
+      const std::string who = "gpuDecompress: item " + std::to_string(i) + ": ";
+      check_device_range(s.frame, s.frame_bytes, opt_.device, who + "frame");
+      if (s.out_bytes) check_device_range(s.out, s.out_bytes, opt_.device, who + "out");
+      gpu::DecodeItem& it = items[i];
+      it.frame = reinterpret_cast<const void*>(static_cast<uintptr_t>(s.frame));
+      it.frame_bytes = s.frame_bytes;
+      it.out = reinterpret_cast<void*>(static_cast<uintptr_t>(s.out));
+      it.out_bytes = s.out_bytes;
+    }
+    std::vector<int32_t> codes(n, 0);
+    run_on_stream(opt_, 4 * n, codes.data(), [&](cudaStream_t stream, void* d_errors) {
+      if (n == 0) return;
+      gpu::DecodeOptions dopt;
+      dopt.sm_budget = opt_.sm_budget;
+      dopt.verify = opt_.verify;
+      dopt.stream = stream;
+      const gpu::Status st = gpu::decode(items.data(), n, dopt, static_cast<int32_t*>(d_errors));
+      if (!st.ok()) throw status_error(st, "gpuDecompress");
+    });
+    std::vector<std::string> names(n);
+    std::vector<size_t> failed;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t c = codes[i];
+      if (c == gpu::kOk) continue;
+      names[i] = c == gpu::kCudaError || c < gpu::kInvalidArgument || c > gpu::kCudaError ? "TZIP_CUDA"
+                                                                                          : gpu::error_code_name(c);
+      failed.push_back(i);
+    }
+    if (failed.empty()) return;
+    const size_t first = failed.front();
+    std::string msg = "gpuDecompress: item " + std::to_string(first) + " of " + std::to_string(n) + ": " +
+                      names[first] + ": " + decode_error_text(names[first]);
+    if (failed.size() > 1) {
+      msg += " (" + std::to_string(failed.size()) + " items failed:";
+      for (size_t k = 0; k < failed.size() && k < 16; ++k) msg += " " + std::to_string(failed[k]);
+      msg += failed.size() > 16 ? " ...)" : ")";
+    }
+    CodedError err(names[first], msg);
+    err.item_errors = std::move(names);
+    throw err;
+  }
+  Napi::Value Result(Napi::Env env) override { return env.Undefined(); }
+
+ private:
+  std::vector<DecodeSpec> specs_;
+};
+
+Napi::Value GpuDecompress(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return promise_of(env, [&]() -> Napi::Value {
+    require_gpu();
+    if (info.Length() < 2) invalid("gpuDecompress(items, options) needs items and options");
+    const Napi::Array items = items_of(info[0], "gpuDecompress");
+    const RunOptions o = run_options(info[1], false);
+    std::vector<DecodeSpec> specs;
+    specs.reserve(items.Length());
+    for (uint32_t i = 0; i < items.Length(); ++i) specs.push_back(decode_spec(item_object(items, i), i));
+    auto* w = new GpuDecompressWorker(env, o, std::move(specs));
+    Napi::Promise p = w->Promise();
+    w->Queue();
+    return p;
+  });
+}
+
+}  // namespace
+
+void register_gpu_codec(Napi::Env env, Napi::Object exports) {
+  exports.Set("gpuCompress", Napi::Function::New(env, GpuCompress));
+  exports.Set("gpuDecompress", Napi::Function::New(env, GpuDecompress));
+}
+
+}  // namespace tzip::addon
