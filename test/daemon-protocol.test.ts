@@ -17,6 +17,17 @@ function parse(value: unknown) {
   return parseRequest(packr.pack(value), limits);
 }
 
+/** PyTorch's shareable handle of a cudaMalloc'd allocation: [version 2]["c"] + 64 bytes. */
+const CUDA_HANDLE = Buffer.concat([Buffer.from([2, 0x63]), Buffer.alloc(64, 7)]);
+
+function cudaData(extra: Record<string, unknown> = {}) {
+  return { kind: 'cuda_ipc', device_uuid: 'GPU-1', handle: CUDA_HANDLE, offset: 0, size: 12, ref_counter_handle: Buffer.from('/torch_1_2_3'), ref_counter_offset: 0, ...extra };
+}
+
+function gpuTensor(data: Record<string, unknown> = {}) {
+  return { device: { type: 2, id: 0 }, dtype: { code: 4, bits: 16, lanes: 1 }, shape: [2, 3], byte_offset: 0, data: cudaData(data) };
+}
+
 function shmTensor(extra: Record<string, unknown> = {}) {
   return {
     device: { type: 1, id: 0 },
@@ -42,14 +53,15 @@ describe('parseRequest accepts every op', () => {
     { id: 10, op: 'stats', sid: SID },
     { id: 11, op: 'shutdown', sid: SID },
     {
-      id: 12, op: 'compress', sid: SID, tensors: [{
-        tensor: shmTensor({
-          device: { type: 2, id: 0 },
-          data: { kind: 'cuda_ipc', device_uuid: 'GPU-1', handle: Buffer.alloc(64), offset: 0, size: 12, event_handle: null, event_sync_required: false },
-        }),
-        out: { kind: 'shm', name: 'tzip-1-0123abcd-a1', offset: 0, size: 200 },
+      id: 12, op: 'compress', sid: SID, wait_event: Buffer.alloc(64, 1), tensors: [{
+        tensor: gpuTensor(),
+        out: cudaData({ offset: 64, size: 200 }),
       }],
     },
+    { id: 13, op: 'decompress', sid: SID, wait_event: null, frames: [{ frame: cudaData({ ref_counter_handle: null }), out: gpuTensor({ device_index: 3 }) }] },
+    // an expandable-segment handle is valid protocol (the daemon refuses it with an explanation)
+    { id: 14, op: 'compress', sid: SID, tensors: [{ tensor: gpuTensor({ handle: Buffer.from([2, 0x65, 1, 2, 3]) }), out: cudaData() }] },
+    { id: 15, op: 'release', sid: SID, handles: [CUDA_HANDLE] },
   ];
   for (const msg of valid) {
     it(`${String(msg.op)} #${String(msg.id)}`, () => {
@@ -82,6 +94,15 @@ describe('parseRequest refuses', () => {
     ['an unknown codec', { id: 1, op: 'compress', sid: SID, codec: 'zip', tensors: [] }, 'TZIP_PROTOCOL'],
     ['a chunk size out of range', { id: 1, op: 'compress', sid: SID, chunk_size: 100, tensors: [] }, 'TZIP_PROTOCOL'],
     ['65 dimensions', { id: 1, op: 'compress', sid: SID, tensors: [{ tensor: shmTensor({ shape: new Array(65).fill(1) }), out: { kind: 'shm', name: 'a', offset: 0, size: 1 } }] }, 'TZIP_PROTOCOL'],
+    ['a bare 64-byte CUDA handle', { id: 1, op: 'compress', sid: SID, tensors: [{ tensor: gpuTensor({ handle: Buffer.alloc(64) }), out: cudaData() }] }, 'TZIP_PROTOCOL'],
+    ['a kind "c" handle of 65 bytes', { id: 1, op: 'compress', sid: SID, tensors: [{ tensor: gpuTensor({ handle: CUDA_HANDLE.subarray(0, 65) }), out: cudaData() }] }, 'TZIP_PROTOCOL'],
+    ['an unknown handle version', { id: 1, op: 'compress', sid: SID, tensors: [{ tensor: gpuTensor({ handle: Buffer.concat([Buffer.from([9]), CUDA_HANDLE.subarray(1)]) }), out: cudaData() }] }, 'TZIP_PROTOCOL'],
+    ['an unknown shareable kind', { id: 1, op: 'compress', sid: SID, tensors: [{ tensor: gpuTensor({ handle: Buffer.concat([Buffer.from([2, 0x78]), Buffer.alloc(64)]) }), out: cudaData() }] }, 'TZIP_PROTOCOL'],
+    ['a handle as a string', { id: 1, op: 'compress', sid: SID, tensors: [{ tensor: gpuTensor({ handle: 'x'.repeat(66) }), out: cudaData() }] }, 'TZIP_PROTOCOL'],
+    ['PyTorch\'s per-share event fields', { id: 1, op: 'compress', sid: SID, tensors: [{ tensor: gpuTensor({ event_handle: null, event_sync_required: false }), out: cudaData() }] }, 'TZIP_PROTOCOL'],
+    ['a wait_event of 63 bytes', { id: 1, op: 'compress', sid: SID, wait_event: Buffer.alloc(63), tensors: [] }, 'TZIP_PROTOCOL'],
+    ['a ref counter that is a path', { id: 1, op: 'compress', sid: SID, tensors: [{ tensor: gpuTensor({ ref_counter_handle: Buffer.from('/../x') }), out: cudaData() }] }, 'TZIP_PROTOCOL'],
+    ['a release of a bad handle', { id: 1, op: 'release', sid: SID, handles: [Buffer.alloc(3)] }, 'TZIP_PROTOCOL'],
   ];
   for (const [what, value, code] of cases) {
     it(what, () => {

@@ -190,19 +190,50 @@ def test_other_clients_memory_is_refused(shared_daemon, files):
         b.close()
 
 
+def cuda_handle(pid: int, kind: bytes = b"c", uuid: str = "GPU-00000000-0000-0000-0000-000000000000", size: int = 2048,
+                payload: bytes = b"\x01" * 64, offset: int = 0) -> dict:
+    """A cuda_ipc handle as the Python client sends it (PyTorch's [version][kind] + cudaIpcMemHandle_t)."""
+    return {"kind": "cuda_ipc", "device_uuid": uuid, "device_index": 0, "handle": b"\x02" + kind + payload, "offset": offset,
+            "size": size, "ref_counter_handle": f"/torch_{pid}_123_0".encode(), "ref_counter_offset": 0}
+
+
+def gpu_tensor(data: dict, shape=(1024,), code=4, bits=16) -> dict:
+    return {"device": {"type": 2, "id": 0}, "dtype": {"code": code, "bits": bits, "lanes": 1}, "shape": list(shape),
+            "byte_offset": 0, "data": data}
+
+
 def test_gpu_handles_get_a_clear_error(conn, files):
+    """Works on a daemon with or without GPUs: none of these can be served, each gets its own error."""
     name = files("cpu", 8192)
-    gpu = {"device": {"type": 2, "id": 0}, "dtype": {"code": 4, "bits": 16, "lanes": 1}, "shape": [1024], "byte_offset": 0,
-           "data": {"kind": "cuda_ipc", "device_uuid": "GPU-00000000-0000-0000-0000-000000000000", "device_index": 0,
-                    "handle": b"\x01" * 64, "offset": 0, "size": 2048, "ref_counter_handle": b"/torch_1_2_3",
-                    "ref_counter_offset": 0, "event_handle": b"\x02" * 64, "event_sync_required": True}}
-    r = conn.call("compress", tensors=[{"tensor": gpu, "out": out(name, 0, 4096)}])
-    assert_error(r, "TZIP_UNSUPPORTED", contains="GPU build")
+    unknown = gpu_tensor(cuda_handle(conn.pid))
+    r = conn.call("compress", tensors=[{"tensor": unknown, "out": cuda_handle(conn.pid, payload=b"\x03" * 64)}])
+    assert_error(r, "TZIP_NO_DEVICE")
+    assert "no usable GPU" in r["error"]["message"] or "not visible" in r["error"]["message"], r
+    assert r["error"]["index"] == 0
+    # PyTorch's expandable segments: refused with the ways out, before anything else
+    r = conn.call("compress", tensors=[{"tensor": gpu_tensor(cuda_handle(conn.pid, kind=b"e", payload=b"\x00" * 20)),
+                                        "out": cuda_handle(conn.pid)}])
+    assert_error(r, "TZIP_UNSUPPORTED", contains="expandable_segments")
+    # memory another process shared (its PyTorch ref counter names its pid)
+    other = cuda_handle(1)
+    r = conn.call("compress", tensors=[{"tensor": gpu_tensor(other), "out": cuda_handle(conn.pid)}])
+    assert_error(r, "TZIP_HANDLE", contains="another process")
+    # CPU and GPU memory in one request
     cpu_desc_on_gpu = {**tensor(name), "device": {"type": 2, "id": 0}}
     r = conn.call("compress", tensors=[{"tensor": cpu_desc_on_gpu, "out": out(name, 4096, 4096)}])
-    assert_error(r, "TZIP_UNSUPPORTED", contains="GPU build")
-    r = conn.call("compress", tensors=[{"tensor": tensor(name), "out": gpu["data"]}])
-    assert_error(r, "TZIP_UNSUPPORTED", contains="GPU build")
+    assert_error(r, "TZIP_INVALID_ARGUMENT", contains="all on one GPU")
+    r = conn.call("compress", tensors=[{"tensor": tensor(name), "out": cuda_handle(conn.pid)}])
+    assert_error(r, "TZIP_INVALID_ARGUMENT", contains="all on one GPU")
+    r = conn.call("decompress", frames=[{"frame": cuda_handle(conn.pid), "out": tensor(name)}])
+    assert_error(r, "TZIP_INVALID_ARGUMENT", contains="all on one GPU")
+    # malformed handles and events are protocol errors
+    for bad in [b"\x01" * 64, b"\x02c" + b"\x01" * 63, b"\x09c" + b"\x01" * 64, b"\x02z" + b"\x01" * 64]:
+        r = conn.call("compress", tensors=[{"tensor": gpu_tensor({**cuda_handle(conn.pid), "handle": bad}), "out": cuda_handle(conn.pid)}])
+        assert_error(r, "TZIP_PROTOCOL", contains="handle")
+    r = conn.call("compress", wait_event=b"\x00" * 10, tensors=[{"tensor": unknown, "out": cuda_handle(conn.pid)}])
+    assert_error(r, "TZIP_PROTOCOL", contains="wait_event")
+    r = conn.call("release", handles=[b"\x02c" + b"\x01" * 64])
+    assert r["ok"] and r["released"] == 0
     assert conn.alive()
 
 

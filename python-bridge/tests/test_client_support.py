@@ -32,11 +32,13 @@ def _newest(path: Path) -> float:
 
 
 def ensure_built() -> None:
-    """Compiles the TypeScript (tsc) when dist/ is missing or older than src/ (scripts/setup.sh normally does it)."""
-    if MAIN.exists() and _newest(ROOT / "dist" / "src") >= _newest(ROOT / "src"):
+    """Compiles the TypeScript (tsc) when dist/ is missing or older than src/ (scripts/setup.sh normally does it).
+    Where there is no TypeScript compiler (a GPU host with production node_modules only), a dist/ that exists is used
+    as it is (it was built where the sources were)."""
+    tsc = ROOT / "node_modules" / "typescript" / "bin" / "tsc"
+    if MAIN.exists() and (not tsc.exists() or _newest(ROOT / "dist" / "src") >= _newest(ROOT / "src")):
         return
-    subprocess.run([NODE, str(ROOT / "node_modules" / "typescript" / "bin" / "tsc"), "-p", str(ROOT / "tsconfig.json")],
-                   check=True, cwd=ROOT)
+    subprocess.run([NODE, str(tsc), "-p", str(ROOT / "tsconfig.json")], check=True, cwd=ROOT)
 
 
 class DaemonProcess:

@@ -3,8 +3,8 @@
 tzip compresses the raw bytes of tensors -- bf16/fp16/fp32 model weights and gradients, and any other
 safetensors dtype -- without losing a bit: a decompressed tensor is byte-identical to the original. Floating-point
 data is coded field by field (docs/format.md). The codec lives in the tzip daemon (``tzip serve``); this package
-talks to it over ZeroMQ and hands it shared-memory handles, so tensor bytes never cross the socket
-(docs/protocol.md)::
+talks to it over ZeroMQ and hands it shared-memory handles (CPU tensors) or CUDA IPC handles (GPU tensors, which
+stay on their GPU), so tensor bytes never cross the socket (docs/protocol.md)::
 
     import tzip
     client = tzip.connect()            # starts a daemon if none runs
@@ -14,9 +14,10 @@ talks to it over ZeroMQ and hands it shared-memory handles, so tensor bytes neve
 Also here: the demo inputs (:mod:`tzip.demo_data`) and a pure-Python reference decoder (:mod:`tzip.reference`).
 """
 
-from .client import Client, DaemonUnavailableError, TzipDaemonError, connect
+from .client import Client, DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError, connect
 from .compressed import CompressedTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "CompressedTensor", "DaemonUnavailableError", "TzipDaemonError", "connect", "__version__"]
+__all__ = ["Client", "CompressedTensor", "DaemonUnavailableError", "DeviceUnavailableError", "TzipDaemonError", "connect",
+           "__version__"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TzipDaemonError", "DaemonUnavailableError", "DaemonSpawnError"]
+__all__ = ["TzipDaemonError", "DaemonUnavailableError", "DaemonSpawnError", "DeviceUnavailableError"]
 
 
 class TzipDaemonError(RuntimeError):
@@ -26,3 +26,10 @@ class DaemonUnavailableError(ConnectionError):
 
 class DaemonSpawnError(DaemonUnavailableError):
     """Starting a tzip daemon failed (node or the CLI missing, or the daemon exited at once)."""
+
+
+class DeviceUnavailableError(TzipDaemonError):
+    """The daemon cannot serve this GPU (it has no GPU, or does not see this one): code ``TZIP_NO_DEVICE``.
+
+    Raised by ``strict=True`` clients when they would otherwise store CUDA tensors uncompressed.
+    """

@@ -1,6 +1,6 @@
 """Benchmark of the daemon path: round-trip overhead and throughput through `tzip serve` vs the addon called directly.
 
-    python -m tzip.bench_daemon [--socket PATH] [--n 5000] [--repeat 5] [--json]
+    python -m tzip.bench_daemon [--socket PATH] [--n 5000] [--repeat 5] [--json] [--cuda]
 
 Measures, on this machine:
 
@@ -14,6 +14,12 @@ Measures, on this machine:
   called directly from Node (the same bytes, the same default thread count; into a reused output buffer).
   Medians of ``--repeat`` runs; the daemon cases run interleaved, the direct runs before and after them
   (pooled), so that changes of machine load hit both alike.
+
+With ``--cuda`` the same on the GPU (cuda:0): the round trips of an empty request and of a 1-element CUDA
+tensor, the 25 MB bucket and the 200 parameters as CUDA tensors through the daemon (CUDA IPC handles, the
+tensors staying on the GPU; timed to the end of the work queued on the stream), against the addon's
+gpuCompress/gpuDecompress called directly from a Node process on the same GPU (device buffers allocated once,
+one batched call for the 200 parameters; default SM budget in both).
 
 Unless ``--socket`` is given, a private daemon is started for the run and stopped afterwards.
 """
@@ -75,6 +81,70 @@ const now = () => Number(process.hrtime.bigint()) / 1e9;
   out.threads = addon.defaultThreads;
   process.stdout.write(JSON.stringify(out));
 })();
+"""
+
+
+_NODE_GPU_DIRECT = r"""
+const fs = require('fs');
+const addon = require(process.argv[1]);
+const [uuid, bucketPath, batchPath, repeat, n] = [process.argv[2], process.argv[3], process.argv[4], Number(process.argv[5]), Number(process.argv[6])];
+const norm = (u) => u.toLowerCase().replace(/^(gpu|mig)-/, '');
+const dev = addon.gpuDevices().find((d) => norm(d.uuid) === norm(uuid));
+if (!dev) { process.stderr.write(`no GPU ${uuid} visible to the addon\n`); process.exit(2); }
+const device = dev.ordinal;
+const now = () => Number(process.hrtime.bigint()) / 1e9;
+const upload = (buf) => { const p = addon.gpuAlloc(device, buf.length); addon.gpuCopyToDevice(p, buf, device); return p; };
+const bound = (nbytes, ndim) => addon.maxCompressedSize(nbytes, ndim);
+(async () => {
+  const out = { device, name: dev.name };
+  const bucket = fs.readFileSync(bucketPath);
+  const sizes = JSON.parse(fs.readFileSync(batchPath + '.json', 'utf8'));
+  const batch = fs.readFileSync(batchPath);
+  // one element
+  const one = upload(Buffer.from([0x80, 0x3f]));
+  const oneFrame = addon.gpuAlloc(device, bound(2, 1));
+  const oneBack = addon.gpuAlloc(device, 2);
+  let t = [];
+  let sz;
+  for (let i = 0; i < n + 200; i++) {
+    const s = now();
+    sz = await addon.gpuCompress([{ data: one, nbytes: 2, dtype: 'BF16', shape: [1], frame: oneFrame, frameCapacity: bound(2, 1) }], { device });
+    if (i >= 200) t.push(now() - s);
+  }
+  out.one_compress_s = t; t = [];
+  for (let i = 0; i < n + 200; i++) {
+    const s = now();
+    await addon.gpuDecompress([{ frame: oneFrame, frameBytes: sz[0], out: oneBack, outBytes: 2 }], { device });
+    if (i >= 200) t.push(now() - s);
+  }
+  out.one_decompress_s = t; t = [];
+  // the bucket
+  const b = upload(bucket);
+  const bFrame = addon.gpuAlloc(device, bound(bucket.length, 1));
+  const bBack = addon.gpuAlloc(device, bucket.length);
+  const bItem = { data: b, nbytes: bucket.length, dtype: 'BF16', shape: [bucket.length / 2], frame: bFrame, frameCapacity: bound(bucket.length, 1) };
+  await addon.gpuCompress([bItem], { device });
+  for (let i = 0; i < repeat; i++) { const s = now(); sz = await addon.gpuCompress([bItem], { device }); t.push(now() - s); }
+  out.bucket_compress_s = t; out.bucket_frame_bytes = Number(sz[0]); t = [];
+  const bDec = [{ frame: bFrame, frameBytes: sz[0], out: bBack, outBytes: bucket.length }];
+  await addon.gpuDecompress(bDec, { device });
+  for (let i = 0; i < repeat; i++) { const s = now(); await addon.gpuDecompress(bDec, { device }); t.push(now() - s); }
+  out.bucket_decompress_s = t; t = [];
+  // 200 parameters, one batched call
+  const items = []; let off = 0;
+  for (const k of sizes) {
+    const part = batch.subarray(off, off + k * 2); off += k * 2;
+    items.push({ data: upload(part), nbytes: part.length, dtype: 'BF16', shape: [k], frame: addon.gpuAlloc(device, bound(part.length, 1)), frameCapacity: bound(part.length, 1) });
+  }
+  let fs_ = await addon.gpuCompress(items, { device });
+  for (let i = 0; i < repeat; i++) { const s = now(); fs_ = await addon.gpuCompress(items, { device }); t.push(now() - s); }
+  out.batch_compress_s = t; out.batch_frame_bytes = fs_.reduce((a, x) => a + Number(x), 0); t = [];
+  const dec = items.map((it, j) => ({ frame: it.frame, frameBytes: fs_[j], out: addon.gpuAlloc(device, Number(it.nbytes)), outBytes: it.nbytes }));
+  await addon.gpuDecompress(dec, { device });
+  for (let i = 0; i < repeat; i++) { const s = now(); await addon.gpuDecompress(dec, { device }); t.push(now() - s); }
+  out.batch_decompress_s = t;
+  process.stdout.write(JSON.stringify(out));
+})().catch((e) => { process.stderr.write(String(e && e.stack || e) + '\n'); process.exit(1); });
 """
 
 
@@ -173,6 +243,141 @@ def _direct(bucket: torch.Tensor, params: list[torch.Tensor], repeat: int) -> di
         Path(ppath + ".json").write_text(json.dumps([p.numel() for p in params]))
         out = subprocess.run([node, "-e", _NODE_DIRECT, str(addon), bpath, ppath, str(repeat)], capture_output=True, check=True)
         return json.loads(out.stdout)
+
+
+def _direct_gpu(uuid: str, bucket: torch.Tensor, params: list[torch.Tensor], repeat: int, n: int) -> dict:
+    node, _ = cli_command()
+    addon = ROOT / "build" / "Release" / "tzip.node"
+    with tempfile.TemporaryDirectory(prefix="tzip-bench-") as d:
+        bpath, ppath = os.path.join(d, "bucket.bin"), os.path.join(d, "batch.bin")
+        bucket.cpu().view(torch.int16).numpy().tofile(bpath)
+        torch.cat([p.reshape(-1).cpu() for p in params]).view(torch.int16).numpy().tofile(ppath)
+        Path(ppath + ".json").write_text(json.dumps([p.numel() for p in params]))
+        out = subprocess.run([node, "-e", _NODE_GPU_DIRECT, str(addon), uuid, bpath, ppath, str(repeat), str(n)],
+                             capture_output=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"the direct GPU addon run failed: {out.stderr.decode(errors='replace')[-2000:]}")
+        return json.loads(out.stdout)
+
+
+def _timed_cuda(fn, n: int, warmup: int = 200) -> dict[str, float]:
+    """Round trips of ``fn`` timed to the end of the work it queued on the current stream."""
+    def once():
+        fn()
+        torch.cuda.current_stream().synchronize()
+
+    return _timed(once, n, warmup)
+
+
+def _median_times_cuda(fns: dict, repeat: int) -> dict[str, float]:
+    def synced(fn):
+        def run_():
+            fn()
+            torch.cuda.current_stream().synchronize()
+        return run_
+
+    return _median_times({k: synced(f) for k, f in fns.items()}, repeat)
+
+
+def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
+    """The GPU measurements (see the module docstring)."""
+    from ._cuda import device_uuid
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--cuda: no CUDA GPU visible to PyTorch")
+    result: dict = {"machine": f"{platform.node()}, {torch.cuda.get_device_name(0)}, Python {platform.python_version()}, torch {torch.__version__}"}
+    tmp = None
+    daemon = None
+    if socket is None:
+        tmp = tempfile.TemporaryDirectory(prefix="tzip-bench-")
+        socket = os.path.join(tmp.name, "d", "tzip.sock")
+        daemon = subprocess.Popen([*cli_command(), "serve", "--socket", socket], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        daemon.stdout.readline()
+    try:
+        client = Client(socket, spawn=False, strict=True)
+        if not client.daemon_info.get("gpu"):
+            raise SystemExit(f"--cuda: the daemon serves no GPU ({client.daemon_info.get('gpu_reason')})")
+        handing = Client(socket, spawn=False, strict=True, gpu_share_min_bytes=0)
+        bucket_h, params_h, source = _inputs()
+        result["input"] = source
+        bucket = bucket_h.cuda()
+        params = [p.cuda() for p in params_h]
+        result["empty_request"] = _timed(lambda: client._call("heartbeat", {}), n)
+        one = torch.ones(1, dtype=torch.bfloat16, device="cuda")
+        ct_one = client.compress(one)
+        result["compress_1_element"] = _timed_cuda(lambda: client.compress(one), n)
+        result["decompress_1_element"] = _timed_cuda(lambda: client.decompress(ct_one), n)
+        result["compress_1_element_handed_over"] = _timed_cuda(lambda: handing.compress(one), n)
+
+        ct = client.compress(bucket)
+        out_bucket = torch.empty_like(bucket)
+        cts = client.compress(params)
+        torch.cuda.synchronize()
+        direct_runs = [_direct_gpu(device_uuid(0), bucket, params, repeat, n)]
+        daemon_t = _median_times_cuda({
+            "bucket_compress": lambda: client.compress(bucket),
+            "bucket_decompress": lambda: client.decompress(ct),
+            "bucket_decompress_into": lambda: client.decompress(ct, out=out_bucket),
+            "batch_compress": lambda: client.compress(params),
+            "batch_compress_handed_over": lambda: handing.compress(params),
+            "batch_decompress": lambda: client.decompress(cts),
+            "batch_decompress_handed_over": lambda: handing.decompress(cts),
+        }, repeat)
+        direct_runs.append(_direct_gpu(device_uuid(0), bucket, params, repeat, n))
+        direct = {k: (median(direct_runs[0][k] + direct_runs[1][k]) if isinstance(direct_runs[0][k], list) else direct_runs[0][k])
+                  for k in direct_runs[0] if not k.startswith("one_")}
+        for k in ("one_compress_s", "one_decompress_s"):
+            direct[k] = _percentiles(direct_runs[0][k] + direct_runs[1][k])
+        pbytes = sum(p.numel() for p in params) * 2
+        result["bucket"] = {"bytes": bucket.numel() * 2, "frame_bytes": ct.payload.numel(), "ratio": ct.ratio, "codec": ct.codec,
+                            **{f"daemon_{k.removeprefix('bucket_')}_s": v for k, v in daemon_t.items() if k.startswith("bucket_")},
+                            "direct_compress_s": direct["bucket_compress_s"], "direct_decompress_s": direct["bucket_decompress_s"]}
+        result["batch"] = {"tensors": len(params), "bytes": pbytes, "frame_bytes": sum(c.payload.numel() for c in cts),
+                           **{f"daemon_{k.removeprefix('batch_')}_s": v for k, v in daemon_t.items() if k.startswith("batch_")},
+                           "direct_compress_s": direct["batch_compress_s"], "direct_decompress_s": direct["batch_decompress_s"]}
+        result["direct"] = direct
+        result["gb"] = {"bucket": bucket.numel() * 2 / 1e9, "batch": pbytes / 1e9}
+        handing.close()
+        client.close()
+    finally:
+        if daemon is not None:
+            daemon.terminate()
+            daemon.wait(10)
+        if tmp is not None:
+            tmp.cleanup()
+    return result
+
+
+def _report_cuda(r: dict) -> str:
+    lines = [f"GPU: {r['machine']}; device buffers, default SM budget", f"input: {r['input']}", ""]
+    lines.append("round trips (ipc://, to the end of the stream's work)     p50 us    p99 us")
+    d = r["direct"]
+    rows = [("empty request (heartbeat)", r["empty_request"]),
+            ("compress 1-element bf16 CUDA tensor (staged)", r["compress_1_element"]),
+            ("compress 1-element bf16 CUDA tensor (handed over)", r["compress_1_element_handed_over"]),
+            ("decompress 1-element bf16 CUDA tensor", r["decompress_1_element"]),
+            ("direct addon: gpuCompress of 1 element", {"p50_us": d["one_compress_s"]["p50_us"], "p99_us": d["one_compress_s"]["p99_us"]}),
+            ("direct addon: gpuDecompress of 1 element", {"p50_us": d["one_decompress_s"]["p50_us"], "p99_us": d["one_decompress_s"]["p99_us"]})]
+    for name, v in rows:
+        lines.append(f"  {name:<56}{v['p50_us']:8.1f}  {v['p99_us']:8.1f}")
+    lines.append("")
+    lines.append("throughput (GB/s = 1e9 original bytes / s; median)            daemon   direct addon")
+    b, bt, gb = r["bucket"], r["batch"], r["gb"]
+
+    def row(name: str, nbytes_gb: float, daemon_s: float, direct_s: float | None = None) -> str:
+        direct_txt = f"{nbytes_gb / direct_s:9.2f}" if direct_s else ""
+        return f"  {name:<60}{nbytes_gb / daemon_s:7.2f}  {direct_txt}"
+
+    lines.append(row("25 MB bf16 bucket, compress (handed over)", gb["bucket"], b["daemon_compress_s"], b["direct_compress_s"]))
+    lines.append(row("25 MB bf16 bucket, decompress (new tensor)", gb["bucket"], b["daemon_decompress_s"], b["direct_decompress_s"]))
+    lines.append(row("25 MB bf16 bucket, decompress (into out=)", gb["bucket"], b["daemon_decompress_into_s"]))
+    mb = bt["bytes"] / 1e6
+    lines.append(row(f"{bt['tensors']} params ({mb:.1f} MB), compress (staged)", gb["batch"], bt["daemon_compress_s"], bt["direct_compress_s"]))
+    lines.append(row(f"{bt['tensors']} params ({mb:.1f} MB), compress (handed over)", gb["batch"], bt["daemon_compress_handed_over_s"]))
+    lines.append(row(f"{bt['tensors']} params ({mb:.1f} MB), decompress (staged)", gb["batch"], bt["daemon_decompress_s"], bt["direct_decompress_s"]))
+    lines.append(row(f"{bt['tensors']} params ({mb:.1f} MB), decompress (handed over)", gb["batch"], bt["daemon_decompress_handed_over_s"]))
+    lines.append(f"  bucket ratio {b['ratio']:.4f} ({b['codec']}); batch ratio {bt['frame_bytes'] / bt['bytes']:.4f}")
+    return "\n".join(lines)
 
 
 def run(socket: str | None, n: int, repeat: int) -> dict:
@@ -280,7 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=5000, help="round trips per latency measurement (default 5000)")
     ap.add_argument("--repeat", type=int, default=5, help="runs per throughput measurement (default 5)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    ap.add_argument("--cuda", action="store_true", help="measure CUDA tensors on cuda:0 instead (daemon vs the addon's GPU codec)")
     args = ap.parse_args(argv)
+    if args.cuda:
+        r = run_cuda(args.socket, args.n, args.repeat)
+        print(json.dumps(r, indent=2) if args.json else _report_cuda(r))
+        return 0
     r = run(args.socket, args.n, args.repeat)
     print(json.dumps(r, indent=2) if args.json else _report(r))
     return 0

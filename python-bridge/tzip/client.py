@@ -8,7 +8,8 @@
         fut = client.compress_async(bucket)              # concurrent.futures.Future
 
 How tensor bytes travel (docs/protocol.md): never through the socket. The daemon maps POSIX
-shared-memory files (/dev/shm) the client names in its requests.
+shared-memory files (/dev/shm) the client names in its requests, and opens the CUDA IPC handles
+of GPU tensors (PyTorch's ``_share_cuda_``; see :mod:`tzip._cuda`).
 
 * Zero copy for tensors already in shared memory: tensors made by :meth:`Client.empty` (or
   returned by :meth:`Client.decompress` for tensors of 1 MiB and more), and tensors PyTorch put
@@ -22,8 +23,30 @@ shared-memory files (/dev/shm) the client names in its requests.
   daemon straight into a new shared-memory tensor returned as it is; smaller ones are copied
   out of the arena. ``out=`` decompresses into your tensor (straight when it is in shared memory).
 
-Every dtype of a CPU tensor is accepted (bool, integers, floats, bfloat16, complex, float8 and the
-sub-byte/bits dtypes); quantized, sparse and meta tensors are refused. Bytes are copied through
+CUDA tensors stay on their GPU (the daemon finds the GPU by UUID):
+
+* Contiguous tensors of ``gpu_share_min_bytes`` (1 MiB) and more are handed over where they are
+  (a CUDA IPC handle of their storage, shared once per storage; views keep their storage offset).
+  Smaller or non-contiguous ones are copied on the GPU into a per-client staging arena (one
+  buffer per request, shared once; idle buffers beyond ``gpu_arena_keep_bytes``, 128 MiB per GPU,
+  are freed). Frames are written by the daemon into the arena and copied into compact payloads on
+  the same GPU; decompressed tensors of 1 MiB and more (and ``out=`` tensors that are contiguous)
+  are written in place, smaller ones copied out of the arena.
+* Ordering is stream-ordered, never a device synchronisation: the client records an interprocess
+  event on the current stream (the caller's stream for the async variants) after the inputs, the
+  daemon's stream waits on it, and the current stream waits on the daemon's event before the
+  outputs are used. A call returns once the daemon finished; the outputs are ready in stream order.
+* PyTorch's IPC ref counter of each share is released by the client once the daemon answered, so
+  memory PyTorch frees is really freed (see :mod:`tzip._cuda`). Tensors in expandable segments
+  (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) are refused with TZIP_UNSUPPORTED and the
+  ways to share them.
+* A daemon without GPUs (or without this GPU): compress falls back to raw frames (warning once;
+  ``strict=True`` raises :class:`DeviceUnavailableError`), decompress goes through the CPU.
+* :meth:`Client.release_gpu` tells the daemon to close its mappings of this client's GPU memory
+  (after ``torch.cuda.empty_cache()``, so freed segments really go back to the driver).
+
+Every dtype of a CPU or CUDA tensor is accepted (bool, integers, floats, bfloat16, complex, float8 and
+the sub-byte/bits dtypes); quantized, sparse and meta tensors are refused. Bytes are copied through
 integer views, so -0.0 and NaN payloads survive bit for bit.
 
 When the daemon is away: with ``strict=True`` every call raises :class:`DaemonUnavailableError`.
@@ -40,9 +63,11 @@ threads at once. Do not modify a tensor while a call that reads or writes it run
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
 import warnings
@@ -54,15 +79,17 @@ import torch
 from . import _shm
 from ._dlpack import (
     DL_CPU,
+    DL_CUDA,
     check_supported,
     copy_bytes,
     copy_from_bytes,
     copy_into_bytes,
     frame_layout,
     from_bytes,
+    int_alias,
     wire_dtype,
 )
-from ._errors import DaemonSpawnError, DaemonUnavailableError, TzipDaemonError
+from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError
 from ._frame import decode_raw, encode_raw, max_compressed_size, read_header
 from ._spawn import daemon_pid, daemon_running, default_socket_path, pid_alive, spawn_daemon
 from ._transport import Transport
@@ -75,6 +102,7 @@ __all__ = [
     "TzipDaemonError",
     "DaemonUnavailableError",
     "DaemonSpawnError",
+    "DeviceUnavailableError",
     "CODECS",
     "PROTOCOL_VERSIONS",
 ]
@@ -93,6 +121,13 @@ DEDICATED_MIN_BYTES = 1 << 20
 MAX_STAGE_BYTES = 256 << 20
 #: Estimated message bytes per tensor, to keep requests under the daemon's message cap.
 _BYTES_PER_ITEM = 400
+#: The same for GPU tensors (two CUDA IPC handles with ref-counter names and GPU UUIDs).
+_BYTES_PER_GPU_ITEM = 800
+#: GPU tensors of at least this many bytes are handed over where they are (a CUDA IPC share); smaller ones are
+#: copied into the staging arena (cheaper than a share). Client(gpu_share_min_bytes=...) overrides it.
+GPU_SHARE_MIN_BYTES = 1 << 20
+#: Idle GPU staging bytes kept per GPU. Client(gpu_arena_keep_bytes=...) overrides it.
+GPU_ARENA_KEEP_BYTES = 128 << 20
 _ALIGN = 64
 
 
@@ -141,20 +176,108 @@ def _zero_copy_handle(t: torch.Tensor, nbytes: int) -> tuple[str, int] | None:
 
 
 def _device(t: torch.Tensor) -> dict[str, int]:
-    if t.device.type != "cpu":
-        raise TzipDaemonError(
-            "TZIP_UNSUPPORTED",
-            f"{t.device.type} tensors are not served yet: GPU tensors need the GPU build of tzip (CUDA IPC handles); "
-            "move the tensor to the CPU",
-        )
-    return {"type": DL_CPU, "id": 0}
+    if t.device.type == "cpu":
+        return {"type": DL_CPU, "id": 0}
+    if t.device.type == "cuda":
+        return {"type": DL_CUDA, "id": t.device.index or 0}
+    raise TzipDaemonError("TZIP_UNSUPPORTED", f"{t.device.type} tensors are not served: tzip serves CPU and CUDA tensors; "
+                                              "move the tensor to one of those")
+
+
+def _normalize_uuid(uuid: str) -> str:
+    u = str(uuid).strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if u.startswith(prefix):
+            return u[len(prefix):]
+    return u
+
+
+def _caller_streams(tensors: Iterable[torch.Tensor | None]) -> dict[int, Any]:
+    """The caller's current CUDA stream of each GPU the tensors are on (the async variants run on other threads)."""
+    streams: dict[int, Any] = {}
+    for t in tensors:
+        if t is not None and t.device.type == "cuda":
+            i = t.device.index or 0
+            if i not in streams:
+                streams[i] = torch.cuda.current_stream(i)
+    return streams
+
+
+def _stream_for(streams: dict[int, Any] | None, index: int):
+    if streams and index in streams:
+        return streams[index]
+    return torch.cuda.current_stream(index)
+
+
+def _host_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU uint8 tensor of ``t``'s values in C order (any device, any dtype)."""
+    n = t.numel() * t.element_size()
+    flat = torch.empty(n, dtype=torch.uint8)
+    if n:
+        copy_into_bytes(flat, int_alias(t.detach()).cpu())
+    return flat
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor's bytes as a tensor of the same dtype and shape on ``device`` (any dtype: copied as bytes)."""
+    if host.numel() == 0:
+        return torch.empty(host.shape, dtype=host.dtype, device=device)
+    return from_bytes(_host_bytes(host).to(device), host.dtype, host.shape)
+
+
+class _NoDevice(Exception):
+    """The daemon cannot serve a GPU (TZIP_NO_DEVICE, or its hello did not list it)."""
+
+
+@dataclass
+class _Gpu:
+    """What the client keeps per GPU."""
+
+    index: int
+    device: torch.device
+    uuid: str
+    norm: str
+    arena: Any
+    events: Any
+    daemon_events: Any
+
+
+@dataclass
+class _GpuItem:
+    """One CUDA tensor of a compress batch, planned."""
+
+    tensor: torch.Tensor
+    dl: tuple[int, int, int]
+    wshape: tuple[int, ...]
+    nbytes: int
+    capacity: int
+    share: Any  # _cuda.Share when handed over where it is, else None (copied into the arena)
+    out_off: int = 0
+
+
+@dataclass
+class _GpuFrame:
+    """One frame of a GPU decompress batch, planned."""
+
+    k: int
+    ct: CompressedTensor
+    out: torch.Tensor | None
+    frame: torch.Tensor
+    dl: tuple[int, int, int]
+    wshape: tuple[int, ...]
+    fshare: Any = None  # share of the frame's storage (else copied into the arena)
+    dshare: Any = None  # share of the destination's storage (else written into the arena and copied out)
+    dest_offset: int = 0
+    result: torch.Tensor | None = None
+    out_off: int = 0
 
 
 class Client:
     """A connection to the tzip daemon (see the module docstring). Use :func:`connect` to make one."""
 
     def __init__(self, socket: str | None = None, spawn: bool = True, strict: bool = False, *, name: str | None = None,
-                 connect_timeout: float = 10.0, request_timeout: float | None = None, workers: int = 4):
+                 connect_timeout: float = 10.0, request_timeout: float | None = None, workers: int = 4,
+                 gpu_share_min_bytes: int = GPU_SHARE_MIN_BYTES, gpu_arena_keep_bytes: int = GPU_ARENA_KEEP_BYTES):
         self.socket_path = os.path.abspath(socket) if socket else default_socket_path()
         self.spawn = spawn
         self.strict = strict
@@ -180,6 +303,13 @@ class Client:
         self._closed = False
         self._wake = threading.Event()
         self._workers = workers
+        self.gpu_share_min_bytes = int(gpu_share_min_bytes)
+        self.gpu_arena_keep_bytes = int(gpu_arena_keep_bytes)
+        self._gpus: dict[int, _Gpu] = {}
+        self._shares: Any = None  # _cuda.ShareCache, made on first GPU use
+        self._gpu_handles: dict[bytes, None] = {}  # CUDA IPC handles sent to the daemon (for release_gpu)
+        self._gpu_unreachable: set[str] = set()
+        self._gpu_warned: set[str] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._heartbeat: threading.Thread | None = None
         if not self._ensure_session(force=True):
@@ -269,6 +399,10 @@ class Client:
         self._daemon_pid = pid
         with self._release_lock:
             self._pending_release.clear()  # the new session has mapped nothing yet
+        self._gpu_unreachable.clear()
+        self._gpu_warned.clear()
+        with self._release_lock:
+            self._gpu_handles.clear()  # a new session has opened none of them
         self._sid = str(reply["sid"])
         if self._heartbeat is None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="tzip-heartbeat", daemon=True)
@@ -375,12 +509,26 @@ class Client:
 
     # --- compress -----------------------------------------------------------------------------
     def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str = "auto"):
-        """Compresses one tensor (-> CompressedTensor) or a batch (-> list, one request per batch where it fits)."""
+        """Compresses one tensor (-> CompressedTensor) or a batch (-> list, one request per batch and device where it
+        fits). A CUDA tensor's payload stays on its GPU."""
+        self._check_pid()
+        single = isinstance(tensors, torch.Tensor)
+        items = [tensors] if single else list(tensors)
+        return self._compress(items, single, codec, None)
+
+    def compress_async(self, tensors, codec: str = "auto") -> concurrent.futures.Future:
+        """:meth:`compress` on the client's worker threads; returns a Future. CUDA work is ordered after the work
+        queued so far on the caller's current stream, and the payloads are ready in that stream's order."""
+        self._check_pid()
+        single = isinstance(tensors, torch.Tensor)
+        items = [tensors] if single else list(tensors)
+        streams = _caller_streams(t for t in items if isinstance(t, torch.Tensor))
+        return self._pool().submit(self._compress, items, single, codec, streams)
+
+    def _compress(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None):
         self._check_pid()
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; one of {', '.join(CODECS)}")
-        single = isinstance(tensors, torch.Tensor)
-        items = [tensors] if single else list(tensors)
         for t in items:
             check_supported(t)
             _device(t)
@@ -390,7 +538,7 @@ class Client:
                 # The retry skips the reconnect back-off: it is the one extra attempt a spawning client makes.
                 if not self._ensure_session(force=attempt > 0):
                     raise self._unavailable()
-                out = self._compress_remote(items, codec)
+                out = self._compress_remote(items, codec, streams)
                 break
             except DaemonUnavailableError:
                 # The daemon went away during the call: with spawn, start one and try once more.
@@ -402,9 +550,21 @@ class Client:
                 out = [self._compress_raw(t) for t in items]
         return out[0] if single else out
 
-    def compress_async(self, tensors, codec: str = "auto") -> concurrent.futures.Future:
-        """:meth:`compress` on the client's worker threads; returns a Future."""
-        return self._pool().submit(self.compress, tensors, codec)
+    def _compress_remote(self, tensors: list[torch.Tensor], codec: str, streams: dict[int, Any] | None) -> list[CompressedTensor]:
+        """One request per batch of CPU tensors and per batch of each GPU's tensors."""
+        groups: dict[int | None, list[int]] = {}
+        for i, t in enumerate(tensors):
+            groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
+        out: list[CompressedTensor] = [None] * len(tensors)  # type: ignore[list-item]
+        for key, idx in groups.items():
+            part = [tensors[i] for i in idx]
+            if key is None:
+                done = self._compress_cpu(part, codec)
+            else:
+                done = self._compress_gpu(self._gpu(key), part, codec, _stream_for(streams, key))
+            for i, ct in zip(idx, done):
+                out[i] = ct
+        return out
 
     def _plan(self, t: torch.Tensor) -> _Item:
         shape = tuple(t.shape)
@@ -414,11 +574,11 @@ class Client:
         capacity = max_compressed_size(nbytes, len(fshape))
         return _Item(t, dl, wshape, nbytes, capacity, _zero_copy_handle(t, nbytes))
 
-    def _batches(self, items: list[_Item], stage_of) -> list[list[_Item]]:
+    def _batches(self, items: list, stage_of, per_item: int = _BYTES_PER_ITEM) -> list[list]:
         max_batch = int(self._limits.get("max_batch", 4096))
-        max_items = max(1, min(max_batch, int(self._limits.get("max_message_bytes", 1 << 20)) // _BYTES_PER_ITEM))
-        batches: list[list[_Item]] = []
-        cur: list[_Item] = []
+        max_items = max(1, min(max_batch, int(self._limits.get("max_message_bytes", 1 << 20)) // per_item))
+        batches: list[list] = []
+        cur: list = []
         stage = 0
         for it in items:
             need = stage_of(it)
@@ -431,7 +591,7 @@ class Client:
             batches.append(cur)
         return batches
 
-    def _compress_remote(self, tensors: list[torch.Tensor], codec: str) -> list[CompressedTensor]:
+    def _compress_cpu(self, tensors: list[torch.Tensor], codec: str) -> list[CompressedTensor]:
         items = [self._plan(t) for t in tensors]
 
         def stage_of(it: _Item) -> int:
@@ -465,23 +625,227 @@ class Client:
         return results
 
     def _compress_raw(self, t: torch.Tensor) -> CompressedTensor:
-        """The fallback: a frame of codec raw, written here."""
+        """The fallback: a frame of codec raw, written here (for a CUDA tensor: on the CPU, then copied to its GPU)."""
         shape = tuple(t.shape)
         dl, wshape = wire_dtype(t.dtype, shape)
         fdtype, fshape = frame_layout(*dl, wshape)
         nbytes = t.numel() * t.element_size()
-        flat = torch.empty(nbytes, dtype=torch.uint8)
-        copy_into_bytes(flat, t)
-        return CompressedTensor(encode_raw(flat, fdtype, fshape), t.dtype, t.shape, "raw", nbytes)
+        if t.device.type == "cpu":
+            flat = torch.empty(nbytes, dtype=torch.uint8)
+            copy_into_bytes(flat, t)
+        else:
+            flat = _host_bytes(t)
+        payload = encode_raw(flat, fdtype, fshape)
+        if t.device.type != "cpu":
+            payload = payload.to(t.device)
+        return CompressedTensor(payload, t.dtype, t.shape, "raw", nbytes)
+
+    # --- the GPU path -----------------------------------------------------------------------------
+    def _gpu(self, index: int) -> _Gpu:
+        g = self._gpus.get(index)
+        if g is not None:
+            return g
+        from . import _cuda
+
+        with self._lock:
+            g = self._gpus.get(index)
+            if g is None:
+                device = torch.device("cuda", index)
+                uuid = _cuda.device_uuid(index)
+                g = _Gpu(index, device, uuid, _normalize_uuid(uuid), _cuda.GpuArena(device, self.gpu_arena_keep_bytes),
+                         _cuda.EventPool(device), _cuda.DaemonEvents(device))
+                self._gpus[index] = g
+            if self._shares is None:
+                self._shares = _cuda.ShareCache()
+        return g
+
+    def _gpu_reachable(self, g: _Gpu) -> bool:
+        if g.norm in self._gpu_unreachable:
+            return False
+        return any(_normalize_uuid(d.get("uuid", "")) == g.norm for d in (self._daemon.get("gpus") or []) if isinstance(d, dict))
+
+    def _gpu_reason(self, g: _Gpu) -> str:
+        if not self._daemon.get("gpu"):
+            return f"the daemon has no GPU ({self._daemon.get('gpu_reason', 'no reason given')})"
+        seen = ", ".join(str(d.get("uuid")) for d in (self._daemon.get("gpus") or []) if isinstance(d, dict))
+        return f"the daemon does not see {g.uuid} (it sees {seen or 'none'})"
+
+    def _warn_gpu_fallback(self, g: _Gpu, reason: str) -> None:
+        if g.norm in self._gpu_warned:
+            return
+        self._gpu_warned.add(g.norm)
+        warnings.warn(f"tzip: {reason}; compress() stores tensors of cuda:{g.index} uncompressed (codec 'raw') and "
+                      "decompress() goes through the CPU until a daemon serves that GPU", RuntimeWarning, stacklevel=4)
+
+    def _share(self, t: torch.Tensor):
+        """The cached share of ``t``'s storage, or None when PyTorch cannot share it (it is copied instead).
+        Expandable segments raise TZIP_UNSUPPORTED with the ways to share such tensors."""
+        from . import _cuda
+
+        try:
+            share, _new = self._shares.get(t.untyped_storage())
+        except _cuda.ShareError as e:
+            if e.expandable:
+                raise TzipDaemonError("TZIP_UNSUPPORTED", str(e)) from None
+            return None
+        return share
+
+    @contextlib.contextmanager
+    def _staging(self, g: _Gpu, nbytes: int, stream):
+        """A staging buffer of ``g``'s arena for one request (see _cuda.GpuArena.lease); PyTorch refusing to share
+        one is TZIP_UNSUPPORTED (expandable segments, the cudaMallocAsync backend)."""
+        from ._cuda import ShareError
+
+        try:
+            lease = g.arena.lease(max(1, nbytes), stream)
+            buf = lease.__enter__()
+        except ShareError as e:
+            raise TzipDaemonError("TZIP_UNSUPPORTED", f"cannot stage CUDA tensors for the daemon: {e}") from None
+        try:
+            yield buf
+        except BaseException:
+            if not lease.__exit__(*sys.exc_info()):
+                raise
+        else:
+            lease.__exit__(None, None, None)
+
+    def _gpu_request(self, g: _Gpu, op: str, body: dict[str, Any], stream, buf, shares: list) -> dict[str, Any]:
+        """One GPU request: records the wait event, calls, settles PyTorch's counters, waits on the daemon's event."""
+        ev, ev_handle = g.events.record(stream)
+        body["wait_event"] = ev_handle
+        buf.in_doubt = True
+
+        def settle() -> None:  # the daemon holds nothing of ours any more (it may keep the allocations mapped)
+            buf.in_doubt = False
+            g.events.give(ev, ev_handle)
+            with self._release_lock:
+                for sh in [*shares, buf.share]:
+                    self._gpu_handles[sh.handle] = None
+            for sh in shares:
+                sh.release()
+
+        try:
+            reply = self._call(op, body)
+        except TzipDaemonError as e:
+            settle()  # an answer
+            if e.code == "TZIP_NO_DEVICE":
+                self._gpu_unreachable.add(g.norm)
+                raise _NoDevice(e.detail) from None
+            raise
+        except BaseException as e:
+            if isinstance(e, DaemonUnavailableError) and not self._daemon_alive():
+                settle()  # the daemon process is gone, and its CUDA context with it
+            else:
+                # No answer (a timeout): the daemon may still use the memory. PyTorch's counters stay held, so the
+                # blocks are never handed out again (leaked, safely); the buffer and the event are not reused.
+                for sh in shares:
+                    sh.poison()
+            raise
+        settle()
+        handle = reply.get("event_handle")
+        if handle:
+            stream.wait_event(g.daemon_events.get(bytes(handle)))
+        return reply
+
+    def _plan_gpu(self, t: torch.Tensor) -> _GpuItem:
+        shape = tuple(t.shape)
+        dl, wshape = wire_dtype(t.dtype, shape)
+        nbytes = t.numel() * t.element_size()
+        _, fshape = frame_layout(*dl, wshape)
+        share = self._share(t) if nbytes >= self.gpu_share_min_bytes and t.is_contiguous() else None
+        return _GpuItem(t, dl, wshape, nbytes, max_compressed_size(nbytes, len(fshape)), share)
+
+    def _compress_gpu(self, g: _Gpu, tensors: list[torch.Tensor], codec: str, stream) -> list[CompressedTensor]:
+        if not self._gpu_reachable(g):
+            return self._compress_gpu_fallback(g, tensors, self._gpu_reason(g))
+        out: list[CompressedTensor] = [None] * len(tensors)  # type: ignore[list-item]
+        remote = []
+        for i, t in enumerate(tensors):
+            if t.numel() == 0:
+                # no bytes to share: the frame is the CPU path's (the codec writes the same bytes everywhere)
+                ct = self._compress_cpu([torch.empty(t.shape, dtype=t.dtype)], codec)[0]
+                out[i] = CompressedTensor(ct.payload.to(g.device), t.dtype, t.shape, ct.codec, 0)
+            else:
+                remote.append(i)
+        try:
+            with torch.cuda.device(g.index), torch.cuda.stream(stream):
+                items = [self._plan_gpu(tensors[i]) for i in remote]
+
+                def stage_of(it: _GpuItem) -> int:
+                    return (0 if it.share is not None else _align(it.nbytes)) + _align(it.capacity)
+
+                done: list[CompressedTensor] = []
+                for batch in self._batches(items, stage_of, _BYTES_PER_GPU_ITEM):
+                    done.extend(self._compress_gpu_batch(g, batch, codec, stream, sum(stage_of(it) for it in batch)))
+        except _NoDevice as e:
+            return self._compress_gpu_fallback(g, tensors, str(e))
+        for i, ct in zip(remote, done):
+            out[i] = ct
+        return out
+
+    def _compress_gpu_batch(self, g: _Gpu, batch: list[_GpuItem], codec: str, stream, stage: int) -> list[CompressedTensor]:
+        results: list[CompressedTensor] = []
+        with self._staging(g, stage, stream) as buf:
+            off = 0
+            entries = []
+            for it in batch:
+                if it.share is not None:
+                    data = it.share.wire(g.uuid, g.index)
+                    byte_offset = it.tensor.storage_offset() * it.tensor.element_size()
+                else:
+                    from ._cuda import gpu_copy_into_bytes
+
+                    gpu_copy_into_bytes(buf.u8[off : off + it.nbytes], it.tensor)
+                    data = buf.share.wire(g.uuid, g.index)
+                    byte_offset = off
+                    off += _align(it.nbytes)
+                it.out_off = off
+                off += _align(it.capacity)
+                entries.append({
+                    "tensor": {"device": {"type": DL_CUDA, "id": g.index}, "dtype": {"code": it.dl[0], "bits": it.dl[1], "lanes": it.dl[2]},
+                               "shape": list(it.wshape), "byte_offset": byte_offset, "data": data},
+                    "out": buf.share.wire(g.uuid, g.index, it.out_off, it.capacity),
+                })
+            reply = self._gpu_request(g, "compress", {"codec": codec, "tensors": entries}, stream, buf,
+                                      [it.share for it in batch if it.share is not None])
+            for it, fr in zip(batch, reply["frames"]):
+                n = int(fr["bytes"])
+                if not 0 < n <= it.capacity:
+                    raise TzipDaemonError("TZIP_CORRUPT", f"the daemon reported a frame of {n} bytes (capacity {it.capacity})")
+                payload = torch.empty(n, dtype=torch.uint8, device=g.device)
+                payload.copy_(buf.u8[it.out_off : it.out_off + n])
+                results.append(CompressedTensor(payload, it.tensor.dtype, it.tensor.shape, str(fr["codec"]), it.nbytes))
+        return results
+
+    def _compress_gpu_fallback(self, g: _Gpu, tensors: list[torch.Tensor], reason: str) -> list[CompressedTensor]:
+        if self.strict:
+            raise DeviceUnavailableError("TZIP_NO_DEVICE", f"cannot compress tensors of cuda:{g.index}: {reason}")
+        self._warn_gpu_fallback(g, reason)
+        return [self._compress_raw(t) for t in tensors]
 
     # --- decompress ---------------------------------------------------------------------------
     def decompress(self, cts: CompressedTensor | Iterable[CompressedTensor], out=None, verify: bool = True):
         """Decompresses one CompressedTensor (-> tensor) or a batch (-> list).
 
         ``out``: a tensor (or, for a batch, a list with tensors or None) of the same dtype and shape to
-        write into; returned filled. Raw frames are decoded here; other codecs need the daemon.
+        write into; returned filled. The result lies on ``out``'s device, else on the payload's device.
+        Raw frames are decoded here when the daemon cannot (CPU: always); other codecs need the daemon.
         """
         self._check_pid()
+        items, outs, single = self._decompress_args(cts, out)
+        return self._decompress(items, outs, single, verify, None)
+
+    def decompress_async(self, cts, out=None, verify: bool = True) -> concurrent.futures.Future:
+        """:meth:`decompress` on the client's worker threads; returns a Future (CUDA work is ordered on the caller's
+        current stream, as for :meth:`compress_async`)."""
+        self._check_pid()
+        items, outs, single = self._decompress_args(cts, out)
+        streams = _caller_streams([*(o for o in outs if isinstance(o, torch.Tensor)),
+                                   *(ct.payload for ct in items if isinstance(ct, CompressedTensor))])
+        return self._pool().submit(self._decompress, items, outs, single, verify, streams)
+
+    @staticmethod
+    def _decompress_args(cts, out) -> tuple[list, list, bool]:
         single = isinstance(cts, CompressedTensor)
         items = [cts] if single else list(cts)
         if single:
@@ -492,6 +856,10 @@ class Client:
             outs = list(out)
             if len(outs) != len(items):
                 raise ValueError(f"out has {len(outs)} entries for {len(items)} compressed tensors")
+        return items, outs, single
+
+    def _decompress(self, items: list, outs: list, single: bool, verify: bool, streams: dict[int, Any] | None):
+        self._check_pid()
         for ct, o in zip(items, outs):
             if not isinstance(ct, CompressedTensor):
                 raise TypeError(f"expected CompressedTensor, got {type(ct).__name__}")
@@ -505,7 +873,8 @@ class Client:
         results: list[torch.Tensor | None] = [None] * len(items)
         remote = []
         for i, (ct, o) in enumerate(zip(items, outs)):
-            if ct.codec == "raw":
+            target = o.device if o is not None else ct.payload.device
+            if ct.codec == "raw" and (target.type == "cpu" or not self.connected or not self._gpu_reachable(self._gpu(target.index or 0))):
                 results[i] = self._decompress_raw(ct, o, verify)
             else:
                 remote.append(i)
@@ -514,34 +883,72 @@ class Client:
                 try:
                     if not self._ensure_session(force=attempt > 0):
                         raise self._unavailable()
-                    done = self._decompress_remote([items[i] for i in remote], [outs[i] for i in remote], verify)
+                    self._decompress_remote(items, outs, remote, verify, streams, results)
                     break
                 except DaemonUnavailableError as e:
                     if attempt == 0 and self.spawn:
                         continue  # the daemon went away during the call: start one and try once more
-                    raise DaemonUnavailableError(f"cannot decompress codec {items[remote[0]].codec!r} frames: {e}") from None
-            for i, t in zip(remote, done):
-                results[i] = t
+                    for i in remote:
+                        if results[i] is None and items[i].codec == "raw":
+                            results[i] = self._decompress_raw(items[i], outs[i], verify)
+                    rest = [i for i in remote if results[i] is None]
+                    if rest:
+                        raise DaemonUnavailableError(f"cannot decompress codec {items[rest[0]].codec!r} frames: {e}") from None
+                    break
         return results[0] if single else results
 
-    def decompress_async(self, cts, out=None, verify: bool = True) -> concurrent.futures.Future:
-        """:meth:`decompress` on the client's worker threads; returns a Future."""
-        return self._pool().submit(self.decompress, cts, out, verify)
+    def _decompress_remote(self, items: list[CompressedTensor], outs: list, idx: list[int], verify: bool,
+                           streams: dict[int, Any] | None, results: list) -> None:
+        """Fills ``results[i]`` for ``i`` in ``idx``: one request per batch of CPU destinations and per batch of each GPU's."""
+        groups: dict[int | None, list[int]] = {}
+        for i in idx:
+            if results[i] is not None:
+                continue
+            o = outs[i]
+            target = o.device if o is not None else items[i].payload.device
+            groups.setdefault(None if target.type == "cpu" else (target.index or 0), []).append(i)
+        for key, part in groups.items():
+            cts = [items[i] for i in part]
+            os_ = [outs[i] for i in part]
+            if key is None:
+                done = self._decompress_cpu([self._on_cpu(ct) for ct in cts], os_, verify)
+            else:
+                done = self._decompress_gpu(self._gpu(key), cts, os_, verify, _stream_for(streams, key))
+            for i, t in zip(part, done):
+                results[i] = t
+
+    @staticmethod
+    def _on_cpu(ct: CompressedTensor) -> CompressedTensor:
+        if ct.payload.device.type == "cpu":
+            return ct
+        return CompressedTensor(ct.payload.detach().cpu(), ct.dtype, ct.shape, ct.codec, ct.nbytes)
 
     def _decompress_raw(self, ct: CompressedTensor, out: torch.Tensor | None, verify: bool) -> torch.Tensor:
-        frame = ct.payload.detach().contiguous()
+        """A raw frame decoded here, on the CPU; the result goes to ``out`` or to the payload's device."""
+        frame = ct.payload.detach().cpu().contiguous()
         header = read_header(frame)
         if header.nbytes != ct.nbytes:
             raise ValueError(f"the frame holds {header.nbytes} bytes, the CompressedTensor says {ct.nbytes}")
         body = decode_raw(frame, header, verify)
-        if out is not None:
+        if out is not None and out.device.type == "cpu":
             copy_from_bytes(out, body)
             return out
         flat = torch.empty(body.numel(), dtype=torch.uint8)
         copy_bytes(flat, body)
-        return from_bytes(flat, ct.dtype, ct.shape)
+        host = from_bytes(flat, ct.dtype, ct.shape)
+        if out is not None:
+            return self._place(host, out)
+        return host if ct.payload.device.type == "cpu" else _to_device(host, ct.payload.device)
 
-    def _decompress_remote(self, cts: list[CompressedTensor], outs: list[torch.Tensor | None], verify: bool) -> list[torch.Tensor]:
+    @staticmethod
+    def _place(host: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Copies a CPU result into ``out`` on a GPU (as integers, any dtype); returns ``out``."""
+        from ._cuda import gpu_copy_from_bytes
+
+        gpu_copy_from_bytes(out, _host_bytes(host).to(out.device))
+        return out
+
+    def _decompress_cpu(self, cts: list[CompressedTensor], outs: list[torch.Tensor | None], verify: bool) -> list[torch.Tensor]:
         plans = []
         for ct, o in zip(cts, outs):
             frame = ct.payload if ct.payload.is_contiguous() else ct.payload.contiguous()
@@ -599,6 +1006,130 @@ class Client:
                         results.append(from_bytes(flat, d.ct.dtype, d.ct.shape))
         return results
 
+    def _decompress_gpu(self, g: _Gpu, cts: list[CompressedTensor], outs: list, verify: bool, stream) -> list[torch.Tensor]:
+        if not self._gpu_reachable(g):
+            return self._decompress_gpu_via_cpu(g, cts, outs, verify, self._gpu_reason(g))
+        results: list[torch.Tensor | None] = [None] * len(cts)
+        try:
+            with torch.cuda.device(g.index), torch.cuda.stream(stream):
+                plans = []
+                for k, (ct, o) in enumerate(zip(cts, outs)):
+                    if ct.nbytes == 0:
+                        # no bytes: the frame is checked by the CPU path, the result made here
+                        self._decompress_cpu([self._on_cpu(ct)], [None], verify)
+                        results[k] = o if o is not None else torch.empty(ct.shape, dtype=ct.dtype, device=g.device)
+                    else:
+                        plans.append(self._plan_gpu_frame(g, k, ct, o))
+
+                def stage_of(d: _GpuFrame) -> int:
+                    return (0 if d.fshare is not None else _align(d.frame.numel())) + (0 if d.dshare is not None else _align(d.ct.nbytes))
+
+                for batch in self._batches(plans, stage_of, _BYTES_PER_GPU_ITEM):
+                    self._decompress_gpu_batch(g, batch, verify, stream, sum(stage_of(d) for d in batch), results)
+        except _NoDevice as e:
+            return self._decompress_gpu_via_cpu(g, cts, outs, verify, str(e))
+        return results  # type: ignore[return-value]
+
+    def _plan_gpu_frame(self, g: _Gpu, k: int, ct: CompressedTensor, o: torch.Tensor | None) -> _GpuFrame:
+        frame = ct.payload.detach()
+        if frame.device != g.device:
+            frame = frame.to(g.device)
+        if not frame.is_contiguous():
+            frame = frame.contiguous()
+        dl, wshape = wire_dtype(ct.dtype, tuple(ct.shape))
+        d = _GpuFrame(k, ct, o, frame, dl, wshape)
+        if frame.numel() >= self.gpu_share_min_bytes:
+            d.fshare = self._share(frame)
+        if ct.nbytes >= self.gpu_share_min_bytes:
+            if o is not None:
+                if o.is_contiguous():
+                    d.dshare = self._share(o)
+                    d.dest_offset = o.storage_offset() * o.element_size()
+            else:
+                flat = torch.empty(ct.nbytes, dtype=torch.uint8, device=g.device)
+                d.dshare = self._share(flat)
+                if d.dshare is not None:
+                    d.result = from_bytes(flat, ct.dtype, ct.shape)
+        return d
+
+    def _decompress_gpu_batch(self, g: _Gpu, batch: list[_GpuFrame], verify: bool, stream, stage: int, results: list) -> None:
+        from ._cuda import gpu_copy_from_bytes
+
+        with self._staging(g, stage, stream) as buf:
+            off = 0
+            entries = []
+            shares = []
+            for d in batch:
+                n = d.frame.numel()
+                if d.fshare is not None:
+                    fh = d.fshare.wire(g.uuid, g.index, d.frame.storage_offset(), n)
+                    shares.append(d.fshare)
+                else:
+                    buf.u8[off : off + n].copy_(d.frame)
+                    fh = buf.share.wire(g.uuid, g.index, off, n)
+                    off += _align(n)
+                if d.dshare is not None:
+                    data = d.dshare.wire(g.uuid, g.index)
+                    byte_offset = d.dest_offset
+                    shares.append(d.dshare)
+                else:
+                    data = buf.share.wire(g.uuid, g.index)
+                    byte_offset = d.out_off = off
+                    off += _align(d.ct.nbytes)
+                entries.append({
+                    "frame": fh,
+                    "out": {"device": {"type": DL_CUDA, "id": g.index}, "dtype": {"code": d.dl[0], "bits": d.dl[1], "lanes": d.dl[2]},
+                            "shape": list(d.wshape), "byte_offset": byte_offset, "data": data},
+                })
+            reply = self._gpu_request(g, "decompress", {"frames": entries, "verify": verify}, stream, buf, shares)
+            for d, info in zip(batch, reply["tensors"]):
+                n = d.ct.nbytes
+                if int(info["nbytes"]) != n:
+                    raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {info['nbytes']} bytes, the CompressedTensor says {n}")
+                if d.dshare is not None:
+                    results[d.k] = d.out if d.out is not None else d.result
+                    continue
+                src = buf.u8[d.out_off : d.out_off + n]
+                if d.out is not None:
+                    gpu_copy_from_bytes(d.out, src)
+                    results[d.k] = d.out
+                else:
+                    flat = torch.empty(n, dtype=torch.uint8, device=g.device)
+                    flat.copy_(src)
+                    results[d.k] = from_bytes(flat, d.ct.dtype, d.ct.shape)
+
+    def _decompress_gpu_via_cpu(self, g: _Gpu, cts: list[CompressedTensor], outs: list, verify: bool, reason: str) -> list[torch.Tensor]:
+        """The daemon cannot reach this GPU: frames are decoded through the CPU path and copied back."""
+        self._warn_gpu_fallback(g, reason)
+        hosts: list[torch.Tensor | None] = [None] * len(cts)
+        rest = []
+        for k, ct in enumerate(cts):
+            if ct.codec == "raw":
+                hosts[k] = self._decompress_raw(self._on_cpu(ct), None, verify)
+            else:
+                rest.append(k)
+        if rest:
+            done = self._decompress_cpu([self._on_cpu(cts[k]) for k in rest], [None] * len(rest), verify)
+            for k, h in zip(rest, done):
+                hosts[k] = h
+        out: list[torch.Tensor] = []
+        for h, o in zip(hosts, outs):
+            out.append(self._place(h, o) if o is not None else _to_device(h, g.device))  # type: ignore[arg-type]
+        return out
+
+    def release_gpu(self) -> int:
+        """Asks the daemon to close its mappings of this client's GPU memory (they are opened again when needed).
+        Call it after ``torch.cuda.empty_cache()``: a segment the caching allocator freed stays allocated on the GPU
+        while the daemon maps it. Returns how many mappings the daemon closed."""
+        self._check_pid()
+        with self._release_lock:
+            handles = list(self._gpu_handles)
+            self._gpu_handles.clear()
+        if not handles or self._sid is None:
+            return 0
+        reply = self._call("release", {"handles": handles}, timeout=10.0)
+        return int(reply.get("released", 0))
+
     # --- lifetime -------------------------------------------------------------------------------
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         self._check_pid()
@@ -622,6 +1153,12 @@ class Client:
         self._sid = None
         self._wake.set()
         self._arena.close()
+        for g in self._gpus.values():
+            g.arena.close()
+            g.events.clear()
+            g.daemon_events.clear()
+        if self._shares is not None:
+            self._shares.clear()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=2.0)
         self._transport.close()

@@ -1,15 +1,18 @@
 """CompressedTensor: one tensor's tzip frame and what it takes to rebuild the tensor.
 
 ``payload`` is the frame (docs/format.md) as a 1-D uint8 tensor, on the device of the tensor it
-came from (the CPU for now). The frame is self-describing, but only in the codec's dtypes; the
+came from (a CUDA tensor's frame stays on its GPU). The frame is self-describing, but only in the codec's dtypes; the
 torch ``dtype`` and ``shape`` kept here are the tensor's own (a complex64 tensor's frame is F32 with
 a trailing dimension of 2, a float8_e8m0fnu tensor's frame is U8 bytes: docs/protocol.md,
 "Tensors and frames").
 
 A CompressedTensor pickles (``torch.save``; ``torch.load(weights_only=True)`` accepts it once
-``tzip.compressed`` is imported) and converts to and from plain bytes (:meth:`to_bytes`,
-:meth:`from_bytes`): ``b"TZCT"``, a version byte, 3 zero bytes, the little-endian u32 length of a
-MessagePack map ``{dtype, shape, codec, nbytes}``, the map, then the frame.
+``tzip.compressed`` is imported; a CUDA payload loads onto the GPU it was saved from, or where
+``map_location`` says, as any tensor does) and converts to and from plain bytes (:meth:`to_bytes`,
+which copies a CUDA payload to the host; :meth:`from_bytes`, which gives a CPU payload unless
+``device=`` says otherwise): ``b"TZCT"``, a version byte, 3 zero bytes, the little-endian u32
+length of a MessagePack map ``{dtype, shape, codec, nbytes}``, the map, then the frame. The frame
+and the metadata do not depend on the device.
 """
 
 from __future__ import annotations
@@ -92,8 +95,9 @@ class CompressedTensor:
         return _PREFIX.pack(_MAGIC, _VERSION, len(meta)) + meta + frame
 
     @classmethod
-    def from_bytes(cls, data) -> "CompressedTensor":
-        """Reads :meth:`to_bytes` output (a CPU CompressedTensor). The frame's header is checked against the metadata.
+    def from_bytes(cls, data, device: torch.device | str | None = None) -> "CompressedTensor":
+        """Reads :meth:`to_bytes` output. The frame's header is checked against the metadata. The payload is a CPU
+        tensor, or is copied to ``device`` when given (decompressing then gives a tensor there).
 
         Raises ValueError when the bytes are not such a container or do not agree with themselves.
         """
@@ -124,6 +128,8 @@ class CompressedTensor:
             raise ValueError(f"the frame ({header.dtype} {list(header.shape)}, {header.nbytes} bytes, {header.codec}, "
                              f"{header.frame_bytes} of {frame.numel()} bytes) does not match the metadata "
                              f"({dtype} {list(shape)}, {nbytes} bytes, {codec})")
+        if device is not None and torch.device(device).type != "cpu":
+            frame = frame.to(device)
         return cls(frame, dtype, shape, codec, nbytes)
 
 

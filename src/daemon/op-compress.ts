@@ -1,5 +1,5 @@
 /**
- * `compress`: a batch of tensors in the client's shared memory, each coded into one frame written
+ * `compress`: a batch of tensors in the client's shared memory (GPU memory: op-gpu.ts), each coded into one frame written
  * into an output region the client gave (sized at least maxCompressedSize of the tensor); the
  * reply says each frame's length and codec.
  *
@@ -12,6 +12,8 @@ import type { Codec } from '../native.js';
 import { compress, maxCompressedSize, readHeader } from '../native.js';
 import type { DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
+import { tensorOnGpu } from './gpu-regions.js';
+import { handleGpuCompress } from './op-gpu.js';
 import { checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { CompressRequest } from './schema.js';
@@ -29,11 +31,12 @@ export interface FrameResult {
   shape: number[];
 }
 
-/** Handles a validated compress request of `session`. */
-export async function handleCompress(req: CompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ frames: FrameResult[] }> {
+/** Handles a validated compress request of `session` (GPU memory: op-gpu.ts). */
+export async function handleCompress(req: CompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ frames: FrameResult[]; event_handle?: Buffer }> {
   if (req.tensors.length > limits.maxBatch) {
     throw new ReplyError('TZIP_TOO_LARGE', `batch of ${req.tensors.length} tensors is above the cap of ${limits.maxBatch}`);
   }
+  if (req.tensors.some((item) => tensorOnGpu(item.tensor) || item.out.kind === 'cuda_ipc')) return handleGpuCompress(req, session, stats);
   const epoch = nextEpoch();
   const plans = req.tensors.map((item, i) => {
     const input = resolveTensor(session, item.tensor, false, `tensor ${i}`, i, epoch);

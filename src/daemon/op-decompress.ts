@@ -1,5 +1,5 @@
 /**
- * `decompress`: a batch of frames in the client's shared memory, each decoded into a destination
+ * `decompress`: a batch of frames in the client's shared memory (GPU memory: op-gpu.ts), each decoded into a destination
  * tensor the client described (dtype and shape must be the frame's, per the rules of
  * docs/protocol.md "Tensors and frames"); the codec writes straight into the client's memory.
  *
@@ -9,6 +9,8 @@
 import { decompress, readHeader, type FrameHeader } from '../native.js';
 import type { DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
+import { tensorOnGpu } from './gpu-regions.js';
+import { handleGpuDecompress } from './op-gpu.js';
 import { checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { DecompressRequest } from './schema.js';
@@ -27,11 +29,12 @@ function sameShape(a: readonly number[], b: readonly number[]): boolean {
   return a.length === b.length && a.every((d, i) => d === b[i]);
 }
 
-/** Handles a validated decompress request of `session`. */
-export async function handleDecompress(req: DecompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ tensors: TensorResult[] }> {
+/** Handles a validated decompress request of `session` (GPU memory: op-gpu.ts). */
+export async function handleDecompress(req: DecompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ tensors: TensorResult[]; event_handle?: Buffer }> {
   if (req.frames.length > limits.maxBatch) {
     throw new ReplyError('TZIP_TOO_LARGE', `batch of ${req.frames.length} frames is above the cap of ${limits.maxBatch}`);
   }
+  if (req.frames.some((item) => item.frame.kind === 'cuda_ipc' || tensorOnGpu(item.out))) return handleGpuDecompress(req, session, stats);
   const epoch = nextEpoch();
   const plans = req.frames.map((item, i) => {
     const frame = resolveHandle(session, item.frame, false, `frame ${i}`, i, epoch);

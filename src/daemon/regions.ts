@@ -1,17 +1,30 @@
 /**
- * From the memory handles and tensor descriptions of a request to the bytes the codec reads and
- * writes, with every check a handle needs: whose memory it is, whether it exists and is large
- * enough, whether the device is one this build serves, and whether an output overlaps anything
- * else of the same request.
+ * From the memory handles and tensor descriptions of a CPU request to the bytes the codec reads
+ * and writes, with every check a handle needs: whose memory it is, whether it exists and is large
+ * enough, and whether an output overlaps anything else of the same request. (GPU requests:
+ * gpu-regions.ts, which shares the layout and overlap checks.)
  */
 import { DL_DEVICE, frameLayout, isCompactCOrder, type FrameLayout } from './dtype-map.js';
 import { ReplyError } from './reply-error.js';
 import type { MemoryHandle, Tensor } from './schema.js';
 import type { Session } from './session.js';
 
-/** The message of every request naming GPU memory to this CPU-only build. */
-export const GPU_BUILD_NEEDED =
-  'GPU tensors need the GPU build of the tzip daemon; this daemon serves CPU tensors in POSIX shared memory only (handle kind "shm")';
+/** The message of a CPU request (shm handles) that names GPU memory too. */
+export const MIXED_REQUEST =
+  'a request is either all CPU memory (handle kind "shm", device type 1 or 3) or all on one GPU (handle kind "cuda_ipc", device type 2); split it';
+
+/** Where a region lies, for overlap checks: `start` and `length` within the memory named `name`. */
+export interface Extent {
+  /** The file (no leading '/') or the GPU allocation (a key of its handle). */
+  name: string;
+  start: number;
+  length: number;
+  writable: boolean;
+  what: string;
+  index: number;
+  /** How to name the memory in a message (default "/dev/shm/<name>"). */
+  place?: string;
+}
 
 /** Bytes of a region and where they lie, for overlap checks. */
 export interface ResolvedRegion {
@@ -29,11 +42,11 @@ export interface ResolvedRegion {
 /**
  * The bytes of a handle's region. `epoch` (a number unique to the request) lets a request stat
  * each of its files once.
- * @throws ReplyError TZIP_UNSUPPORTED for GPU handles; TZIP_HANDLE for files that are not the
- *   session's, missing, not writable when `writable`, or smaller than the region.
+ * @throws ReplyError TZIP_INVALID_ARGUMENT for GPU handles (this is the CPU path); TZIP_HANDLE for
+ *   files that are not the session's, missing, not writable when `writable`, or smaller than the region.
  */
 export function resolveHandle(session: Session, handle: MemoryHandle, writable: boolean, what: string, index: number, epoch = -1): ResolvedRegion {
-  if (handle.kind === 'cuda_ipc') throw new ReplyError('TZIP_UNSUPPORTED', GPU_BUILD_NEEDED, { index });
+  if (handle.kind === 'cuda_ipc') throw new ReplyError('TZIP_INVALID_ARGUMENT', `${what}: ${MIXED_REQUEST}`, { index });
   const name = handle.name.replace(/^\//, '');
   if (!session.owns(name)) {
     throw new ReplyError('TZIP_HANDLE', `${what}: /dev/shm/${name} is not this session's memory (its files start with "${session.shmPrefix}" or "torch_${session.pid}_")`, { index });
@@ -59,27 +72,18 @@ export interface ResolvedTensor {
 
 /**
  * The bytes of a tensor description.
- * @throws ReplyError TZIP_UNSUPPORTED for GPU devices/handles and element types that are not
- *   whole bytes; TZIP_INVALID_ARGUMENT for strided layouts; TZIP_HANDLE as {@link resolveHandle}
- *   and when the tensor does not fit its region.
+ * @throws ReplyError TZIP_INVALID_ARGUMENT for GPU devices/handles (this is the CPU path) and
+ *   strided layouts; TZIP_UNSUPPORTED for other devices and element types that are not whole
+ *   bytes; TZIP_HANDLE as {@link resolveHandle} and when the tensor does not fit its region.
  */
 export function resolveTensor(session: Session, tensor: Tensor, writable: boolean, what: string, index: number, epoch = -1): ResolvedTensor {
   if (tensor.data.kind === 'cuda_ipc' || tensor.device.type === DL_DEVICE.CUDA || tensor.device.type === DL_DEVICE.CUDAManaged) {
-    throw new ReplyError('TZIP_UNSUPPORTED', GPU_BUILD_NEEDED, { index });
+    throw new ReplyError('TZIP_INVALID_ARGUMENT', `${what}: ${MIXED_REQUEST}`, { index });
   }
   if (tensor.device.type !== DL_DEVICE.CPU && tensor.device.type !== DL_DEVICE.CUDAHost) {
-    throw new ReplyError('TZIP_UNSUPPORTED', `${what}: DLPack device type ${tensor.device.type} is not served (CPU = 1, CUDA host = 3)`, { index });
+    throw new ReplyError('TZIP_UNSUPPORTED', `${what}: DLPack device type ${tensor.device.type} is not served (CPU = 1, CUDA host = 3, CUDA = 2)`, { index });
   }
-  if (!isCompactCOrder(tensor.shape, tensor.strides)) {
-    throw new ReplyError('TZIP_INVALID_ARGUMENT', `${what}: strides [${(tensor.strides ?? []).join(', ')}] are not the compact C order of shape [${tensor.shape.join(', ')}]; send the contiguous values`, { index });
-  }
-  let layout: FrameLayout;
-  try {
-    layout = frameLayout(tensor.dtype, tensor.shape);
-  } catch (err) {
-    if (err instanceof ReplyError) throw new ReplyError(err.code, `${what}: ${err.message}`, { ...err.extra, index });
-    throw err;
-  }
+  const layout = tensorLayout(tensor, what, index);
   const region = resolveHandle(session, tensor.data, writable, what, index, epoch);
   if (tensor.byte_offset + layout.nbytes > region.bytes.length) {
     throw new ReplyError('TZIP_HANDLE', `${what}: ${layout.nbytes} bytes at byte_offset ${tensor.byte_offset} do not fit the ${region.bytes.length}-byte region`, { index });
@@ -89,15 +93,37 @@ export function resolveTensor(session: Session, tensor: Tensor, writable: boolea
 }
 
 /**
+ * The frame layout of a tensor description, after the layout checks every device shares.
+ * @throws ReplyError TZIP_INVALID_ARGUMENT for strided layouts; TZIP_UNSUPPORTED for element
+ *   types that are not whole bytes; TZIP_TOO_LARGE beyond 2^53 bytes.
+ */
+export function tensorLayout(tensor: Tensor, what: string, index: number): FrameLayout {
+  if (!isCompactCOrder(tensor.shape, tensor.strides)) {
+    throw new ReplyError('TZIP_INVALID_ARGUMENT', `${what}: strides [${(tensor.strides ?? []).join(', ')}] are not the compact C order of shape [${tensor.shape.join(', ')}]; send the contiguous values`, { index });
+  }
+  try {
+    return frameLayout(tensor.dtype, tensor.shape);
+  } catch (err) {
+    if (err instanceof ReplyError) throw new ReplyError(err.code, `${what}: ${err.message}`, { ...err.extra, index });
+    throw err;
+  }
+}
+
+function extentOf(r: ResolvedRegion | Extent): Extent {
+  return 'bytes' in r ? { name: r.name, start: r.start, length: r.bytes.length, writable: r.writable, what: r.what, index: r.index } : r;
+}
+
+/**
  * Refuses a request where a region written overlaps another region of the same request (the
  * codec would read or write bytes that change under it).
  * @throws ReplyError TZIP_HANDLE naming both regions.
  */
-export function checkOverlaps(regions: readonly ResolvedRegion[]): void {
+export function checkOverlaps(regions: readonly (ResolvedRegion | Extent)[]): void {
   if (!regions.some((r) => r.writable)) return;
-  const byFile = new Map<string, ResolvedRegion[]>();
-  for (const r of regions) {
-    if (r.bytes.length === 0) continue;
+  const byFile = new Map<string, Extent[]>();
+  for (const region of regions) {
+    const r = extentOf(region);
+    if (r.length === 0) continue;
     let list = byFile.get(r.name);
     if (list === undefined) byFile.set(r.name, (list = []));
     list.push(r);
@@ -106,13 +132,13 @@ export function checkOverlaps(regions: readonly ResolvedRegion[]): void {
     if (list.length < 2 || !list.some((r) => r.writable)) continue;
     list.sort((a, b) => a.start - b.start);
     // Sweep: keep the region reaching furthest so far; any later region starting before its end overlaps it.
-    let reach = list[0] as ResolvedRegion;
+    let reach = list[0] as Extent;
     for (let i = 1; i < list.length; i++) {
-      const r = list[i] as ResolvedRegion;
-      if (r.start < reach.start + reach.bytes.length && (r.writable || reach.writable)) {
-        throw new ReplyError('TZIP_HANDLE', `${r.what} overlaps ${reach.what} in /dev/shm/${r.name}`, { index: r.index });
+      const r = list[i] as Extent;
+      if (r.start < reach.start + reach.length && (r.writable || reach.writable)) {
+        throw new ReplyError('TZIP_HANDLE', `${r.what} overlaps ${reach.what} in ${r.place ?? `/dev/shm/${r.name}`}`, { index: r.index });
       }
-      if (r.start + r.bytes.length > reach.start + reach.bytes.length) reach = r;
+      if (r.start + r.length > reach.start + reach.length) reach = r;
     }
   }
 }

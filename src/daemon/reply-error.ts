@@ -13,6 +13,8 @@ export const PROTOCOL_ERROR_CODES = [
   'TZIP_SESSION', // unknown or expired session id: say hello again
   'TZIP_HANDLE', // a memory handle that is not this session's, missing, too small, overlapping
   'TZIP_BUSY', // too many requests of this session in flight
+  'TZIP_NO_DEVICE', // GPU memory named, but the daemon has no GPU or does not see this one (the client falls back)
+  'TZIP_CUDA', // a CUDA runtime call of the daemon failed (the message has the CUDA error)
   'TZIP_INTERNAL', // a bug in the daemon
 ] as const;
 
@@ -20,7 +22,7 @@ export const PROTOCOL_ERROR_CODES = [
 export type ReplyErrorCode = TzipErrorCode | (typeof PROTOCOL_ERROR_CODES)[number];
 
 /** Every code an error reply may carry. */
-export const REPLY_ERROR_CODES: readonly ReplyErrorCode[] = [...TZIP_ERROR_CODES, ...PROTOCOL_ERROR_CODES];
+export const REPLY_ERROR_CODES: readonly ReplyErrorCode[] = [...new Set<ReplyErrorCode>([...TZIP_ERROR_CODES, ...PROTOCOL_ERROR_CODES])];
 
 /** Extra fields of an error reply. */
 export interface ReplyErrorExtra {
@@ -71,8 +73,8 @@ export function toWireError(err: unknown, index?: number): WireError {
     out = { code: err.code, message: err.message };
   } else {
     const code = err instanceof Error ? (err as { code?: unknown }).code : undefined;
-    if (typeof code === 'string' && (TZIP_ERROR_CODES as readonly string[]).includes(code)) {
-      out = { code: code as TzipErrorCode, message: (err as Error).message };
+    if (typeof code === 'string' && (REPLY_ERROR_CODES as readonly string[]).includes(code)) {
+      out = { code: code as ReplyErrorCode, message: (err as Error).message };
     } else {
       out = { code: 'TZIP_INTERNAL', message: `internal error: ${err instanceof Error ? err.message : String(err)}` };
     }

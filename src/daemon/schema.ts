@@ -4,9 +4,8 @@
  * on the wire. Unknown fields are errors (the protocol version says which fields exist).
  *
  * Tensors are described in DLPack's terms (DLDevice, DLDataType, shape, strides, byte_offset);
- * where DLPack has a data pointer, the wire has a memory handle: a union on `kind`, of which
- * this build serves `shm` (a file under /dev/shm) and recognises `cuda_ipc` (PyTorch's CUDA IPC
- * handle of a storage) to refuse it clearly.
+ * where DLPack has a data pointer, the wire has a memory handle: a union on `kind`: `shm` (a file
+ * under /dev/shm) or `cuda_ipc` (PyTorch's CUDA IPC handle of a storage on a GPU named by UUID).
  */
 import { z } from 'zod';
 import { CODECS } from '../native.js';
@@ -38,29 +37,67 @@ export const ShmHandle = z.strictObject({
 });
 export type ShmHandle = z.infer<typeof ShmHandle>;
 
+/** Bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t. */
+export const CUDA_IPC_HANDLE_BYTES = 64;
+/** Kind byte of PyTorch's shareable handle for a cudaMalloc'd allocation. */
+export const SHAREABLE_CUDA_MALLOC = 0x63; // 'c'
+/** Kind byte of PyTorch's shareable handle for an expandable segment (refused: docs/protocol.md). */
+export const SHAREABLE_CUDA_EXPANDABLE_SEGMENT = 0x65; // 'e'
+/** Versions of PyTorch's shareable-handle header this daemon reads (torch 2.11 writes 2). */
+export const SHAREABLE_HANDLE_VERSIONS: readonly number[] = [1, 2];
+
 /**
- * A CUDA allocation shared by PyTorch (`UntypedStorage._share_cuda_()`): the cudaIpcMemHandle_t of
- * the allocation holding the storage, where the storage starts in it and its size, the ref-counter
- * file PyTorch uses to keep the allocation alive, and the cudaIpcEventHandle_t to wait on before
- * reading. Accepted by the schema; served by the GPU build only.
+ * PyTorch's shareable handle of a CUDA allocation, as `UntypedStorage._share_cuda_()` gives it:
+ * `[version][kind]` + payload. Kind 'c' carries the 64-byte cudaIpcMemHandle_t of the allocation
+ * base (66 bytes in all); kind 'e' (expandable segments) passes the schema and is refused with an
+ * explanation when the handle is resolved.
+ */
+export const ShareableHandle = bytes.superRefine((b, ctx) => {
+  if (b.byteLength < 2 || b.byteLength > 4096) {
+    ctx.addIssue({ code: 'custom', message: 'a CUDA IPC handle is [version][kind] + payload (66 bytes for kind "c")' });
+    return;
+  }
+  const kind = b[1] as number;
+  if (kind === SHAREABLE_CUDA_MALLOC) {
+    if (b.byteLength !== 2 + CUDA_IPC_HANDLE_BYTES) {
+      ctx.addIssue({ code: 'custom', message: `a kind "c" CUDA IPC handle is 66 bytes ([version]["c"] + 64-byte cudaIpcMemHandle_t), not ${b.byteLength}` });
+    } else if (!SHAREABLE_HANDLE_VERSIONS.includes(b[0] as number)) {
+      ctx.addIssue({ code: 'custom', message: `CUDA IPC handle version ${b[0]} is not one this daemon reads (${SHAREABLE_HANDLE_VERSIONS.join(', ')})` });
+    }
+  } else if (kind !== SHAREABLE_CUDA_EXPANDABLE_SEGMENT) {
+    ctx.addIssue({ code: 'custom', message: `unknown CUDA IPC handle kind byte 0x${kind.toString(16)} (PyTorch writes "c" or "e")` });
+  }
+});
+
+/** A cudaIpcEventHandle_t (64 bytes). */
+export const EventHandle = bytes.refine((b) => b.byteLength === CUDA_IPC_HANDLE_BYTES, 'a CUDA IPC event handle is 64 bytes (cudaIpcEventHandle_t)');
+
+/** PyTorch's IPC ref-counter file of a share (`/torch_<pid>_...`), as `_share_cuda_()` gives it. */
+export const RefCounterName = bytes.refine((b) => b.byteLength >= 1 && b.byteLength <= 255 && /^\/?[A-Za-z0-9._-]+$/.test(Buffer.from(b).toString('latin1')),
+  'ref_counter_handle is a /dev/shm name ("/torch_<pid>_...")');
+
+/**
+ * A CUDA allocation shared by PyTorch (`UntypedStorage._share_cuda_()`): the shareable handle of
+ * the allocation holding the storage, where the storage starts in it and its size, and PyTorch's
+ * ref-counter file and slot of the share (named after the sharing process, which must be the
+ * session's). The GPU is named by UUID: device ordinals differ between processes.
  */
 export const CudaIpcHandle = z.strictObject({
   kind: z.literal('cuda_ipc'),
-  /** UUID of the GPU ("GPU-xxxxxxxx-..."), so the daemon opens the handle on the right device. */
-  device_uuid: z.string().max(64),
+  /** UUID of the GPU ("GPU-xxxxxxxx-..." as nvidia-smi -L prints it; the prefix is optional). */
+  device_uuid: z.string().min(1).max(80),
   /** The client's CUDA device index (informational: indices differ between processes). */
   device_index: uint.optional(),
-  /** cudaIpcMemHandle_t bytes (64). */
-  handle: bytes.refine((b) => b.byteLength <= 256, 'handle too long'),
+  /** PyTorch's shareable handle: [version]["c"] + cudaIpcMemHandle_t (66 bytes). */
+  handle: ShareableHandle,
   /** Offset of the storage in the allocation, bytes. */
   offset: uint,
   /** Size of the storage, bytes. */
   size: uint,
-  ref_counter_handle: bytes.refine((b) => b.byteLength <= 256, 'handle too long').nullable().optional(),
+  /** PyTorch's ref-counter file of the share ("/torch_<pid>_..."); its pid must be the session's. */
+  ref_counter_handle: RefCounterName.nullable().optional(),
+  /** Slot of the share in the ref-counter file (the client releases it, not the daemon). */
   ref_counter_offset: uint.optional(),
-  /** cudaIpcEventHandle_t bytes (64) recorded after the producer's last write; null when none. */
-  event_handle: bytes.refine((b) => b.byteLength <= 256, 'handle too long').nullable(),
-  event_sync_required: z.boolean(),
 });
 export type CudaIpcHandle = z.infer<typeof CudaIpcHandle>;
 
@@ -118,6 +155,8 @@ export const CompressRequest = z.strictObject({
   threads: Threads.optional(),
   /** Bytes of input per chunk (default the codec's, 65536). */
   chunk_size: z.number().int().min(4096).max(65536).optional(),
+  /** GPU requests: the client's interprocess event, recorded after its inputs were written; the daemon's stream waits on it. */
+  wait_event: EventHandle.nullable().optional(),
   tensors: z.array(z.strictObject({
     tensor: Tensor,
     /** Where the frame goes; its size is the capacity (at least maxCompressedSize). */
@@ -133,6 +172,8 @@ export const DecompressRequest = z.strictObject({
   /** Check every chunk's digest (default true). */
   verify: z.boolean().optional(),
   threads: Threads.optional(),
+  /** GPU requests: as in compress. */
+  wait_event: EventHandle.nullable().optional(),
   frames: z.array(z.strictObject({
     /** The frame: exactly its bytes. */
     frame: MemoryHandle,
@@ -145,8 +186,10 @@ export const ReleaseRequest = z.strictObject({
   id: RequestId,
   op: z.literal('release'),
   sid: SessionId,
-  /** Files whose mappings to drop; absent: all of the session's. */
+  /** Files whose mappings to drop; with neither `names` nor `handles`: everything of the session's. */
   names: z.array(ShmName).max(65536).optional(),
+  /** CUDA IPC handles (as sent in requests) whose mappings to close. */
+  handles: z.array(ShareableHandle).max(65536).optional(),
   /** Also end the session (a clean goodbye). */
   end: z.boolean().optional(),
 });

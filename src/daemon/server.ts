@@ -14,6 +14,8 @@ import { TzipError } from '../errors.js';
 import { defaultChunkSize, formatVersion } from '../native.js';
 import { packageRoot } from '../package-root.js';
 import { requestGc } from './gc.js';
+import { gpuInventory } from './gpu.js';
+import { ipcAllocations } from './gpu-map.js';
 import { PROTOCOL_VERSIONS, type DaemonLimits } from './limits.js';
 import { DaemonLock } from './lock.js';
 import { handleCompress } from './op-compress.js';
@@ -105,6 +107,10 @@ export class Daemon {
       if (err instanceof TzipError) throw err;
       throw new TzipError('TZIP_IO', `cannot bind ${endpointOf(options.socketPath)}: ${(err as Error).message}`, { file: options.socketPath, cause: err });
     }
+    const gpus = gpuInventory(); // asked once, before the first client waits on it
+    log(gpus.devices.length > 0
+      ? `GPUs served through CUDA IPC: ${gpus.devices.map((d) => `${d.uuid} (${d.name})`).join(', ')}`
+      : `no GPU served: ${gpus.reason}`);
     daemon.startTimers();
     void daemon.receiveLoop();
     return daemon;
@@ -236,7 +242,10 @@ export class Daemon {
       case 'heartbeat':
         return { lease_ms: this.limits.leaseMs };
       case 'release': {
-        const released = session.mappings.drop(request.names);
+        const everything = request.names === undefined && request.handles === undefined;
+        let released = 0;
+        if (everything || request.names !== undefined) released += session.mappings.drop(request.names);
+        if (everything || request.handles !== undefined) released += session.gpuIfAny?.release(request.handles) ?? 0;
         if (request.end === true) this.sessions.end(session, 'goodbye');
         return { released };
       }
@@ -268,6 +277,7 @@ export class Daemon {
         { versions: [...PROTOCOL_VERSIONS] });
     }
     const version = Math.max(...common);
+    const gpus = gpuInventory();
     const session = this.sessions.open(request.pid, request.shm_prefix, request.name ?? '', version, routingKey);
     this.stats.sessionsOpened++;
     if (this.verbose) this.log(`session ${session.sid} opened by pid ${session.pid} (${session.name || 'unnamed'})`);
@@ -282,8 +292,10 @@ export class Daemon {
         protocol_versions: [...PROTOCOL_VERSIONS],
         format_version: formatVersion(),
         chunk_size: defaultChunkSize(),
-        gpu: false,
-        handle_kinds: ['shm'],
+        gpu: gpus.devices.length > 0,
+        handle_kinds: gpus.devices.length > 0 ? ['shm', 'cuda_ipc'] : ['shm'],
+        gpus: gpus.devices.map((d) => ({ uuid: d.uuid, name: d.name, index: d.ordinal })),
+        ...(gpus.devices.length === 0 ? { gpu_reason: gpus.reason } : {}),
       },
       limits: {
         max_message_bytes: this.limits.maxMessageBytes,
@@ -315,6 +327,7 @@ export class Daemon {
       compress: { items: this.stats.compress.items, bytes_in: this.stats.compress.bytesIn, bytes_out: this.stats.compress.bytesOut },
       decompress: { items: this.stats.decompress.items, bytes_in: this.stats.decompress.bytesIn, bytes_out: this.stats.decompress.bytesOut },
       mapped: { files, bytes },
+      gpu: { devices: gpuInventory().devices.map((d) => d.uuid), requests: this.stats.gpuRequests, allocations: ipcAllocations.count },
     };
     if (request.sid !== undefined) {
       const s = this.sessions.peek(request.sid);
@@ -327,6 +340,7 @@ export class Daemon {
           inflight: s.inflight,
           sockets: s.routingIds.size,
           mapped: { files: s.mappings.count, bytes: s.mappings.bytes },
+          gpu: { allocations: s.gpuIfAny?.allocations ?? 0, events: s.gpuIfAny?.events ?? 0 },
           lease_left_ms: Math.max(0, this.limits.leaseMs - (Date.now() - s.lastSeen)),
         };
       }

@@ -4,7 +4,8 @@
  * A session holds the client's lease, the shared-memory mappings cached for it, and the ZeroMQ
  * routing ids of the sockets it speaks through (a client may use one socket per thread). It ends
  * on `release` with `end`, when its lease lapses (no request for `leaseMs`, requests in flight
- * excepted) or when the last of its sockets disconnects; its mappings are dropped then, and the
+ * excepted) or when the last of its sockets disconnects; its mappings are dropped then (CUDA IPC
+ * allocations and events once its requests in flight are done: gpu-map.ts), and the
  * shared-memory files it made are removed if its process is gone (shm-cleanup.ts).
  *
  * A session may name only its own memory: files whose name starts with its `shm_prefix`
@@ -12,6 +13,7 @@
  * process (`torch_<pid>_...`, the file_system sharing strategy).
  */
 import { randomBytes } from 'node:crypto';
+import { GpuSession } from './gpu-map.js';
 import { processStartTime } from './lock.js';
 import type { DaemonLimits } from './limits.js';
 import { ReplyError } from './reply-error.js';
@@ -29,6 +31,8 @@ export class Session {
   requests = 0;
   readonly routingIds = new Set<string>();
   readonly mappings: ShmMappings;
+  /** The CUDA IPC allocations and events opened for this session (made on its first GPU request). */
+  private gpuState: GpuSession | undefined;
   /** Start time of the client's process when the daemon can see it (same pid namespace), else null. */
   readonly pidStart: number | null;
   private readonly torchPrefix: string;
@@ -54,6 +58,22 @@ export class Session {
   /** Renews the lease. */
   touch(): void {
     this.lastSeen = Date.now();
+  }
+
+  /** The session's GPU state (made on first use). */
+  gpu(): GpuSession {
+    if (this.gpuState === undefined) this.gpuState = new GpuSession(this.sid);
+    return this.gpuState;
+  }
+
+  /** The session's GPU state if it ever made one. */
+  get gpuIfAny(): GpuSession | undefined {
+    return this.gpuState;
+  }
+
+  /** Whether a `/dev/shm` name given as PyTorch's CUDA IPC ref-counter file ("/torch_<pid>_...") is this session's process's. */
+  ownsRefCounter(name: string): boolean {
+    return name.replace(/^\//, '').startsWith(this.torchPrefix);
   }
 }
 
@@ -168,6 +188,7 @@ export class SessionTable {
     for (const r of session.routingIds) if (this.byRouting.get(r) === session) this.byRouting.delete(r);
     session.routingIds.clear();
     session.mappings.drop();
+    session.gpuIfAny?.close();
     this.onEnd(session, reason);
   }
 

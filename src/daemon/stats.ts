@@ -21,6 +21,8 @@ export class DaemonStats {
   readonly errors: Record<string, number> = {};
   readonly compress: CodecTotals = { items: 0, bytesIn: 0, bytesOut: 0 };
   readonly decompress: CodecTotals = { items: 0, bytesIn: 0, bytesOut: 0 };
+  /** Compress/decompress requests served on a GPU. */
+  gpuRequests = 0;
   /** Sessions opened and ended, by reason. */
   sessionsOpened = 0;
   readonly sessionsEnded: Record<string, number> = {};

@@ -1,0 +1,225 @@
+/**
+ * `compress` and `decompress` of tensors in a client's GPU memory (CUDA IPC handles).
+ *
+ * One request, one GPU, one addon batch: every handle is checked and opened first (cached per
+ * session), then the addon's stream waits on the client's interprocess event (`wait_event`, recorded
+ * by the client after it wrote the inputs), runs the whole batch, and records the session's own
+ * interprocess event, whose handle goes back in the reply (`event_handle`) for the client's stream
+ * to wait on. The addon resolves once the work has finished, so nothing is written into the
+ * client's memory after the reply.
+ *
+ * Frames' headers are read back from the device where the reply needs them: the codec of an
+ * `auto` float frame, and every frame of a decompress (checked against its destination after the
+ * decode, as the destination is scratch until the reply says otherwise).
+ */
+import type { Codec, FrameCodec, FrameHeader } from '../native.js';
+import { maxCompressedSize, readHeader } from '../native.js';
+import { TzipError } from '../errors.js';
+import { gpuApi, gpuReplyError, type GpuApi, type GpuRunOptions } from './gpu.js';
+import { expectGpu, GpuRequest } from './gpu-regions.js';
+import type { DaemonLimits } from './limits.js';
+import type { FrameResult } from './op-compress.js';
+import type { TensorResult } from './op-decompress.js';
+import { checkOverlaps, type Extent } from './regions.js';
+import { ReplyError } from './reply-error.js';
+import type { CompressRequest, DecompressRequest } from './schema.js';
+import type { Session } from './session.js';
+import type { DaemonStats } from './stats.js';
+
+/** Frame dtypes whose `fast`/`max` codecs split the float (others are coded as `bytes`). */
+const SPLIT_FLOATS: ReadonlySet<string> = new Set(['BF16', 'F16', 'F32']);
+
+/**
+ * The codec a frame records for the codec asked (as the codec resolves it: docs/format.md), or
+ * null when only the frame can tell (`auto` on a float tensor picks `fast` or `max` by the data).
+ */
+export function recordedCodec(asked: Codec, dtype: string, nbytes: number): FrameCodec | null {
+  const split = SPLIT_FLOATS.has(dtype);
+  if (asked === 'auto') return !split ? 'bytes' : nbytes === 0 ? 'fast' : null;
+  if ((asked === 'fast' || asked === 'max') && !split) return 'bytes';
+  return asked;
+}
+
+function api(): GpuApi {
+  const a = gpuApi();
+  if (a === null) throw new ReplyError('TZIP_NO_DEVICE', 'this build of the tzip daemon has no GPU support in its native addon');
+  return a;
+}
+
+/**
+ * The header of the frame at `ptr` (at most `available` bytes long), read from the device:
+ * `guess` bytes first, more if the header says it needs more.
+ */
+function readDeviceHeader(gpu: GpuApi, ptr: bigint, available: number, guess: number, device: number): FrameHeader {
+  let n = Math.max(1, Math.min(available, guess));
+  for (;;) {
+    const bytes = gpu.gpuCopyFromDevice(ptr, n, device);
+    try {
+      return readHeader(bytes);
+    } catch (err) {
+      const need = err instanceof TzipError && err.code === 'TZIP_TRUNCATED' ? err.needBytes : undefined;
+      if (need === undefined || need <= n || need > available) throw err;
+      n = need;
+    }
+  }
+}
+
+/** Run options without undefined fields (the addon reads what is there). */
+function runOptions(device: number, extra: { chunkSize?: number | undefined; verify?: boolean | undefined; waitEvent?: bigint | undefined; recordEvent: bigint }): GpuRunOptions {
+  const opts: GpuRunOptions = { device, recordEvent: extra.recordEvent };
+  if (extra.chunkSize !== undefined) opts.chunkSize = extra.chunkSize;
+  if (extra.verify !== undefined) opts.verify = extra.verify;
+  if (extra.waitEvent !== undefined) opts.waitEvent = extra.waitEvent;
+  return opts;
+}
+
+/** The error of a failed addon batch, at the first failing item when the addon says which. */
+function batchError(err: unknown, noun: 'tensor' | 'frame'): ReplyError {
+  const items = (err as { itemErrors?: unknown } | null)?.itemErrors;
+  let index: number | undefined;
+  if (Array.isArray(items)) {
+    const i = items.findIndex((e) => typeof e === 'string' && e !== '');
+    if (i >= 0) index = i;
+  }
+  return gpuReplyError(err, index !== undefined ? `${noun} ${index}` : `GPU ${noun === 'tensor' ? 'compress' : 'decompress'}`, index);
+}
+
+/** Handles a validated compress request whose tensors are in GPU memory. */
+export async function handleGpuCompress(req: CompressRequest, session: Session, stats: DaemonStats): Promise<{ frames: FrameResult[]; event_handle: Buffer }> {
+  req.tensors.forEach((item, i) => {
+    expectGpu(item.tensor, `tensor ${i}`, i);
+    expectGpu(item.out, `output of tensor ${i}`, i);
+  });
+  const r = new GpuRequest(session);
+  const plans = req.tensors.map((item, i) => {
+    const input = r.tensor(item.tensor, false, `tensor ${i}`, i);
+    const out = r.handle(item.out, true, `output of tensor ${i}`, i);
+    const need = maxCompressedSize(input.layout.nbytes, input.layout.shape.length, req.chunk_size);
+    if (out.size < need) {
+      throw new ReplyError('TZIP_HANDLE', `output of tensor ${i}: region of ${out.size} bytes is smaller than maxCompressedSize ${need}`, { index: i, need });
+    }
+    return { input, out, codec: (item.codec ?? req.codec ?? 'auto') as Codec, need };
+  });
+  const extents: Extent[] = [];
+  for (const p of plans) extents.push(p.input.extent, p.out.extent);
+  checkOverlaps(extents);
+  const device = r.device as number;
+  const gpu = api();
+  const keys = [...r.keys];
+  r.state.begin(keys);
+  try {
+    const waitEvent = req.wait_event !== undefined && req.wait_event !== null ? r.state.clientEvent(req.wait_event, device) : undefined;
+    const own = r.state.ownEvent(device);
+    let sizes: bigint[];
+    try {
+      sizes = await gpu.gpuCompress(plans.map((p) => ({
+        data: p.input.ptr,
+        nbytes: p.input.layout.nbytes,
+        dtype: p.input.layout.dtype,
+        codec: p.codec,
+        shape: p.input.layout.shape,
+        frame: p.out.ptr,
+        frameCapacity: p.out.size,
+      })), runOptions(device, { chunkSize: req.chunk_size, waitEvent, recordEvent: own.event }));
+    } catch (err) {
+      throw batchError(err, 'tensor');
+    }
+    const frames = plans.map((p, i): FrameResult => {
+      const bytes = Number(sizes[i]);
+      if (!Number.isSafeInteger(bytes) || bytes <= 0 || bytes > p.need) {
+        throw new ReplyError('TZIP_INTERNAL', `tensor ${i}: the GPU codec reported a frame of ${String(sizes[i])} bytes (at most ${p.need} expected)`, { index: i });
+      }
+      let codec = recordedCodec(p.codec, p.input.layout.dtype, p.input.layout.nbytes);
+      if (codec === null) {
+        try {
+          codec = readDeviceHeader(gpu, p.out.ptr, bytes, p.need - p.input.layout.nbytes, device).codec;
+        } catch (err) {
+          throw gpuReplyError(err, `tensor ${i}: reading back the frame header`, i, 'TZIP_INTERNAL');
+        }
+      }
+      return { bytes, codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
+    });
+    let inBytes = 0;
+    let outBytes = 0;
+    for (let i = 0; i < plans.length; i++) {
+      inBytes += (plans[i] as (typeof plans)[number]).input.layout.nbytes;
+      outBytes += (frames[i] as FrameResult).bytes;
+    }
+    stats.addCodec('compress', plans.length, inBytes, outBytes);
+    stats.gpuRequests++;
+    return { frames, event_handle: own.handle };
+  } finally {
+    r.state.end(keys);
+  }
+}
+
+function sameShape(a: readonly number[], b: readonly number[]): boolean {
+  return a.length === b.length && a.every((d, i) => d === b[i]);
+}
+
+/** Handles a validated decompress request whose frames and destinations are in GPU memory. */
+export async function handleGpuDecompress(req: DecompressRequest, session: Session, stats: DaemonStats): Promise<{ tensors: TensorResult[]; event_handle: Buffer }> {
+  req.frames.forEach((item, i) => {
+    expectGpu(item.frame, `frame ${i}`, i);
+    expectGpu(item.out, `destination of frame ${i}`, i);
+  });
+  const r = new GpuRequest(session);
+  const plans = req.frames.map((item, i) => {
+    const frame = r.handle(item.frame, false, `frame ${i}`, i);
+    const out = r.tensor(item.out, true, `destination of frame ${i}`, i);
+    return { frame, out };
+  });
+  const extents: Extent[] = [];
+  for (const p of plans) extents.push(p.frame.extent, p.out.extent);
+  checkOverlaps(extents);
+  const device = r.device as number;
+  const gpu = api();
+  const keys = [...r.keys];
+  r.state.begin(keys);
+  try {
+    const waitEvent = req.wait_event !== undefined && req.wait_event !== null ? r.state.clientEvent(req.wait_event, device) : undefined;
+    const own = r.state.ownEvent(device);
+    try {
+      await gpu.gpuDecompress(plans.map((p) => ({
+        frame: p.frame.ptr,
+        frameBytes: p.frame.size,
+        out: p.out.ptr,
+        outBytes: p.out.layout.nbytes,
+      })), runOptions(device, { verify: req.verify ?? true, waitEvent, recordEvent: own.event }));
+    } catch (err) {
+      throw batchError(err, 'frame');
+    }
+    // The frames are complete in device memory now (the addon waited on wait_event): check them
+    // against their destinations as the CPU path does before decoding (the outputs are scratch).
+    const tensors = plans.map((p, i): TensorResult => {
+      const guess = maxCompressedSize(p.out.layout.nbytes, p.out.layout.shape.length) - p.out.layout.nbytes;
+      let header: FrameHeader;
+      try {
+        header = readDeviceHeader(gpu, p.frame.ptr, p.frame.size, guess, device);
+      } catch (err) {
+        throw gpuReplyError(err, `frame ${i}`, i);
+      }
+      if (header.frameBytes !== p.frame.size) {
+        throw new ReplyError('TZIP_INVALID_ARGUMENT', `frame ${i}: the handle gives ${p.frame.size} bytes, the frame is ${header.frameBytes}`, { index: i });
+      }
+      const o = p.out.layout;
+      if (o.dtype !== header.dtype || !sameShape(o.shape, header.shape) || o.nbytes !== header.nbytes) {
+        throw new ReplyError('TZIP_INVALID_ARGUMENT',
+          `frame ${i} holds ${header.dtype} [${header.shape.join(', ')}] (${header.nbytes} bytes); the destination is ${o.dtype} [${o.shape.join(', ')}] (${o.nbytes} bytes)`,
+          { index: i });
+      }
+      return { nbytes: header.nbytes, dtype: header.dtype, shape: header.shape, codec: header.codec };
+    });
+    let inBytes = 0;
+    let outBytes = 0;
+    for (const p of plans) {
+      inBytes += p.frame.size;
+      outBytes += p.out.layout.nbytes;
+    }
+    stats.addCodec('decompress', plans.length, inBytes, outBytes);
+    stats.gpuRequests++;
+    return { tensors, event_handle: own.handle };
+  } finally {
+    r.state.end(keys);
+  }
+}

@@ -1,0 +1,369 @@
+// The daemon's GPU path (CUDA IPC handles, interprocess events) against a stand-in for the addon's GPU functions:
+// "device memory" is host memory behind fake pointers, IPC handles name fake allocations, the codec is the CPU
+// codec. Checks what the daemon does around the codec: handle checks and caching, one open per allocation per
+// daemon, events waited on and recorded, frames and headers read back, release / session end closing everything
+// (after requests in flight), hostile handles answered with errors. The real GPU runs in
+// python-bridge/tests/test_client_cuda.py.
+import { randomBytes } from 'node:crypto';
+import { join } from 'node:path';
+import { Packr, Unpackr } from 'msgpackr';
+import { Dealer } from 'zeromq';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { TzipError } from '../src/errors.js';
+import { useGpuApiForTests, type GpuApi } from '../src/daemon/gpu.js';
+import { ipcAllocations } from '../src/daemon/gpu-map.js';
+import { defaultLimits } from '../src/daemon/limits.js';
+import { Daemon } from '../src/daemon/server.js';
+import { compress, decompress, maxCompressedSize, type GpuDevice } from '../src/native.js';
+import { useTempDir } from './helpers/temp-dir.js';
+
+const tmp = useTempDir('daemon-gpu');
+const packr = new Packr({ useRecords: false });
+const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'number' });
+const UUID = 'GPU-11111111-2222-3333-4444-555555555555';
+
+/** A fake GPU: allocations of host memory behind fake addresses, and what the daemon did with them. */
+class FakeGpu {
+  private nextBase = 0x7000_0000_0000n;
+  /** Client-side allocations by base. */
+  readonly memory = new Map<bigint, Buffer>();
+  /** Daemon-side mappings: mapped base -> client base. */
+  readonly mapped = new Map<bigint, bigint>();
+  opens = 0;
+  closes = 0;
+  readonly events = new Set<bigint>();
+  private nextEvent = 1n;
+  destroyed = 0;
+  readonly waited: bigint[] = [];
+  readonly recorded: bigint[] = [];
+  /** When set, gpuCompress waits for it (a request held in flight). */
+  hold: Promise<void> | null = null;
+
+  alloc(bytes: Buffer | number): bigint {
+    const base = this.nextBase;
+    this.nextBase += 0x1_0000_0000n;
+    this.memory.set(base, typeof bytes === 'number' ? Buffer.alloc(bytes) : Buffer.from(bytes));
+    return base;
+  }
+
+  /** PyTorch's shareable handle of an allocation: [2]["c"] + 64 bytes (base, magic). */
+  handle(base: bigint): Buffer {
+    const h = Buffer.alloc(66);
+    h[0] = 2;
+    h[1] = 0x63;
+    h.writeBigUInt64LE(base, 2);
+    h.write('fake-ipc', 10, 'latin1');
+    return h;
+  }
+
+  /** The bytes behind a daemon-side pointer. */
+  private resolve(ptr: bigint, n: number): Buffer {
+    for (const [mbase, base] of this.mapped) {
+      const mem = this.memory.get(base) as Buffer;
+      if (ptr >= mbase && ptr + BigInt(n) <= mbase + BigInt(mem.length)) {
+        const off = Number(ptr - mbase);
+        return mem.subarray(off, off + n);
+      }
+    }
+    throw Object.assign(new Error(`pointer 0x${ptr.toString(16)} (+${n}) is not device memory of device 0`), { code: 'TZIP_INVALID_ARGUMENT' });
+  }
+
+  api(): GpuApi {
+    const devices: GpuDevice[] = [{ ordinal: 0, uuid: UUID, name: 'Fake GPU', smCount: 10, totalMemory: 1 << 30, pciBusId: '', computeCapability: '9.0' }];
+    return {
+      gpuDevices: () => devices,
+      cudaIpcOpenMemHandle: (h, device) => {
+        expect(device).toBe(0);
+        expect(h.byteLength).toBe(64);
+        const base = Buffer.from(h).readBigUInt64LE(0);
+        if (Buffer.from(h).toString('latin1', 8, 16) !== 'fake-ipc' || !this.memory.has(base)) {
+          throw new TzipError('TZIP_CUDA' as never, 'cudaIpcOpenMemHandle: cudaErrorInvalidValue: invalid argument');
+        }
+        for (const b of this.mapped.values()) if (b === base) throw new TzipError('TZIP_CUDA' as never, 'opened twice in one process');
+        this.opens++;
+        const mbase = base + 0x1000_0000_0000n;
+        this.mapped.set(mbase, base);
+        return mbase;
+      },
+      cudaIpcCloseMemHandle: (mbase) => {
+        expect(this.mapped.delete(mbase)).toBe(true);
+        this.closes++;
+      },
+      cudaIpcOpenEventHandle: (h) => {
+        if (h.byteLength !== 64 || h[0] !== 0xee) throw new TzipError('TZIP_CUDA' as never, 'cudaIpcOpenEventHandle: cudaErrorInvalidResourceHandle');
+        const e = this.nextEvent++;
+        this.events.add(e);
+        return e;
+      },
+      cudaEventCreateInterprocess: () => {
+        const e = this.nextEvent++;
+        this.events.add(e);
+        return { event: e, handle: Buffer.alloc(64, Number(e)) };
+      },
+      cudaEventDestroy: (e) => {
+        expect(this.events.delete(e)).toBe(true);
+        this.destroyed++;
+      },
+      gpuCopyFromDevice: (ptr, n) => Buffer.from(this.resolve(ptr, Number(n))),
+      gpuCompress: async (items, opts) => {
+        if (opts.waitEvent !== undefined) this.waited.push(opts.waitEvent);
+        if (this.hold !== null) await this.hold;
+        const sizes: bigint[] = [];
+        for (const it of items) {
+          const input = this.resolve(it.data, Number(it.nbytes));
+          const frame = await compress(input, { dtype: it.dtype, shape: it.shape.map(Number), codec: it.codec, chunkSize: opts.chunkSize });
+          frame.copy(this.resolve(it.frame, Number(it.frameCapacity)));
+          sizes.push(BigInt(frame.length));
+        }
+        if (opts.recordEvent !== undefined) this.recorded.push(opts.recordEvent);
+        return sizes;
+      },
+      gpuDecompress: async (items, opts) => {
+        if (opts.waitEvent !== undefined) this.waited.push(opts.waitEvent);
+        for (const it of items) {
+          await decompress(this.resolve(it.frame, Number(it.frameBytes)), { out: this.resolve(it.out, Number(it.outBytes)), verify: opts.verify });
+        }
+        if (opts.recordEvent !== undefined) this.recorded.push(opts.recordEvent);
+      },
+    };
+  }
+}
+
+class Conn {
+  readonly sock = new Dealer({ linger: 0 });
+  sid = '';
+  readonly prefix = `tzip-${process.pid}-${randomBytes(6).toString('hex')}-`;
+  private next = 1;
+  constructor(endpoint: string, readonly pid = process.pid) {
+    this.sock.connect(endpoint);
+  }
+  async req(msg: Record<string, unknown>): Promise<Record<string, any>> {
+    await this.sock.send(packr.pack({ id: this.next++, ...msg }));
+    const [reply] = await this.sock.receive();
+    return unpackr.unpack(reply as Buffer) as Record<string, any>;
+  }
+  async hello(): Promise<Record<string, any>> {
+    const r = await this.req({ op: 'hello', versions: [1], pid: this.pid, shm_prefix: this.prefix });
+    this.sid = r.sid;
+    return r;
+  }
+  call(op: string, body: Record<string, unknown> = {}) {
+    return this.req({ op, sid: this.sid, ...body });
+  }
+  close() {
+    this.sock.close();
+  }
+}
+
+let gpu: FakeGpu;
+let daemon: Daemon;
+
+beforeAll(async () => {
+  gpu = new FakeGpu();
+  useGpuApiForTests(gpu.api());
+  const limits = { ...defaultLimits(), leaseMs: 5000 };
+  daemon = await Daemon.start({ socketPath: join(tmp(), 'd', 'tzip.sock'), limits, log: () => undefined });
+});
+
+afterAll(async () => {
+  await daemon.stop('tests done');
+  useGpuApiForTests(undefined);
+});
+
+function bf16Weights(n: number, seed = 1): Buffer {
+  const out = Buffer.alloc(n * 2);
+  let s = seed;
+  for (let i = 0; i < n; i++) {
+    s = (s * 1103515245 + 12345) & 0x7fffffff;
+    out.writeUInt16LE(((s >> 8) & 0x8000) | ((117 + (s % 6)) << 7) | ((s >> 3) & 0x7f), i * 2);
+  }
+  return out;
+}
+
+const EVENT = Buffer.alloc(64, 0xee);
+
+function ipc(c: Conn, base: bigint, offset: number, size: number, extra: Record<string, unknown> = {}) {
+  return { kind: 'cuda_ipc', device_uuid: UUID.toLowerCase().slice(4), device_index: 3, handle: gpu.handle(base), offset, size,
+    ref_counter_handle: Buffer.from(`/torch_${c.pid}_42_0`), ref_counter_offset: 7, ...extra };
+}
+
+function bf16(data: Record<string, unknown>, shape: number[], byteOffset = 0) {
+  return { device: { type: 2, id: 3 }, dtype: { code: 4, bits: 16, lanes: 1 }, shape, byte_offset: byteOffset, data };
+}
+
+async function settle(what: () => boolean): Promise<void> {
+  for (let i = 0; i < 200 && !what(); i++) await new Promise((r) => setTimeout(r, 10));
+}
+
+describe('GPU requests (fake GPU)', () => {
+  it('says hello with its GPUs', async () => {
+    const c = new Conn(daemon.endpoint);
+    try {
+      const h = await c.hello();
+      expect(h.daemon.gpu).toBe(true);
+      expect(h.daemon.handle_kinds).toEqual(['shm', 'cuda_ipc']);
+      expect(h.daemon.gpus).toEqual([{ uuid: UUID, name: 'Fake GPU', index: 0 }]);
+    } finally {
+      c.close();
+    }
+  });
+
+  it('compresses views at storage offsets and decompresses them, events both ways, bytes as the CPU codec', async () => {
+    const c = new Conn(daemon.endpoint);
+    try {
+      await c.hello();
+      const a = bf16Weights(100_000);
+      const storageOffset = 4096; // the storage starts 4096 bytes into the allocation
+      const base = gpu.alloc(8 << 20);
+      const mem = gpu.memory.get(base) as Buffer;
+      a.copy(mem, storageOffset + 6); // a view 3 elements into its storage
+      const cap = maxCompressedSize(a.length, 1);
+      const outOff = 1 << 20;
+      const opensBefore = gpu.opens;
+      const r = await c.call('compress', {
+        wait_event: EVENT,
+        tensors: [
+          { tensor: bf16(ipc(c, base, storageOffset, a.length + 6 + 100), [100_000], 6), out: ipc(c, base, outOff, cap), codec: 'auto' },
+          { tensor: bf16(ipc(c, base, storageOffset, a.length + 6 + 100), [100_000], 6), out: ipc(c, base, outOff + cap + 64, cap), codec: 'raw' },
+        ],
+      });
+      expect(r.ok).toBe(true);
+      expect(gpu.opens).toBe(opensBefore + 1); // one allocation, opened once
+      expect(Buffer.isBuffer(r.event_handle) && r.event_handle.length).toBe(64);
+      const want = await compress(a, { dtype: 'BF16', shape: [100_000] });
+      expect(r.frames[0].bytes).toBe(want.length);
+      expect(mem.subarray(outOff, outOff + want.length).equals(want)).toBe(true);
+      expect(['fast', 'max']).toContain(r.frames[0].codec); // auto on bf16: read back from the frame
+      expect(r.frames[1].codec).toBe('raw');
+      expect(gpu.waited.length).toBeGreaterThan(0);
+      expect(gpu.recorded.length).toBeGreaterThan(0);
+
+      const back = 4 << 20;
+      const d = await c.call('decompress', {
+        wait_event: EVENT,
+        frames: [{ frame: ipc(c, base, outOff, r.frames[0].bytes), out: bf16(ipc(c, base, back, a.length), [100_000]) }],
+      });
+      expect(d.ok).toBe(true);
+      expect(d.tensors[0]).toMatchObject({ nbytes: a.length, dtype: 'BF16', shape: [100_000] });
+      expect(mem.subarray(back, back + a.length).equals(a)).toBe(true);
+      expect(gpu.opens).toBe(opensBefore + 1); // cached
+
+      // the frame against a destination of another shape: refused after the decode (the destination is scratch)
+      const wrong = await c.call('decompress', { frames: [{ frame: ipc(c, base, outOff, r.frames[0].bytes), out: bf16(ipc(c, base, back, a.length), [1000, 100]) }] });
+      expect(wrong.error.code).toBe('TZIP_INVALID_ARGUMENT');
+      const st = await c.call('stats');
+      expect(st.gpu.allocations).toBeGreaterThanOrEqual(1);
+      expect(st.session.gpu.allocations).toBe(1);
+      const rel = await c.call('release', { handles: [gpu.handle(base)] });
+      expect(rel.released).toBe(1);
+      expect(gpu.mapped.size).toBe(0);
+    } finally {
+      c.close();
+    }
+  });
+
+  it('refuses bad handles with errors and keeps serving', async () => {
+    const c = new Conn(daemon.endpoint);
+    try {
+      await c.hello();
+      const base = gpu.alloc(1 << 20);
+      const t = bf16(ipc(c, base, 0, 2000), [1000]);
+      const out = (off: number, size: number) => ipc(c, base, off, size);
+      const code = async (body: Record<string, unknown>, op = 'compress') => {
+        const r = await c.call(op, body);
+        expect(r.ok).toBe(false);
+        return r.error as { code: string; message: string; index?: number; need?: number };
+      };
+      // a handle CUDA cannot open (random bytes)
+      const random = { ...ipc(c, base, 0, 2000), handle: Buffer.concat([Buffer.from([2, 0x63]), randomBytes(64)]) };
+      let e = await code({ tensors: [{ tensor: bf16(random, [1000]), out: out(8192, 4096) }] });
+      expect(e.code).toBe('TZIP_HANDLE');
+      expect(e.message).toContain('cudaErrorInvalidValue');
+      // another process's share (its ref counter names its pid)
+      e = await code({ tensors: [{ tensor: bf16({ ...ipc(c, base, 0, 2000), ref_counter_handle: Buffer.from('/torch_1_42_0') }, [1000]), out: out(8192, 4096) }] });
+      expect(e.code).toBe('TZIP_HANDLE');
+      expect(e.message).toContain('another process');
+      // an expandable segment
+      e = await code({ tensors: [{ tensor: bf16({ ...ipc(c, base, 0, 2000), handle: Buffer.from([2, 0x65, 1, 2, 3, 4]) }, [1000]), out: out(8192, 4096) }] });
+      expect(e.code).toBe('TZIP_UNSUPPORTED');
+      expect(e.message).toContain("expandable_segments");
+      // a GPU the daemon does not see
+      e = await code({ tensors: [{ tensor: bf16({ ...ipc(c, base, 0, 2000), device_uuid: 'GPU-99999999-0000-0000-0000-000000000000' }, [1000]), out: out(8192, 4096) }] });
+      expect(e.code).toBe('TZIP_NO_DEVICE');
+      // a tensor beyond its storage, an output below the bound, overlapping regions, an event CUDA cannot open
+      e = await code({ tensors: [{ tensor: bf16(ipc(c, base, 0, 1000), [1000]), out: out(8192, 4096) }] });
+      expect(e.code).toBe('TZIP_HANDLE');
+      e = await code({ tensors: [{ tensor: t, out: out(8192, 100) }] });
+      expect(e.code).toBe('TZIP_HANDLE');
+      expect(e.need).toBe(maxCompressedSize(2000, 1));
+      e = await code({ tensors: [{ tensor: t, out: out(1000, 4096) }] });
+      expect(e.message).toContain('overlaps');
+      e = await code({ wait_event: Buffer.alloc(64, 1), tensors: [{ tensor: t, out: out(8192, 4096) }] });
+      expect(e.code).toBe('TZIP_HANDLE');
+      expect(e.message).toContain('wait_event');
+      // a frame that is not a frame
+      e = await code({ frames: [{ frame: out(8192, 300), out: bf16(ipc(c, base, 65536, 2000), [1000]) }] }, 'decompress');
+      expect(['TZIP_CORRUPT', 'TZIP_TRUNCATED', 'TZIP_INVALID_ARGUMENT']).toContain(e.code);
+      expect((await c.call('heartbeat')).ok).toBe(true);
+      const ok = await c.call('compress', { tensors: [{ tensor: t, out: out(8192, 4096) }] });
+      expect(ok.ok).toBe(true);
+    } finally {
+      c.close();
+    }
+  });
+
+  it('opens an allocation once for two sessions of a process, closes it when both let go', async () => {
+    const a = new Conn(daemon.endpoint);
+    const b = new Conn(daemon.endpoint);
+    try {
+      await a.hello();
+      await b.hello();
+      const base = gpu.alloc(1 << 20);
+      const job = (c: Conn) => c.call('compress', { tensors: [{ tensor: bf16(ipc(c, base, 0, 2000), [1000]), out: ipc(c, base, 4096, 8192) }] });
+      const opens = gpu.opens;
+      expect((await job(a)).ok).toBe(true);
+      expect((await job(b)).ok).toBe(true);
+      expect(gpu.opens).toBe(opens + 1);
+      expect((await a.call('release', { end: true })).ok).toBe(true);
+      expect([...gpu.mapped.values()]).toContain(base); // b still holds it
+      expect((await b.call('release', { end: true })).ok).toBe(true);
+      expect([...gpu.mapped.values()]).not.toContain(base);
+    } finally {
+      a.close();
+      b.close();
+    }
+  });
+
+  it('closes a session\'s handles and events only after its request in flight, when it disconnects', async () => {
+    const c = new Conn(daemon.endpoint);
+    const base = gpu.alloc(1 << 20);
+    await c.hello();
+    let release!: () => void;
+    gpu.hold = new Promise<void>((r) => { release = r; });
+    const eventsBefore = gpu.events.size;
+    const waitedBefore = gpu.waited.length;
+    const pending = c.call('compress', { wait_event: EVENT, tensors: [{ tensor: bf16(ipc(c, base, 0, 2000), [1000]), out: ipc(c, base, 4096, 8192) }] });
+    pending.catch(() => undefined);
+    await settle(() => gpu.waited.length > waitedBefore);
+    expect(gpu.waited.length).toBeGreaterThan(waitedBefore); // the request is in the (held) codec call
+    c.close(); // the client goes away mid-request
+    await new Promise((r) => setTimeout(r, 100));
+    expect([...gpu.mapped.values()]).toContain(base); // still in use by the request
+    release();
+    gpu.hold = null;
+    await settle(() => ![...gpu.mapped.values()].includes(base));
+    expect([...gpu.mapped.values()]).not.toContain(base);
+    await settle(() => gpu.events.size <= eventsBefore);
+    expect(gpu.events.size).toBeLessThanOrEqual(eventsBefore); // its events destroyed
+    // and the daemon serves the next client
+    const d = new Conn(daemon.endpoint);
+    try {
+      await d.hello();
+      const r = await d.call('compress', { tensors: [{ tensor: bf16(ipc(d, base, 0, 2000), [1000]), out: ipc(d, base, 4096, 8192) }] });
+      expect(r.ok).toBe(true);
+    } finally {
+      d.close();
+    }
+    expect(ipcAllocations.closeErrors).toBe(0);
+  });
+});
