@@ -9,7 +9,6 @@ import { readdir } from 'node:fs/promises';
 import { availableParallelism } from 'node:os';
 import { join, relative } from 'node:path';
 import { Option, type Command } from 'commander';
-import { BASELINES } from '../bench/baselines.js';
 import { measureBaseline, measureTzip, type Measurement, type RunPlan, type Sample } from '../bench/measure.js';
 import { isFloatDtype } from '../dtype.js';
 import { planEntries } from '../entries.js';
@@ -82,6 +81,8 @@ async function loadSamples(path: string): Promise<{ fileBytes: number; groups: M
 }
 
 async function benchFile(path: string, threads: number, plan: RunPlan, progress: Progress): Promise<FileReport> {
+  // The zstd and LZ4 bindings load here, not when the CLI starts: `tzip serve` and the codec commands never need them.
+  const { BASELINES } = await import('../bench/baselines.js');
   const { fileBytes, groups } = await loadSamples(path);
   const steps = [...groups.keys()].reduce((n, d) => n + (isFloatDtype(d) ? 2 : 3) + BASELINES.length, 0);
   let done = 0;
