@@ -41,7 +41,7 @@ export interface CompressOptions {
 export interface DecompressOptions {
   /** Worker threads; default the addon's {@link defaultThreads}. */
   threads?: number | undefined;
-  /** Check the decoded bytes against the frame's XXH32 digests (default true). */
+  /** Check the decoded bytes against the frame's chunk digests (docs/format.md, section 9; default true). */
   verify?: boolean | undefined;
   /** Destination, exactly the frame's nbytes long; returned filled. */
   out?: Uint8Array | undefined;
@@ -64,7 +64,7 @@ export interface FrameHeader {
   payloadBytes: number;
   /** headerBytes + payloadBytes: the whole frame. */
   frameBytes: number;
-  /** Frame checksum: XXH32 (seed 0) of the little-endian array of the chunks' XXH32 digests of original bytes. */
+  /** Frame checksum: XXH32 (seed 0) of the little-endian array of the chunk digests of the original bytes (docs/format.md, section 9). */
   checksum: number;
 }
 
@@ -172,7 +172,7 @@ export interface GpuRunOptions {
   smBudget?: number | undefined;
   /** gpuCompress only: bytes of input per chunk, a multiple of 256 from 4096 to 65536; default 65536. */
   chunkSize?: number | undefined;
-  /** gpuDecompress only: check each chunk's XXH32 digest (default true; the header digest and checksum always are). */
+  /** gpuDecompress only: check each chunk's digest (default true; the header digest and checksum always are). */
   verify?: boolean | undefined;
   /** A cudaEvent_t (as a bigint) the addon's stream waits for before the call's work (cudaStreamWaitEvent). */
   waitEvent?: bigint | undefined;
@@ -260,7 +260,7 @@ export async function compress(input: Uint8Array, opts: CompressOptions): Promis
 }
 
 /**
- * Decodes one frame back into the original bytes, checking its XXH32 digests unless `verify` is false.
+ * Decodes one frame back into the original bytes, checking its chunk digests unless `verify` is false.
  * @returns the original bytes (`opts.out` when given).
  * @throws TzipError TZIP_CORRUPT, TZIP_TRUNCATED, TZIP_CHECKSUM or TZIP_UNSUPPORTED for bad frames.
  */
