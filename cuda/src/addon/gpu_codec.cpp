@@ -90,7 +90,7 @@ void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
   const cudaStream_t s = device_stream(o.device);
   PinnedBuffer pinned(result_bytes);
   CompletionEvent done(o.device);
-  bool copy_pending = false;
+  bool copy_pending = false, queued_pending = false;
   try {
     std::lock_guard<std::mutex> lock(enqueue_mutex(o.device));
     if (o.wait_event) cuda_check(cudaStreamWaitEvent(s, event_of(o.wait_event), 0), "cudaStreamWaitEvent(options.waitEvent)");
@@ -99,6 +99,9 @@ void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
     try {
       enqueue(s, d_result);
     } catch (...) {
+      // The codec may have queued some of its kernels before one failed to launch: they still read and write the
+      // caller's memory, so the promise must not settle (and the caller reuse that memory) before they are done.
+      queued_pending = true;
       if (d_result) cudaFreeAsync(d_result, s);
       throw;
     }
@@ -111,8 +114,8 @@ void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
     if (o.record_event) cuda_check(cudaEventRecord(event_of(o.record_event), s), "cudaEventRecord(options.recordEvent)");
     cuda_check(cudaEventRecord(done.get(), s), "cudaEventRecord");
   } catch (...) {
-    // Work already queued may still write into `pinned`: wait for it, or never reuse that memory.
-    if (copy_pending && cudaStreamSynchronize(s) != cudaSuccess) {
+    // Work already queued may still write into `pinned` or the caller's buffers: wait for it, or never reuse `pinned`.
+    if ((copy_pending || queued_pending) && cudaStreamSynchronize(s) != cudaSuccess) {
       cudaGetLastError();
       pinned.poison();
     }
@@ -311,7 +314,9 @@ const char* decode_error_text(const std::string& code) {
   if (code == "TZIP_CORRUPT") return "corrupt frame";
   if (code == "TZIP_TRUNCATED") return "truncated frame (frameBytes is less than the frame's size)";
   if (code == "TZIP_CHECKSUM") return "checksum mismatch: the decoded bytes do not match the frame's digests";
-  if (code == "TZIP_UNSUPPORTED") return "unsupported frame (newer format version or unknown flags)";
+  if (code == "TZIP_UNSUPPORTED")
+    return "unsupported frame: a newer format version, a pre-release version-1 frame (re-compress the original tensor), "
+           "or unknown flags";
   if (code == "TZIP_INVALID_ARGUMENT") return "outBytes differs from the frame's nbytes";
   return "the GPU decoder failed";
 }
