@@ -84,7 +84,44 @@ function batchError(err: unknown, noun: 'tensor' | 'frame'): ReplyError {
   return gpuReplyError(err, index !== undefined ? `${noun} ${index}` : `GPU ${noun === 'tensor' ? 'compress' : 'decompress'}`, index);
 }
 
-/** Handles a validated compress request whose tensors are in GPU memory. */
+/** What one GPU batch runs with: the addon, the device, the client's event to wait on, the session's own event. */
+interface GpuRun {
+  gpu: GpuApi;
+  device: number;
+  waitEvent: bigint | undefined;
+  own: { event: bigint; handle: Buffer };
+}
+
+/**
+ * Runs `body` for a request whose handles `r` has opened: checks that none of the batch's regions
+ * overlap, keeps the request's allocations marked in use until `body` settles, and opens the
+ * client's `wait_event` and the session's own event on the request's device.
+ * @throws ReplyError TZIP_INVALID_ARGUMENT (overlapping regions), TZIP_NO_DEVICE (no GPU support),
+ *   TZIP_HANDLE (an event handle CUDA cannot open); and whatever `body` throws.
+ */
+async function runGpuBatch<T>(r: GpuRequest, extents: Extent[], waitEventHandle: Uint8Array | null | undefined,
+  body: (run: GpuRun) => Promise<T>): Promise<T> {
+  checkOverlaps(extents);
+  const device = r.device as number;
+  const gpu = api();
+  const keys = [...r.keys];
+  r.state.begin(keys);
+  try {
+    const waitEvent = waitEventHandle !== undefined && waitEventHandle !== null ? r.state.clientEvent(waitEventHandle, device) : undefined;
+    return await body({ gpu, device, waitEvent, own: r.state.ownEvent(device) });
+  } finally {
+    r.state.end(keys);
+  }
+}
+
+/**
+ * Handles a validated compress request whose tensors are in GPU memory: frames written into the
+ * clients' output handles, their sizes (bytes) and codecs in the reply.
+ * @throws ReplyError TZIP_HANDLE (a handle that is not the session's or that CUDA cannot open),
+ *   TZIP_NO_DEVICE (no GPU, or not this one by UUID), TZIP_INVALID_ARGUMENT (CPU and GPU memory
+ *   or two GPUs in one request; an output smaller than the frame bound), TZIP_UNSUPPORTED
+ *   (expandable segments), TZIP_TOO_LARGE, TZIP_CUDA, TZIP_INTERNAL.
+ */
 export async function handleGpuCompress(req: CompressRequest, session: Session, stats: DaemonStats): Promise<{ frames: FrameResult[]; event_handle: Buffer }> {
   req.tensors.forEach((item, i) => {
     expectGpu(item.tensor, `tensor ${i}`, i);
@@ -102,14 +139,7 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
   });
   const extents: Extent[] = [];
   for (const p of plans) extents.push(p.input.extent, p.out.extent);
-  checkOverlaps(extents);
-  const device = r.device as number;
-  const gpu = api();
-  const keys = [...r.keys];
-  r.state.begin(keys);
-  try {
-    const waitEvent = req.wait_event !== undefined && req.wait_event !== null ? r.state.clientEvent(req.wait_event, device) : undefined;
-    const own = r.state.ownEvent(device);
+  return runGpuBatch(r, extents, req.wait_event, async ({ gpu, device, waitEvent, own }) => {
     let sizes: bigint[];
     try {
       sizes = await gpu.gpuCompress(plans.map((p) => ({
@@ -148,16 +178,20 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
     stats.addCodec('compress', plans.length, inBytes, outBytes);
     stats.gpuRequests++;
     return { frames, event_handle: own.handle };
-  } finally {
-    r.state.end(keys);
-  }
+  });
 }
 
 function sameShape(a: readonly number[], b: readonly number[]): boolean {
   return a.length === b.length && a.every((d, i) => d === b[i]);
 }
 
-/** Handles a validated decompress request whose frames and destinations are in GPU memory. */
+/**
+ * Handles a validated decompress request whose frames and destinations are in GPU memory: each
+ * frame decoded into its destination handle, checked against the destination's dtype and shape.
+ * @throws ReplyError TZIP_HANDLE, TZIP_NO_DEVICE, TZIP_INVALID_ARGUMENT (frame and destination
+ *   disagree), TZIP_CORRUPT / TZIP_TRUNCATED / TZIP_CHECKSUM / TZIP_UNSUPPORTED (the frame, with
+ *   its index), TZIP_TOO_LARGE, TZIP_CUDA, TZIP_INTERNAL.
+ */
 export async function handleGpuDecompress(req: DecompressRequest, session: Session, stats: DaemonStats): Promise<{ tensors: TensorResult[]; event_handle: Buffer }> {
   req.frames.forEach((item, i) => {
     expectGpu(item.frame, `frame ${i}`, i);
@@ -171,14 +205,7 @@ export async function handleGpuDecompress(req: DecompressRequest, session: Sessi
   });
   const extents: Extent[] = [];
   for (const p of plans) extents.push(p.frame.extent, p.out.extent);
-  checkOverlaps(extents);
-  const device = r.device as number;
-  const gpu = api();
-  const keys = [...r.keys];
-  r.state.begin(keys);
-  try {
-    const waitEvent = req.wait_event !== undefined && req.wait_event !== null ? r.state.clientEvent(req.wait_event, device) : undefined;
-    const own = r.state.ownEvent(device);
+  return runGpuBatch(r, extents, req.wait_event, async ({ gpu, device, waitEvent, own }) => {
     try {
       await gpu.gpuDecompress(plans.map((p) => ({
         frame: p.frame.ptr,
@@ -219,7 +246,5 @@ export async function handleGpuDecompress(req: DecompressRequest, session: Sessi
     stats.addCodec('decompress', plans.length, inBytes, outBytes);
     stats.gpuRequests++;
     return { tensors, event_handle: own.handle };
-  } finally {
-    r.state.end(keys);
-  }
+  });
 }
