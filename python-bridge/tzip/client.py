@@ -30,8 +30,8 @@ CUDA tensors stay on their GPU (the daemon finds the GPU by UUID):
   Smaller or non-contiguous ones are copied on the GPU into a per-client staging arena (one
   buffer per request, shared once; idle buffers beyond ``gpu_arena_keep_bytes``, 128 MiB per GPU,
   are freed). Frames are written by the daemon into the arena and copied into compact payloads on
-  the same GPU; decompressed tensors of 1 MiB and more (and ``out=`` tensors that are contiguous)
-  are written in place, smaller ones copied out of the arena.
+  the same GPU; decompressed tensors of 1 MiB and more (new ones, or a contiguous ``out=``) are
+  written in place, smaller ones (``out=`` included) copied out of the arena.
 * Ordering is stream-ordered, never a device synchronisation: the client records an interprocess
   event on the current stream (the caller's stream for the async variants) after the inputs, the
   daemon's stream waits on it, and the current stream waits on the daemon's event before the
@@ -510,7 +510,22 @@ class Client:
     # --- compress -----------------------------------------------------------------------------
     def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str = "auto"):
         """Compresses one tensor (-> CompressedTensor) or a batch (-> list, one request per batch and device where it
-        fits). A CUDA tensor's payload stays on its GPU."""
+        fits). A CUDA tensor's payload stays on its GPU.
+
+        Args:
+            tensors: a tensor or an iterable of tensors, any shape and dtype, on the CPU or a GPU; views keep their
+                storage offset, non-contiguous tensors are compressed as their contiguous values.
+            codec: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md).
+
+        Returns:
+            CompressedTensor (payload: a uint8 tensor on the input's device) or a list of them.
+
+        Raises:
+            ValueError: unknown codec. TypeError: an item that is not a tensor.
+            TzipDaemonError: the daemon refused a tensor (its ``code``: e.g. TZIP_INVALID_ARGUMENT).
+            DaemonUnavailableError / DeviceUnavailableError: with ``strict=True`` only, when the daemon is gone or
+                cannot serve the tensor's GPU (otherwise raw frames, and one warning).
+        """
         self._check_pid()
         single = isinstance(tensors, torch.Tensor)
         items = [tensors] if single else list(tensors)
@@ -829,7 +844,16 @@ class Client:
 
         ``out``: a tensor (or, for a batch, a list with tensors or None) of the same dtype and shape to
         write into; returned filled. The result lies on ``out``'s device, else on the payload's device.
+        ``verify``: check every chunk's digest (docs/format.md, section 9; default True).
         Raw frames are decoded here when the daemon cannot (CPU: always); other codecs need the daemon.
+
+        Raises:
+            ValueError: ``out`` of another dtype, shape or length than the frames. TypeError: an item that is not a
+                CompressedTensor.
+            TzipDaemonError: a corrupt frame (``code`` TZIP_CORRUPT, TZIP_TRUNCATED, TZIP_CHECKSUM, TZIP_UNSUPPORTED)
+                or another refusal of the daemon.
+            DaemonUnavailableError / DeviceUnavailableError: a non-raw frame and no daemon (or no daemon GPU) to
+                decode it.
         """
         self._check_pid()
         items, outs, single = self._decompress_args(cts, out)
@@ -1120,7 +1144,12 @@ class Client:
     def release_gpu(self) -> int:
         """Asks the daemon to close its mappings of this client's GPU memory (they are opened again when needed).
         Call it after ``torch.cuda.empty_cache()``: a segment the caching allocator freed stays allocated on the GPU
-        while the daemon maps it. Returns how many mappings the daemon closed."""
+        while the daemon maps it. Returns how many of this session's allocations the daemon let go of (one that
+        another session also maps, or that a running request uses, is counted but closed later).
+
+        Raises:
+            TzipDaemonError: the daemon refused the request (e.g. an unknown session).
+            DaemonUnavailableError: the daemon did not answer within 10 s."""
         self._check_pid()
         with self._release_lock:
             handles = list(self._gpu_handles)

@@ -9,7 +9,7 @@ namespace tzip {
 constexpr uint32_t kFrameMagic = 0x52465A54u;  // bytes "TZFR"
 constexpr uint16_t kFormatVersion = 2;
 constexpr uint32_t kFixedHeaderBytes = 48;      // fields before the shape
-constexpr uint32_t kChunkEntryBytes = 16;       // u64 offset, u32 size, u32 XXH32 digest
+constexpr uint32_t kChunkEntryBytes = 16;       // u64 offset, u32 size, u32 chunk digest (xxhash32.h, chunk_digest)
 constexpr uint32_t kMaxNdim = 32;
 constexpr uint32_t kDefaultChunkBytes = 65536;  // 64 KiB of input per chunk
 constexpr uint32_t kMinChunkBytes = 4096;

@@ -2,7 +2,7 @@
 // what the CPU backend (cuda/src/frame.cpp, chunk_codec.cpp) writes and reads. Plain C++ header: no CUDA headers,
 // streams are passed as void* (a cudaStream_t).
 //
-// Everything runs on the device, in one launch sequence per batch: "auto" codec resolution, per-chunk XXH32 digests,
+// Everything runs on the device, in one launch sequence per batch: "auto" codec resolution, per-chunk digests,
 // histograms, mode decisions, coding, the scan of chunk sizes (a decoupled look-back inside the coding kernel),
 // compaction (chunks are written straight to their final offsets), chunk table, checksum and header digest. Frame sizes
 // land in a device array the caller can copy back asynchronously. Decode parses and validates every frame on the
@@ -81,7 +81,7 @@ struct DecodeItem {
 
 struct DecodeOptions {
   int sm_budget = 10;
-  bool verify = true;  // check each chunk's XXH32 (the header digest and the checksum are always checked)
+  bool verify = true;  // check each chunk's digest (the header digest and the checksum are always checked)
   void* stream = nullptr;
 };
 

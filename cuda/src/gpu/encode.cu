@@ -60,7 +60,7 @@ struct EncArgs {
   unsigned long long* status;     // look-back words, one per chunk
   unsigned long long* offsets;    // final payload offset of each chunk
   uint32_t* sizes;                // stored size of each chunk
-  uint32_t* digests;              // XXH32 of each chunk's input
+  uint32_t* digests;              // chunk digest of each chunk's input (format version 2)
   unsigned long long* auto_hist;  // 256 per auto tensor
   uint64_t* frame_bytes;          // caller's array
 };
