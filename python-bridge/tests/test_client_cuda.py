@@ -30,7 +30,7 @@ from tzip import _cuda
 from tzip._dlpack import int_alias
 from tzip.compressed import CompressedTensor
 
-from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, shared_daemon, sock_dir  # noqa: F401
+from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, shared_daemon, sock_dir, wait_for  # noqa: F401
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False): "
@@ -97,16 +97,6 @@ def daemon_stats(socket: str) -> dict:
         return c.req({"id": 1, "op": "stats"})
     finally:
         c.close()
-
-
-def wait_for(cond, timeout=10.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(step)
-    return cond()
 
 
 # --- round trips ---------------------------------------------------------------------------------------------------

@@ -20,17 +20,7 @@ import torch
 import tzip.client as tz
 from tzip._dlpack import int_alias
 
-from test_client_support import MAIN, NODE, PYTHON, ROOT, DaemonProcess, RawConn, daemon, sock_dir  # noqa: F401
-
-
-def wait_for(cond, timeout=10.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(step)
-    return cond()
+from test_client_support import MAIN, NODE, PYTHON, ROOT, DaemonProcess, RawConn, daemon, sock_dir, wait_for  # noqa: F401
 
 
 def stats(socket: str) -> dict:
@@ -231,9 +221,6 @@ def test_client_is_not_usable_after_fork(daemon):
         assert os.read(r, 100) == b"RuntimeError"
     finally:
         c.close()
-
-
-
 
 
 def test_spawning_client_restarts_a_killed_daemon(sock_dir):

@@ -102,6 +102,18 @@ class DaemonProcess:
             return ""
 
 
+def wait_for(cond, timeout=10.0, step=0.02):
+    """Polls ``cond()`` every ``step`` seconds until it returns something true (returned) or ``timeout`` seconds
+    pass (then its last value is returned)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(step)
+    return cond()
+
+
 @pytest.fixture
 def sock_dir():
     """A private temporary folder (0700) for one test's socket; its shm leftovers are checked."""
