@@ -28,10 +28,15 @@ POLL_MS = 100
 
 
 class Transport:
-    """Per-thread DEALER sockets to ``ipc://<socket_path>``."""
+    """Per-thread DEALER sockets to ``ipc://<socket_path>``, or to a ``tcp://`` endpoint with CURVE.
 
-    def __init__(self, socket_path: str):
-        self.endpoint = f"ipc://{socket_path}"
+    ``curve``: (server public key, client public key, client secret key), Z85 bytes, for a ``tcp://``
+    endpoint (the daemon's TCP socket speaks only CURVE, docs/protocol.md).
+    """
+
+    def __init__(self, socket_path: str, curve: tuple[bytes, bytes, bytes] | None = None):
+        self.endpoint = socket_path if socket_path.startswith("tcp://") else f"ipc://{socket_path}"
+        self._curve = curve
         self._ctx = zmq.Context()
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -54,6 +59,8 @@ class Transport:
             sock.linger = 0
             sock.rcvtimeo = POLL_MS
             sock.sndtimeo = 1000
+            if self._curve is not None:
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
             sock.connect(self.endpoint)
             self._sockets.append(sock)
             local.sock, local.generation = sock, self._generation

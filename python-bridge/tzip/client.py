@@ -72,6 +72,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -272,21 +273,44 @@ class _GpuFrame:
     out_off: int = 0
 
 
+def _curve_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes]:
+    """The CURVE keys for the daemon's TCP socket: ``server.public``, ``client.public`` and ``client.secret`` (Z85)
+    from ``curve_dir``, else $TZIP_CURVE_DIR, else the ``curve/`` folder next to the default socket (the daemon
+    creates them there, mode 0600 in a 0700 folder). Raises DaemonUnavailableError when they cannot be read."""
+    d = curve_dir or os.environ.get("TZIP_CURVE_DIR") or os.path.join(os.path.dirname(default_socket_path()), "curve")
+    try:
+        return tuple(Path(d, name).read_bytes().strip() for name in ("server.public", "client.public", "client.secret"))
+    except OSError as e:
+        raise DaemonUnavailableError(f"cannot read the daemon's CURVE keys in {d} (start `tzip serve --tcp PORT` "
+                                     f"first, or pass curve_dir=): {e}") from None
+
+
 class Client:
     """A connection to the tzip daemon (see the module docstring). Use :func:`connect` to make one."""
 
     def __init__(self, socket: str | None = None, spawn: bool = True, strict: bool = False, *, name: str | None = None,
                  connect_timeout: float = 10.0, request_timeout: float | None = None, workers: int = 4,
-                 gpu_share_min_bytes: int = GPU_SHARE_MIN_BYTES, gpu_arena_keep_bytes: int = GPU_ARENA_KEEP_BYTES):
-        self.socket_path = os.path.abspath(socket) if socket else default_socket_path()
-        self.spawn = spawn
+                 gpu_share_min_bytes: int = GPU_SHARE_MIN_BYTES, gpu_arena_keep_bytes: int = GPU_ARENA_KEEP_BYTES,
+                 curve_dir: str | None = None):
+        # A tcp:// endpoint: the daemon's CURVE-only TCP socket on this host (shared memory and CUDA IPC handles
+        # still need the same machine). No spawning, and liveness comes from request timeouts only.
+        self._tcp = bool(socket) and str(socket).startswith("tcp://")
+        curve = None
+        if self._tcp:
+            if not str(socket).startswith("tcp://127.0.0.1:"):
+                raise ValueError(f"{socket!r}: the daemon's TCP endpoint is tcp://127.0.0.1:PORT (same machine only)")
+            self.socket_path = str(socket)
+            curve = _curve_keys(curve_dir)
+        else:
+            self.socket_path = os.path.abspath(socket) if socket else default_socket_path()
+        self.spawn = spawn and not self._tcp
         self.strict = strict
         self.name = (name or f"python pid {os.getpid()}")[:200]
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self._pid = os.getpid()
         self.shm_prefix = f"tzip-{self._pid}-{secrets.token_hex(8)}-"
-        self._transport = Transport(self.socket_path)
+        self._transport = Transport(self.socket_path, curve)
         self._arena = _shm.Arena(self.shm_prefix, self._queue_release)
         self._lock = threading.RLock()
         self._sid: str | None = None
@@ -337,6 +361,8 @@ class Client:
             raise RuntimeError("this tzip Client is closed")
 
     def _daemon_alive(self) -> bool:
+        if self._tcp:
+            return True  # no pid file or socket file to look at: requests time out instead
         pid = self._daemon_pid
         if pid is not None and not pid_alive(pid):
             return False
@@ -364,7 +390,7 @@ class Client:
             try:
                 if self.spawn:
                     spawn_daemon(self.socket_path)
-                elif not daemon_running(self.socket_path):
+                elif not self._tcp and not daemon_running(self.socket_path):
                     raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path} (start one with `tzip serve`)")
                 self._hello()
             except DaemonUnavailableError as e:
@@ -378,11 +404,13 @@ class Client:
             return True
 
     def _hello(self) -> None:
-        pid = daemon_pid(self.socket_path)
-        try:
-            ino = os.stat(self.socket_path).st_ino
-        except OSError:
-            raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path}") from None
+        pid = ino = None
+        if not self._tcp:
+            pid = daemon_pid(self.socket_path)
+            try:
+                ino = os.stat(self.socket_path).st_ino
+            except OSError:
+                raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path}") from None
         self._daemon_pid, self._socket_ino = pid, ino
         self._transport.reset()
         msg = {"op": "hello", "versions": PROTOCOL_VERSIONS, "pid": self._pid, "shm_prefix": self.shm_prefix, "name": self.name}
@@ -1206,6 +1234,10 @@ class Client:
 def connect(socket: str | None = None, spawn: bool = True, strict: bool = False, **kwargs) -> Client:
     """Connects to the tzip daemon on ``socket`` (default: $TZIP_SOCKET, $XDG_RUNTIME_DIR/tzip/tzip.sock,
     /tmp/tzip-$UID/tzip.sock), starting one when none runs and ``spawn`` is true.
+
+    ``socket`` may also be the daemon's TCP endpoint ``tcp://127.0.0.1:PORT`` (``tzip serve --tcp PORT``): it
+    speaks only CURVE, with the keys the daemon keeps in ``curve/`` next to its socket (``curve_dir=`` or
+    $TZIP_CURVE_DIR to look elsewhere); such a daemon is never spawned.
 
     ``strict=True``: raise DaemonUnavailableError when no daemon can be reached (now or later) instead of
     falling back to uncompressed frames. Other keyword arguments go to :class:`Client`.

@@ -16,6 +16,13 @@ interface ServeOptions extends GlobalOptions {
   threads?: number;
   idleExit?: number;
   verbose?: boolean;
+  tcp?: number;
+}
+
+function parsePort(value: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value.trim()) || n > 65535) throw new InvalidArgumentError(`'${value}' is not a TCP port (0-65535; 0 picks a free one).`);
+  return n;
 }
 
 function parseSeconds(value: string): number {
@@ -35,6 +42,7 @@ export function registerServe(program: Command): void {
     .addOption(new Option('--max-batch <n>', 'most tensors per compress/decompress request (default: 4096)').argParser(parsePositiveInt))
     .addOption(threadsOption())
     .addOption(new Option('--idle-exit <seconds>', 'exit after this long without any client (default: 0, never)').argParser(parseSeconds))
+    .addOption(new Option('--tcp <port>', 'also listen on tcp://127.0.0.1:PORT, CURVE only: clients need the keys in the socket folder\'s curve/ (0: a free port)').argParser(parsePort))
     .addOption(new Option('--verbose', 'log sessions and connections'))
     .action(async (_opts: unknown, cmd: Command) => {
       const opts = cmd.optsWithGlobals<ServeOptions>();
@@ -51,9 +59,12 @@ export function registerServe(program: Command): void {
       if (opts.threads !== undefined) limits.threads = opts.threads;
       if (opts.idleExit !== undefined) limits.idleExitMs = Math.round(opts.idleExit * 1000);
       const socketPath = resolveSocketPath(opts.socket);
-      const daemon = await Daemon.start({ socketPath, limits, verbose: opts.verbose === true });
-      const ready = { event: 'listening', socket: socketPath, endpoint: daemon.endpoint, pid: process.pid };
-      process.stdout.write(opts.json === true ? `${JSON.stringify(ready)}\n` : `tzip serve: listening on ${daemon.endpoint} (pid ${process.pid})\n`);
+      const daemon = await Daemon.start({ socketPath, limits, verbose: opts.verbose === true, tcpPort: opts.tcp });
+      const tcp = daemon.tcpEndpoint;
+      const ready = { event: 'listening', socket: socketPath, endpoint: daemon.endpoint, ...(tcp !== undefined ? { tcp } : {}), pid: process.pid };
+      process.stdout.write(opts.json === true
+        ? `${JSON.stringify(ready)}\n`
+        : `tzip serve: listening on ${daemon.endpoint}${tcp !== undefined ? ` and ${tcp} (CURVE)` : ''} (pid ${process.pid})\n`);
       const onSignal = (signal: NodeJS.Signals): void => {
         void daemon.stop(`${signal} received`);
       };

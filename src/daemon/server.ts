@@ -21,6 +21,7 @@ import { DaemonLock } from './lock.js';
 import { handleCompress } from './op-compress.js';
 import { handleDecompress } from './op-decompress.js';
 import { parseRequest } from './parse-request.js';
+import { loadCurveKeys, ZAP_DOMAIN, ZapHandler, type CurveKeys } from './curve.js';
 import { endpointOf, ensurePrivateDir } from './paths.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { HelloRequest, Request, StatsRequest } from './schema.js';
@@ -41,6 +42,21 @@ export interface DaemonOptions {
   log?: ((line: string) => void) | undefined;
   /** Log every session opening and ending too. */
   verbose?: boolean | undefined;
+  /** Also listen on tcp://127.0.0.1:PORT with CURVE (curve.ts); 0 picks a free port. */
+  tcpPort?: number | undefined;
+}
+
+/** A ROUTER as the daemon uses it: bounded queues, connect/disconnect notifications, a message size cap. */
+function makeRouter(limits: DaemonLimits, curve?: CurveKeys): Router {
+  const router = new Router({
+    linger: 0, sendHighWaterMark: 10_000, receiveHighWaterMark: 10_000,
+    ...(curve !== undefined ? { curveServer: true, curveSecretKey: curve.serverSecret, zapDomain: ZAP_DOMAIN } : {}),
+  });
+  // zeromq.js has no property for this (draft) option; its generic setter is protected in the typings.
+  (router as unknown as { setInt32Option(option: number, value: number): void })
+    .setInt32Option(ZMQ_ROUTER_NOTIFY, ZMQ_NOTIFY_CONNECT_AND_DISCONNECT);
+  router.maxMessageSize = limits.transportMaxMessageBytes;
+  return router;
 }
 
 function packageVersion(): string {
@@ -60,7 +76,9 @@ export class Daemon {
   readonly stopped: Promise<string>;
   private resolveStopped!: (reason: string) => void;
   private readonly router: Router;
-  private readonly sendQueue: Buffer[][] = [];
+  /** The CURVE-only TCP socket and its ZAP handler, with --tcp. */
+  private tcp: { router: Router; zap: ZapHandler; endpoint: string } | undefined;
+  private readonly sendQueue: { router: Router; message: Buffer[] }[] = [];
   private sending = false;
   private stopping = false;
   private inflight = 0;
@@ -81,16 +99,14 @@ export class Daemon {
       this.resolveStopped = resolve;
     });
     this.sessions = new SessionTable(limits, (session, reason) => this.onSessionEnd(session, reason));
-    this.router = new Router({ linger: 0, sendHighWaterMark: 10_000, receiveHighWaterMark: 10_000 });
-    // zeromq.js has no property for this (draft) option; its generic setter is protected in the typings.
-    (this.router as unknown as { setInt32Option(option: number, value: number): void })
-      .setInt32Option(ZMQ_ROUTER_NOTIFY, ZMQ_NOTIFY_CONNECT_AND_DISCONNECT);
-    this.router.maxMessageSize = limits.transportMaxMessageBytes;
+    this.router = makeRouter(limits);
   }
 
   /**
-   * Takes the lock of `socketPath`, binds the socket and starts serving.
-   * @throws TzipError TZIP_USAGE when another daemon serves the path; TZIP_IO when the folder or socket cannot be set up.
+   * Takes the lock of `socketPath`, binds the socket (and, with `tcpPort`, the CURVE-only TCP socket on
+   * 127.0.0.1) and starts serving.
+   * @throws TzipError TZIP_USAGE when another daemon serves the path; TZIP_IO when the folder, a socket
+   *   or the CURVE keys cannot be set up; TZIP_UNSUPPORTED for `tcpPort` without CURVE in ZeroMQ.
    */
   static async start(options: DaemonOptions): Promise<Daemon> {
     const log = options.log ?? ((line: string) => process.stderr.write(`tzip serve: ${line}\n`));
@@ -102,6 +118,7 @@ export class Daemon {
       daemon = new Daemon(options.socketPath, options.limits, lock, options.verbose === true, log);
       await daemon.router.bind(endpointOf(options.socketPath));
       chmodSync(options.socketPath, 0o600);
+      if (options.tcpPort !== undefined) await daemon.listenTcp(options.tcpPort, options.socketPath);
     } catch (err) {
       lock.release();
       if (err instanceof TzipError) throw err;
@@ -112,13 +129,34 @@ export class Daemon {
       ? `GPUs served through CUDA IPC: ${gpus.devices.map((d) => `${d.uuid} (${d.name})`).join(', ')}`
       : `no GPU served: ${gpus.reason}`);
     daemon.startTimers();
-    void daemon.receiveLoop();
+    void daemon.receiveLoop(daemon.router, '');
+    if (daemon.tcp !== undefined) void daemon.receiveLoop(daemon.tcp.router, 'tcp:');
     return daemon;
+  }
+
+  private async listenTcp(port: number, socketPath: string): Promise<void> {
+    const keys = loadCurveKeys(socketPath);
+    const zap = await ZapHandler.start(keys, this.log);
+    const router = makeRouter(this.limits, keys);
+    try {
+      await router.bind(`tcp://127.0.0.1:${port}`);
+    } catch (err) {
+      router.close();
+      zap.close();
+      throw new TzipError('TZIP_IO', `cannot bind tcp://127.0.0.1:${port}: ${(err as Error).message}`, { cause: err });
+    }
+    this.tcp = { router, zap, endpoint: router.lastEndpoint ?? `tcp://127.0.0.1:${port}` };
+    this.log(`also listening on ${this.tcp.endpoint} (CURVE; keys in ${keys.dir})`);
   }
 
   /** The ZeroMQ endpoint served. */
   get endpoint(): string {
     return endpointOf(this.socketPath);
+  }
+
+  /** The CURVE-only TCP endpoint (with `tcpPort`), e.g. tcp://127.0.0.1:5555. */
+  get tcpEndpoint(): string | undefined {
+    return this.tcp?.endpoint;
   }
 
   private startTimers(): void {
@@ -132,18 +170,19 @@ export class Daemon {
     }, period);
   }
 
-  private async receiveLoop(): Promise<void> {
-    while (!this.router.closed) {
+  /** Serves one socket; `tag` keeps its routing ids apart from the other socket's in the session table. */
+  private async receiveLoop(router: Router, tag: string): Promise<void> {
+    while (!router.closed) {
       let parts: Buffer[];
       try {
-        parts = await this.router.receive();
+        parts = await router.receive();
       } catch (err) {
-        if (this.router.closed || this.stopping) break;
+        if (router.closed || this.stopping) break;
         this.log(`receive failed: ${(err as Error).message}`);
         continue;
       }
       try {
-        this.onMessage(parts);
+        this.onMessage(parts, router, tag);
       } catch (err) {
         // onMessage answers everything itself; this is a daemon bug, not a reason to stop serving.
         this.log(`internal error on a message: ${(err as Error).stack ?? String(err)}`);
@@ -151,11 +190,11 @@ export class Daemon {
     }
   }
 
-  private onMessage(parts: Buffer[]): void {
+  private onMessage(parts: Buffer[], router: Router, tag: string): void {
     const routing = parts[0];
     if (routing === undefined) return;
     const rest = parts.slice(1);
-    const key = routing.toString('hex');
+    const key = tag + routing.toString('hex');
     if (rest.length === 1 && (rest[0] as Buffer).length === 0) {
       const what = this.sessions.notify(key);
       if (this.verbose) this.log(`socket ${key} ${what === 'connect' ? 'connected' : 'disconnected'}`);
@@ -165,27 +204,27 @@ export class Daemon {
     // A REQ socket puts an empty delimiter before the body; the reply must carry it too.
     const prefix = rest.length === 2 && (rest[0] as Buffer).length === 0 ? [routing, rest[0] as Buffer] : [routing];
     if (rest.length !== prefix.length) {
-      this.countAndReply(prefix, null, 'invalid', new ReplyError('TZIP_PROTOCOL', `a request is one message part; got ${rest.length}`));
+      this.countAndReply(router, prefix, null, 'invalid', new ReplyError('TZIP_PROTOCOL', `a request is one message part; got ${rest.length}`));
       return;
     }
     const body = rest[rest.length - 1] as Buffer;
     const parsed = parseRequest(body, this.limits);
     if (parsed.error !== undefined) {
-      this.countAndReply(prefix, parsed.id, 'invalid', parsed.error);
+      this.countAndReply(router, prefix, parsed.id, 'invalid', parsed.error);
       return;
     }
     const request = parsed.request;
     this.inflight++;
     this.dispatch(request, key).then(
-      (result) => this.countAndReply(prefix, request.id, request.op, undefined, result),
-      (err: unknown) => this.countAndReply(prefix, request.id, request.op, err),
+      (result) => this.countAndReply(router, prefix, request.id, request.op, undefined, result),
+      (err: unknown) => this.countAndReply(router, prefix, request.id, request.op, err),
     ).finally(() => {
       this.inflight--;
       if (request.op === 'shutdown') void this.stop('shutdown requested by a client');
     });
   }
 
-  private countAndReply(prefix: Buffer[], id: number | null, op: string, err: unknown, result?: object): void {
+  private countAndReply(router: Router, prefix: Buffer[], id: number | null, op: string, err: unknown, result?: object): void {
     this.stats.countRequest(op);
     let message: object;
     if (err !== undefined) {
@@ -202,24 +241,25 @@ export class Daemon {
     } catch (e) {
       body = encodeReply({ id, ok: false, error: toWireError(e) });
     }
-    this.send([...prefix, body]);
+    this.send(router, [...prefix, body]);
   }
 
-  private send(message: Buffer[]): void {
-    if (this.router.closed) return;
-    this.sendQueue.push(message);
+  private send(router: Router, message: Buffer[]): void {
+    if (router.closed) return;
+    this.sendQueue.push({ router, message });
     if (!this.sending) void this.drain();
   }
 
   private async drain(): Promise<void> {
     this.sending = true;
     try {
-      while (this.sendQueue.length > 0 && !this.router.closed) {
-        const message = this.sendQueue.shift() as Buffer[];
+      while (this.sendQueue.length > 0) {
+        const { router, message } = this.sendQueue.shift() as { router: Router; message: Buffer[] };
+        if (router.closed) continue;
         try {
-          await this.router.send(message);
+          await router.send(message);
         } catch (err) {
-          if (!this.router.closed) this.log(`reply not sent: ${(err as Error).message}`);
+          if (!router.closed) this.log(`reply not sent: ${(err as Error).message}`);
         }
       }
     } finally {
@@ -370,6 +410,10 @@ export class Daemon {
     while ((this.sending || this.sendQueue.length > 0) && Date.now() < sendDeadline) await new Promise((r) => setTimeout(r, 5));
     this.sessions.endAll('shutdown');
     this.router.close();
+    if (this.tcp !== undefined) {
+      this.tcp.router.close();
+      this.tcp.zap.close();
+    }
     try {
       unlinkSync(this.socketPath);
     } catch {
