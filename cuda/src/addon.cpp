@@ -19,6 +19,7 @@
 #include "addon/args.h"
 #include "addon/device.h"
 #include "addon/register.h"
+#include "addon/shared_guard.h"
 #include "entropy.h"
 #include "errors.h"
 #include "frame.h"
@@ -335,15 +336,29 @@ Napi::Value MapShared(const Napi::CallbackInfo& info) {
     const int err = errno;
     close(fd);
     if (p == MAP_FAILED) invalid("cannot map " + path + ": " + std::strerror(err));
-    return Napi::Buffer<uint8_t>::New(env, static_cast<uint8_t*>(p), size,
-                                      [size](Napi::Env, uint8_t* q) { munmap(q, size); });
+    tzip::addon::guard_register(p, size);  // a client that shrinks the file now costs it its request, not the daemon
+    return Napi::Buffer<uint8_t>::New(env, static_cast<uint8_t*>(p), size, [size](Napi::Env, uint8_t* q) {
+      tzip::addon::guard_unregister(q);
+      munmap(q, size);
+    });
   } catch (const Error& e) {
     throw make_error(env, e);
   }
 }
 
+// mapSharedFaulted(buffer): whether a mapping made by mapShared took a SIGBUS (its file shrank under it) since it was
+// made; the faulting pages now read as zeros (addon/shared_guard.h).
+Napi::Value MapSharedFaulted(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsBuffer()) {
+    throw make_error(env, Error(ErrorCode::InvalidArgument, "mapSharedFaulted(buffer) needs the Buffer mapShared returned"));
+  }
+  return Napi::Boolean::New(env, tzip::addon::guard_faulted(info[0].As<Napi::Buffer<uint8_t>>().Data()));
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("mapShared", Napi::Function::New(env, MapShared));
+  exports.Set("mapSharedFaulted", Napi::Function::New(env, MapSharedFaulted));
   exports.Set("compress", Napi::Function::New(env, Compress));
   exports.Set("decompress", Napi::Function::New(env, Decompress));
   exports.Set("readHeader", Napi::Function::New(env, ReadHeader));

@@ -303,6 +303,35 @@ def test_unknown_session_and_lease_lapse(sock_dir):
         d.stop()
 
 
+def test_a_file_shrunk_during_a_request_costs_only_that_request(conn, files):
+    """The client cuts its input file while the daemon compresses it: without the addon's SIGBUS guard the daemon
+    would die; with it, that request is answered TZIP_HANDLE and the daemon serves on."""
+    n = 160 << 20  # a few hundred ms of coding here, so the cut lands mid-request
+    name = files("big", n)
+    with open(f"/dev/shm/{name}", "r+b") as f:
+        f.write(os.urandom(1 << 20) * 160)
+    frame = files("frame", n + (1 << 20))
+    conn.sock.send(msgpack.packb({"id": 7, "op": "compress", "sid": conn.sid, "tensors": [
+        {"tensor": tensor(name, shape=(n,), code=1, bits=8), "out": out(frame, 0, n + (1 << 20)), "codec": "bytes"}]},
+        use_bin_type=True))
+    time.sleep(0.05)
+    os.truncate(f"/dev/shm/{name}", 4096)
+    r = msgpack.unpackb(conn.sock.recv(), raw=False)
+    assert_error(r, "TZIP_HANDLE")
+    assert "shrank while the daemon used it" in r["error"]["message"] or "beyond the end" in r["error"]["message"], r
+    assert conn.alive()
+    # The same file, grown back to its size: mapped afresh (never the cached mapping with its zero pages).
+    with open(f"/dev/shm/{name}", "r+b") as f:
+        f.truncate(n)
+        f.write(bytes(range(256)) * 64)
+    r = conn.call("compress", tensors=[{"tensor": tensor(name, shape=(16384,), code=1, bits=8),
+                                        "out": out(frame, 0, 1 << 20), "codec": "raw"}])
+    assert r["ok"], r
+    with open(f"/dev/shm/{frame}", "rb") as f:
+        data = f.read(r["frames"][0]["bytes"])
+    assert data.endswith(bytes(range(256)) * 64)  # a raw frame ends with the tensor's bytes
+
+
 def test_daemon_survived_everything(shared_daemon):
     assert shared_daemon.alive()
     c = RawConn(shared_daemon.socket)

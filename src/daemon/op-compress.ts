@@ -14,7 +14,7 @@ import type { DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
 import { handleGpuCompress } from './op-gpu.js';
-import { checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
+import { checkNotShrunk, checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { CompressRequest } from './schema.js';
 import type { Session } from './session.js';
@@ -62,6 +62,7 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
     frame.copy(p.out.bytes, 0);
     return { bytes: frame.length, codec: readHeader(frame).codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
   }));
+  checkNotShrunk(session, regions);
   const frames: FrameResult[] = [];
   for (let i = 0; i < settled.length; i++) {
     const s = settled[i] as PromiseSettledResult<FrameResult>;

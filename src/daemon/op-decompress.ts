@@ -11,7 +11,7 @@ import type { DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
 import { handleGpuDecompress } from './op-gpu.js';
-import { checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
+import { checkNotShrunk, checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { DecompressRequest } from './schema.js';
 import type { Session } from './session.js';
@@ -62,6 +62,7 @@ export async function handleDecompress(req: DecompressRequest, session: Session,
 
   const settled = await Promise.allSettled(plans.map((p) =>
     decompress(p.frame.bytes, { out: p.out.region.bytes, verify: req.verify ?? true, threads: req.threads ?? limits.threads })));
+  checkNotShrunk(session, regions);
   for (let i = 0; i < settled.length; i++) {
     const s = settled[i] as PromiseSettledResult<unknown>;
     if (s.status === 'rejected') {

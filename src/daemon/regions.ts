@@ -114,6 +114,25 @@ function extentOf(r: ResolvedRegion | Extent): Extent {
 }
 
 /**
+ * After the codec ran on `regions`: refuses the request when one of their files shrank while the
+ * daemon read or wrote it (the addon's SIGBUS guard saw a fault; the bytes involved are zeros, not
+ * the client's), dropping those mappings.
+ * @throws ReplyError TZIP_HANDLE naming the first such region.
+ */
+export function checkNotShrunk(session: Session, regions: readonly ResolvedRegion[]): void {
+  let first: ResolvedRegion | undefined;
+  const seen = new Set<string>();
+  for (const r of regions) {
+    if (seen.has(r.name)) continue;
+    seen.add(r.name);
+    if (session.mappings.takeFault(r.name) && first === undefined) first = r;
+  }
+  if (first !== undefined) {
+    throw new ReplyError('TZIP_HANDLE', `${first.what}: /dev/shm/${first.name} shrank while the daemon used it; nothing of this request can be trusted`, { index: first.index });
+  }
+}
+
+/**
  * Refuses a request where a region written overlaps another region of the same request (the
  * codec would read or write bytes that change under it).
  * @throws ReplyError TZIP_HANDLE naming both regions.

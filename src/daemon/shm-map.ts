@@ -8,9 +8,10 @@
  * was replaced, grown or shrunk is mapped again, one that was removed is an error.
  *
  * Only regular files directly under /dev/shm that belong to the daemon's user are mapped.
- * Known limit: a client that shrinks (ftruncate) a file while the daemon works on it makes the
- * daemon's next access to the cut pages fault (SIGBUS); the stat check narrows that window but
- * cannot close it (docs/protocol.md, "Trust").
+ * A client that shrinks (ftruncate) a file while the daemon works on it does not bring the daemon
+ * down: the addon's SIGBUS guard turns the cut pages into zero pages and marks the mapping
+ * faulted (cuda/src/addon/shared_guard.h); {@link ShmMappings.takeFault} then drops it and the
+ * request is answered TZIP_HANDLE (docs/protocol.md, "Trust").
  */
 import { statSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -18,20 +19,24 @@ import { addonPath } from '../native.js';
 import { requestGc } from './gc.js';
 import { ReplyError } from './reply-error.js';
 
-type MapShared = (path: string, writable: boolean) => Buffer;
-
-let mapSharedFn: MapShared | undefined;
-
-/** The addon's mapShared (docs/addon.md). */
-function mapShared(): MapShared {
-  if (mapSharedFn !== undefined) return mapSharedFn;
-  const addon = createRequire(import.meta.url)(addonPath()) as { mapShared?: unknown };
-  if (typeof addon.mapShared !== 'function') {
-    throw new ReplyError('TZIP_INTERNAL', 'the native addon has no mapShared(); rebuild it (bash scripts/setup.sh)');
-  }
-  mapSharedFn = addon.mapShared as MapShared;
-  return mapSharedFn;
+interface SharedMapper {
+  mapShared(path: string, writable: boolean): Buffer;
+  mapSharedFaulted(buffer: Buffer): boolean;
 }
+
+let mapper: SharedMapper | undefined;
+
+/** The addon's mapShared and mapSharedFaulted (docs/addon.md). */
+function addonMapper(): SharedMapper {
+  if (mapper !== undefined) return mapper;
+  const addon = createRequire(import.meta.url)(addonPath()) as Partial<SharedMapper>;
+  if (typeof addon.mapShared !== 'function' || typeof addon.mapSharedFaulted !== 'function') {
+    throw new ReplyError('TZIP_INTERNAL', 'the native addon has no mapShared()/mapSharedFaulted(); rebuild it (bash scripts/setup.sh)');
+  }
+  mapper = addon as SharedMapper;
+  return mapper;
+}
+
 
 /** The path of a /dev/shm name (a leading '/' as in shm_open is dropped). */
 export function shmPath(name: string): string {
@@ -92,7 +97,9 @@ export class ShmMappings {
     const uid = typeof process.getuid === 'function' ? process.getuid() : st.uid;
     if (st.uid !== uid) throw new ReplyError('TZIP_HANDLE', `${path} belongs to uid ${st.uid}, not to the daemon's user`);
     const cached = this.entries.get(key);
-    if (cached !== undefined && cached.ino === st.ino && cached.dev === st.dev && cached.size === st.size && (cached.writable || !writable)) {
+    // A mapping that faulted (its file shrank, maybe to grow back since) holds zero pages where the file was cut.
+    if (cached !== undefined && cached.ino === st.ino && cached.dev === st.dev && cached.size === st.size && (cached.writable || !writable) &&
+        !addonMapper().mapSharedFaulted(cached.buffer)) {
       this.entries.delete(key);
       this.entries.set(key, cached);
       cached.checkedIn = epoch;
@@ -102,11 +109,11 @@ export class ShmMappings {
     let buffer: Buffer;
     let mappedWritable = true;
     try {
-      buffer = mapShared()(path, true);
+      buffer = addonMapper().mapShared(path, true);
     } catch (err) {
       if (writable) throw new ReplyError('TZIP_HANDLE', `cannot map ${path} for writing: ${(err as Error).message}`);
       try {
-        buffer = mapShared()(path, false);
+        buffer = addonMapper().mapShared(path, false);
         mappedWritable = false;
       } catch (err2) {
         throw new ReplyError('TZIP_HANDLE', `cannot map ${path}: ${(err2 as Error).message}`);
@@ -116,6 +123,18 @@ export class ShmMappings {
     this.mappedBytes += buffer.length;
     this.evict();
     return buffer;
+  }
+
+  /**
+   * Whether the mapping of `name` took a SIGBUS (its file shrank under it) since it was mapped; a
+   * faulted mapping is dropped, as its cut pages now read zeros.
+   */
+  takeFault(name: string): boolean {
+    const key = name.replace(/^\//, '');
+    const m = this.entries.get(key);
+    if (m === undefined || !addonMapper().mapSharedFaulted(m.buffer)) return false;
+    this.forget(key);
+    return true;
   }
 
   /** Drops the mappings of `names` (all when undefined); returns how many were dropped. */
