@@ -30,19 +30,11 @@ from tzip import _cuda
 from tzip._dlpack import int_alias
 from tzip.compressed import CompressedTensor
 
-from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, shared_daemon, sock_dir, wait_for  # noqa: F401
+from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, shared_daemon, sock_dir, wait_for, ALL_DTYPES  # noqa: F401
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False): "
                                                  "the GPU path is tested on a GPU host")
-
-ALL_DTYPES = [d for d in [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64, torch.uint64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128,
-    getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None), getattr(torch, "float8_e4m3fnuz", None),
-    getattr(torch, "float8_e5m2fnuz", None), getattr(torch, "float8_e8m0fnu", None), getattr(torch, "float4_e2m1fn_x2", None),
-    getattr(torch, "bits8", None), getattr(torch, "bits16", None), getattr(torch, "uint1", None), getattr(torch, "int4", None),
-] if d is not None]
 
 
 def gpu_bits(t: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from tzip._dlpack import frame_layout_of, int_alias
 from tzip._frame import encode_raw, read_header
 from tzip.compressed import CompressedTensor
 
-from test_client_support import shared_daemon  # noqa: F401  (fixture)
+from test_client_support import ALL_DTYPES, shared_daemon  # noqa: F401  (fixture)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -47,15 +47,6 @@ def special_floats(dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor([b - (1 << 64) if b >= 1 << 63 else b for b in bits], dtype=torch.int64).view(torch.float64)
     bits16 = [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E01, 0xFFFF, 0x7F80, 0xFF81, 0x0001, 0x8001, 0x7BFF, 0x3C00]
     return torch.tensor([b - (1 << 16) if b >= 1 << 15 else b for b in bits16], dtype=torch.int16).view(dtype)
-
-
-ALL_DTYPES = [d for d in [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64, torch.uint64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128,
-    getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None), getattr(torch, "float8_e4m3fnuz", None),
-    getattr(torch, "float8_e5m2fnuz", None), getattr(torch, "float8_e8m0fnu", None), getattr(torch, "float4_e2m1fn_x2", None),
-    getattr(torch, "bits8", None), getattr(torch, "bits16", None), getattr(torch, "uint1", None), getattr(torch, "int4", None),
-] if d is not None]
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 import pytest
+import torch
 import zmq
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +101,16 @@ class DaemonProcess:
             return Path(self.log).read_text(errors="replace")
         except OSError:
             return ""
+
+
+#: Every torch dtype the client round-trips (those this torch build has).
+ALL_DTYPES = [d for d in [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64, torch.uint64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128,
+    getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None), getattr(torch, "float8_e4m3fnuz", None),
+    getattr(torch, "float8_e5m2fnuz", None), getattr(torch, "float8_e8m0fnu", None), getattr(torch, "float4_e2m1fn_x2", None),
+    getattr(torch, "bits8", None), getattr(torch, "bits16", None), getattr(torch, "uint1", None), getattr(torch, "int4", None),
+] if d is not None]
 
 
 def wait_for(cond, timeout=10.0, step=0.02):

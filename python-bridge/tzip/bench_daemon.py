@@ -27,6 +27,7 @@ Unless ``--socket`` is given, a private daemon is started for the run and stoppe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -279,6 +280,24 @@ def _median_times_cuda(fns: dict, repeat: int) -> dict[str, float]:
     return _median_times({k: synced(f) for k, f in fns.items()}, repeat)
 
 
+@contextlib.contextmanager
+def _daemon_socket(socket: str | None):
+    """``socket`` as given, or, when None, the socket of a private daemon started in a temporary folder for the
+    duration (stopped with SIGTERM afterwards)."""
+    if socket is not None:
+        yield socket
+        return
+    with tempfile.TemporaryDirectory(prefix="tzip-bench-") as d:
+        path = os.path.join(d, "d", "tzip.sock")
+        daemon = subprocess.Popen([*cli_command(), "serve", "--socket", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            daemon.stdout.readline()  # the "listening" line
+            yield path
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+
+
 def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
     """The GPU measurements (see the module docstring)."""
     from ._cuda import device_uuid
@@ -286,14 +305,7 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("--cuda: no CUDA GPU visible to PyTorch")
     result: dict = {"machine": f"{platform.node()}, {torch.cuda.get_device_name(0)}, Python {platform.python_version()}, torch {torch.__version__}"}
-    tmp = None
-    daemon = None
-    if socket is None:
-        tmp = tempfile.TemporaryDirectory(prefix="tzip-bench-")
-        socket = os.path.join(tmp.name, "d", "tzip.sock")
-        daemon = subprocess.Popen([*cli_command(), "serve", "--socket", socket], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        daemon.stdout.readline()
-    try:
+    with _daemon_socket(socket) as socket:
         client = Client(socket, spawn=False, strict=True)
         if not client.daemon_info.get("gpu"):
             raise SystemExit(f"--cuda: the daemon serves no GPU ({client.daemon_info.get('gpu_reason')})")
@@ -339,12 +351,6 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
         result["gb"] = {"bucket": bucket.numel() * 2 / 1e9, "batch": pbytes / 1e9}
         handing.close()
         client.close()
-    finally:
-        if daemon is not None:
-            daemon.terminate()
-            daemon.wait(10)
-        if tmp is not None:
-            tmp.cleanup()
     return result
 
 
@@ -382,14 +388,7 @@ def _report_cuda(r: dict) -> str:
 
 def run(socket: str | None, n: int, repeat: int) -> dict:
     result: dict = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}"}
-    tmp = None
-    daemon = None
-    if socket is None:
-        tmp = tempfile.TemporaryDirectory(prefix="tzip-bench-")
-        socket = os.path.join(tmp.name, "d", "tzip.sock")
-        daemon = subprocess.Popen([*cli_command(), "serve", "--socket", socket], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        daemon.stdout.readline()
-    try:
+    with _daemon_socket(socket) as socket:
         client = Client(socket, spawn=False, strict=True)
         bucket, params, source = _inputs()
         result["input"] = source
@@ -445,12 +444,6 @@ def run(socket: str | None, n: int, repeat: int) -> dict:
         result["threads"] = direct["threads"]
         result["gb"] = {"bucket": gb, "batch": pbytes / 1e9}
         client.close()
-    finally:
-        if daemon is not None:
-            daemon.terminate()
-            daemon.wait(10)
-        if tmp is not None:
-            tmp.cleanup()
     return result
 
 
