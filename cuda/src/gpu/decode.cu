@@ -6,15 +6,18 @@
 //      frame/output lengths. A frame whose structure is invalid gets no chunk work.
 //   2. scan_kernel: prefix sums of the chunk counts (over all frames and per decoder class).
 //   3. decode kernels, one warp per chunk, persistent, atomic tickets:
-//        class 0 (fast, raw): 32 warps per block, no RANS tables;
-//        class 1 (max, bytes): 24 warps per block, one RANS table and two LUT tables per warp;
-//        fallback: chunks the first two could not take (more RANS/LUT streams than their tables), 4 warps per block
-//        with eight of each.
-//      Float chunks without RANS streams take the tile path: 1024 elements per step, each lane 16 output bytes per
-//      sub-tile (coalesced 16-byte stores), packed codes staged per warp in shared memory, LUT escapes placed with a
-//      warp scan. Everything else takes the step path in the format's RANS order (lane l, element 32g + l): per step
-//      one symbol per stream and lane, RANS words fetched through a 64-word window held in the lanes' registers
-//      (ballot + popc give each lane its word).
+//        class 1 (fast, raw): 16 warps per block, no RANS tables;
+//        class 2 (max, bytes): 16 warps per block, one RANS table and two LUT tables per warp;
+//        fallback: chunks the first two could not take (more RANS/LUT streams than their tables, misaligned frames),
+//        4 warps per block with eight of each.
+//      The fixed-rate streams (RAW symbols, LUT codes) reach shared memory through a per-warp ring of 1024-element
+//      tiles: bulk copies (cp.async.bulk, issued by one lane) that complete on the slot's mbarrier, three tiles ahead.
+//      Chunks stored raw go through the same ring. Float chunks without RANS streams take the tile path: each lane 16
+//      output bytes per sub-tile (coalesced 16-byte stores), LUT codes looked up four at a time with __byte_perm,
+//      escapes placed by one packed warp scan per tile with the chunk's exceptions in shared memory. Everything else
+//      takes the step path in the format's RANS order (lane l, element 32g + l): per step one symbol per stream and
+//      lane, RANS words fetched through a 64-word window held in the lanes' registers (ballot + popc give each lane
+//      its word).
 //      With verify on, each warp checks the chunk digest (format version 2: 32 lane hashes of interleaved 16-byte
 //      stripes) of the chunk it wrote: the tile path and raw copies hash the 16-byte vectors they store on the way out,
 //      other paths read the chunk back right after writing it (coalesced, from L2).
@@ -275,8 +278,9 @@ __global__ void __launch_bounds__(1024, 1) scan_kernel(DecArgs a) {
 
 constexpr uint32_t kTile = 1024;  // elements per tile: 32 steps of 32 lanes
 
-/// Per-warp shared memory, laid out by byte offsets: C RANS tables, L LUT tables, a ring of RING bytes that cp.async
-/// fills with the fixed-rate streams of the next tiles, and a tile's exponent stage (STREAM kernels).
+/// Per-warp shared memory, laid out by byte offsets: C RANS tables, L LUT tables, a ring of RING bytes that bulk copies
+/// fill with the fixed-rate streams of the next tiles, a LUT stream's exceptions and the ring's mbarriers (STREAM
+/// kernels).
 template <uint32_t C, uint32_t L, uint32_t RING>
 struct WarpLayout {
   static constexpr uint32_t kRansSym = 0;                   // u8 [C][4096]
@@ -284,7 +288,14 @@ struct WarpLayout {
   static constexpr uint32_t kLut = kRansFc + 1024 * C;      // u8 [L][128]
   static constexpr uint32_t kRing = kLut + 128 * L;
   static constexpr uint32_t kStage = kRing + RING;          // u8 [kTile] exponent symbols of a tile (tile path)
-  static constexpr uint32_t kBytes = kStage + (RING > 0 ? kTile : 0);
+  static constexpr uint32_t kExc = kStage + (RING > 0 ? kTile : 0);  // u8 [kExcBytes] a LUT stream's exceptions
+  // Class 2 (C > 0) has no room left for exceptions: its LUT chunks with escapes take the step path. 2560 bytes hold
+  // the exceptions of every chunk of the benchmark's real data (at most 2339 in a 64 KiB chunk); more shared memory
+  // would leave less L1 for the loads of chunk headers and tables.
+  static constexpr uint32_t kExcBytes = RING == 0 || C > 0 ? 0 : 2560;
+  static constexpr uint32_t kBars = kExc + kExcBytes;       // u64 [4] the ring slots' mbarriers
+  static constexpr uint32_t kBytes = kBars + (RING > 0 ? 32 : 0);
+  static_assert(kRing % 16 == 0 && kBytes % 16 == 0, "bulk copies need 16-byte aligned slots in every warp's area");
 };
 
 enum ChunkResult : int { kChunkOk = 0, kChunkBad = 1, kChunkDefer = 2 };
@@ -368,82 +379,162 @@ struct StreamState {
   uint32_t seg, tile_bytes;  // ring segment offset and bytes per tile (0: not in the ring)
 };
 
-/// The per-warp ring: slot t % S holds tile t of every ring stream.
+/// The per-warp ring: slot t % S holds tile t of every ring stream. Whole tiles arrive by bulk copies (the Hopper copy
+/// engine, cp.async.bulk: one lane issues them, no per-lane bookkeeping) that complete on the slot's mbarrier; a
+/// partial last tile, whose stream ends may be the end of the frame's memory, is copied by the lanes with cp.async
+/// (zero-filled past the stream's end). The barriers are initialised per chunk; `issued` and `waited` count tiles so
+/// that a chunk that stops early still waits for every copy it started before the ring is reused.
 struct Ring {
   uint8_t* base;
-  uint32_t slot_bytes, S, tiles;  // S: slots, 2 or 4
+  uint64_t* bars;                            // S mbarriers, one per slot
+  uint32_t slot_bytes, S, log2S, tiles, tx;  // S: slots, 2 or 4; tx: bytes of one whole tile over all ring streams
+  uint32_t issued, waited;                   // tiles [0, issued) issued, [0, waited) landed and seen by every lane
+  bool whole_last;                           // the last tile is whole too (n a multiple of the tile)
 };
 
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
 template <uint32_t NS>
-__device__ __forceinline__ void ring_issue(const Ring& rg, const StreamState* ss, uint32_t t) {
-  if (t < rg.tiles) {
-    uint8_t* slot = rg.base + (t & (rg.S - 1)) * rg.slot_bytes;
+__device__ __forceinline__ void ring_issue(Ring& rg, const StreamState* ss, uint32_t t) {
+  if (t >= rg.tiles) return;
+  rg.issued = t + 1;
+  const uint32_t si = t & (rg.S - 1);
+  uint8_t* slot = rg.base + si * rg.slot_bytes;
+  if (t + 1 < rg.tiles || rg.whole_last) {
+    // No proxy fence before overwriting the slot: every lane consumed the values it loaded from it (they feed the
+    // stores of its tile) before the __syncwarp that ends the tile, so no read of the slot is outstanding.
+    if (lane_id() == 0) {
+      mbar_arrive_expect_tx(rg.bars + si, rg.tx);
 #pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) {
-      const StreamState& s = ss[j];
-      if (!s.tile_bytes) continue;
-      const uint32_t off = t * s.tile_bytes;
-      if (t + 1 < rg.tiles) {  // a whole tile (tile_bytes = 128 * bits, a multiple of 16)
-        for (uint32_t u = 16 * lane_id(); u < s.tile_bytes; u += 512) cp_async16(slot + s.seg + u, s.data + off + u, 16);
-        continue;
+      for (uint32_t j = 0; j < NS; ++j) {
+        const StreamState& s = ss[j];
+        if (s.tile_bytes) bulk_copy(slot + s.seg, s.data + t * s.tile_bytes, s.tile_bytes, rg.bars + si);
       }
-      const uint32_t rem = s.len - off;
-      const uint32_t nb = rem < s.tile_bytes ? rem : s.tile_bytes;
-      const uint32_t units = (nb + 15) / 16;
-      for (uint32_t u = lane_id(); u < units; u += 32) {
-        const uint32_t b = nb - 16 * u;
-        cp_async16(slot + s.seg + 16 * u, s.data + off + 16 * u, b < 16 ? b : 16);
-      }
+    }
+    return;
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) {
+    const StreamState& s = ss[j];
+    if (!s.tile_bytes) continue;
+    const uint32_t off = t * s.tile_bytes;
+    const uint32_t rem = s.len - off;
+    const uint32_t nb = rem < s.tile_bytes ? rem : s.tile_bytes;
+    const uint32_t units = (nb + 15) / 16;
+    for (uint32_t u = lane_id(); u < units; u += 32) {
+      const uint32_t b = nb - 16 * u;
+      cp_async16(slot + s.seg + 16 * u, s.data + off + 16 * u, b < 16 ? b : 16);
     }
   }
   cp_commit();
 }
-/// Before tile t: issue tile t + S - 1, wait until tile t has landed.
-template <uint32_t NS>
-__device__ __forceinline__ const uint8_t* ring_advance(const Ring& rg, const StreamState* ss, uint32_t t) {
-  ring_issue<NS>(rg, ss, t + rg.S - 1);
-  cp_wait(rg.S - 1);
+/// Waits (every lane) until tile `waited` has landed. WHOLE: the caller knows the tile is whole.
+template <bool WHOLE = false>
+__device__ __forceinline__ void ring_wait_next(Ring& rg) {
+  const uint32_t t = rg.waited++;
+  if (WHOLE || t + 1 < rg.tiles || rg.whole_last) {
+    uint64_t* bar = rg.bars + (t & (rg.S - 1));
+    const uint32_t parity = (t >> rg.log2S) & 1u;
+    while (!mbar_try_wait(bar, parity)) {
+    }
+  } else {
+    cp_wait(0);
+  }
   __syncwarp();
+}
+/// Before tile t: issue tile t + S - 1, wait until tile t has landed. Returns tile t's slot.
+template <uint32_t NS, bool WHOLE = false>
+__device__ __forceinline__ const uint8_t* ring_advance(Ring& rg, const StreamState* ss, uint32_t t) {
+  ring_issue<NS>(rg, ss, t + rg.S - 1);
+  ring_wait_next<WHOLE>(rg);
   return rg.base + (t & (rg.S - 1)) * rg.slot_bytes;
 }
+/// Waits for every tile issued and not yet waited for (a chunk that stops early), so no copy lands after the chunk.
+__device__ __forceinline__ void ring_drain(Ring& rg) {
+  while (rg.waited < rg.issued) ring_wait_next(rg);
+}
 
-/// The exceptions of a LUT stream as the tile path consumes them (element order): a window of 256 exception bytes in
-/// the warp's registers (lane l holds bytes [base + 4l, base + 4l + 4) in `cur` and the next 128 bytes' share in
-/// `nxt`), slid 128 bytes at a time ahead of use. Placing an escape costs two shuffles instead of a dependent global
-/// load. Bytes past n_exc read as zero; the caller flags an index past n_exc as corrupt.
-struct ExcWindow {
-  const uint8_t* exc;  // 16-byte aligned: the tile path runs only on aligned chunks, and sections are 16-aligned
-  uint32_t n_exc, base, cur, nxt;
-  __device__ __forceinline__ uint32_t load(uint32_t at) const {
-    const uint32_t i = at + 4 * lane_id();
-    if (i + 4 <= n_exc) return *reinterpret_cast<const uint32_t*>(exc + i);
-    uint32_t v = 0;
-    for (uint32_t j = 0; j < 4; ++j)
-      if (i + j < n_exc) v |= uint32_t(exc[i + j]) << (8 * j);
-    return v;
+/// Sets up the ring for one chunk in `tiles` tiles (slot_bytes per tile over the ring streams, `ring` bytes of shared
+/// memory; whole_last: the last tile is whole too) and issues the first S - 1 tiles. False when fewer than two slots
+/// fit.
+template <uint32_t NS>
+__device__ __forceinline__ bool ring_start(Ring& rg, const StreamState* ss, uint8_t* base, uint64_t* bars,
+                                           uint32_t slot_bytes, uint32_t ring, uint32_t tiles, bool whole_last) {
+  rg.base = base;
+  rg.bars = bars;
+  rg.slot_bytes = slot_bytes;
+  rg.S = slot_bytes ? min(4u, ring / slot_bytes) : 4u;
+  if (rg.S == 3) rg.S = 2;  // a power of two: slots by mask, not by division
+  rg.log2S = rg.S == 4 ? 2 : 1;
+  rg.tiles = tiles;
+  rg.whole_last = whole_last;
+  rg.issued = rg.waited = 0;
+  rg.tx = 0;
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) rg.tx += ss[j].tile_bytes;
+  if (rg.S < 2) return false;
+  // The previous chunk waited for all its copies (ring_drain), so the barriers are idle: a fresh phase 0 per chunk.
+  if (lane_id() == 0) {
+    for (uint32_t i = 0; i < rg.S; ++i) mbar_init(rg.bars + i);
+    mbar_init_fence();
   }
-  __device__ __forceinline__ void init(const uint8_t* e, uint32_t n) {
-    exc = e;
-    n_exc = n;
-    base = 0;
-    cur = load(0);
-    nxt = load(128);
-  }
-  /// Slides the window forward (whole 128-byte steps) until `cursor` lies in its first half. Warp-uniform.
-  __device__ __forceinline__ void slide(uint32_t cursor) {
-    while (cursor >= base + 128) {
-      base += 128;
-      cur = nxt;
-      nxt = load(base + 128);
+  __syncwarp();
+  for (uint32_t t = 0; t + 1 < rg.S; ++t) ring_issue<NS>(rg, ss, t);
+  return true;
+}
+
+/// A chunk stored raw (n bytes, src and dst 16-byte aligned) copied through the ring: bulk copies in (no L1 lines held
+/// for loads in flight, so the copy keeps its speed when the decode kernel's shared memory leaves little L1), 16-byte
+/// vectors out. With `verify`, lane l feeds the stripes l, l + 32, ... it stores to `dg` and `from` is set as by
+/// warp_copy. A ring tile is a quarter of the ring, rounded down to 512 bytes (a multiple of 32 stripes).
+__device__ void ring_copy(uint8_t* dst, const uint8_t* src, uint32_t n, uint8_t* ring_base, uint64_t* bars,
+                          uint32_t ring, bool verify, Xxh32& dg, uint32_t& from) {
+  const uint32_t tb = (ring / 4) & ~511u;  // >= 512: the caller's ring has at least 2 * kTile bytes
+  StreamState st{};
+  st.data = src;
+  st.len = n;
+  st.tile_bytes = tb;
+  Ring rg{};
+  const uint32_t tiles = (n + tb - 1) / tb;
+  ring_start<1>(rg, &st, ring_base, bars, tb, ring, tiles, n % tb == 0);
+  const uint32_t lane = lane_id(), nv = n / 16;
+  for (uint32_t t = 0; t < tiles; ++t) {
+    const uint4* slot = reinterpret_cast<const uint4*>(ring_advance<1>(rg, &st, t));
+    const uint32_t v0 = t * (tb / 16), v1 = min(nv, v0 + tb / 16);
+#pragma unroll 4
+    for (uint32_t v = v0 + lane; v < v1; v += 32) {
+      const uint4 x = slot[v - v0];
+      reinterpret_cast<uint4*>(dst)[v] = x;
+      if (verify) dg.stripe(x.x, x.y, x.z, x.w);
     }
+    __syncwarp();  // every lane has read the slot before it is refilled
   }
-  /// Exception byte `idx` (base <= idx < base + 256 where it is used); every lane must call it.
-  __device__ __forceinline__ uint32_t get(uint32_t idx) const {
-    const uint32_t p = idx - base;
-    const uint32_t a = __shfl_sync(kFull, cur, (p >> 2) & 31u), b = __shfl_sync(kFull, nxt, (p >> 2) & 31u);
-    return ((p < 128 ? a : b) >> (8 * (p & 3))) & 0xFFu;
-  }
-};
+  ring_drain(rg);
+  for (uint32_t b = nv * 16 + lane; b < n; b += 32) dst[b] = src[b];
+  from = (nv + 31) & ~31u;
+}
 
 /// V codes of KW (1..3) bits, packed LSB-first in the low V * KW bits of x, spread to one code per nibble (code e in
 /// bits [4e, 4e + 4)): the selector of __byte_perm, which then looks up four codes in an 8-entry LUT at once.
@@ -491,23 +582,29 @@ __device__ __forceinline__ uint32_t lut4(const uint32_t* L, uint32_t nib) {
 /// each sub-tile and stores them as one 16-byte vector, which is also the lane's next stripe of the chunk digest
 /// (xxhash32.h, chunk_digest: a sub-tile is 512 bytes, so lane l writes exactly the stripes l, l + 32, ...); with
 /// `verify` each stored vector goes into the lane's XXH32 state `dg` on the way out.
-/// With a LUT exponent stream a tile takes three phases: (1) every sub-tile's codes are looked up (four at a time with
-/// __byte_perm when KW <= 4) into the warp's exponent stage in shared memory, escapes noted per lane; (2) one warp scan
-/// of the per-sub-tile escape counts puts every escape's position in a list in exception order, and lane j patches
-/// the j-th escape's symbol into the stage (exceptions from a register window, see ExcWindow); (3) symbols are
-/// merged into elements, stored and hashed.
+/// With a LUT exponent stream a tile takes three steps: (1) every sub-tile's codes are looked up (four at a time with
+/// __byte_perm when KW <= 4; an escape looks up the zero padding entry) into the warp's exponent `stage` in shared
+/// memory, escapes noted as nibble flags; (2) one warp scan of the per-sub-tile escape counts, packed 8 bits each,
+/// gives each lane the exception index of its first escape in each sub-tile, and the lane writes its exceptions (from
+/// `exc_smem`, where run_tiles copied the chunk's exceptions) over its escapes in the stage; (3) symbols are merged
+/// into elements, stored and hashed. A lane only ever touches its own bytes of the stage (no __syncwarp needed).
+/// The packed scan is exact although a sub-tile may hold 256 escapes (one more than a field holds): every exclusive
+/// prefix is at most 31 lanes x 8 = 248, and the totals are taken from lane 31's exclusive prefix plus its own counts.
 template <uint32_t FID, uint32_t KW, bool LUTE>
-__device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg, uint32_t& t, uint32_t tiles_full,
-                                          uint8_t* dst, const uint8_t* lut, uint8_t* stage, uint32_t& cursor,
-                                          bool verify, Xxh32& dg) {
+__device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint32_t& t, uint32_t tiles_full,
+                                          uint8_t* dst, const uint8_t* lut, uint8_t* stage, const uint8_t* exc_smem,
+                                          uint32_t& cursor, bool verify, Xxh32& dg) {
   using F = Fam<FID>;
   constexpr uint32_t E = F::kEsize, NS = F::kCount, V = 16 / E, SUB = 32 * V, NSUB = kTile / SUB;
   static_assert(V == 4 || V == 8, "16-byte vectors of 2- or 4-byte elements");
   static_assert(NSUB * V == 32, "a lane's escape flags of one tile fill one 32-bit word per 8 elements' nibbles");
-  constexpr bool kNib = LUTE && KW <= 4;      // codes looked up four at a time with __byte_perm
-  constexpr uint32_t FB = V == 8 ? 16 : 8;    // bits per sub-tile escape count in the packed scan (<= 256 / <= 128)
+  using Sym = std::conditional_t<V == 8, uint64_t, uint32_t>;  // V symbol bytes of one stream
+  constexpr bool kNib = LUTE && KW <= 4;  // codes looked up four at a time with __byte_perm
+  // Where escapes are patched: 8 symbols (64 bits) per lane and sub-tile go through the shared-memory stage (a byte
+  // store per escape); 4 symbols stay in a register (a shift and an OR per escape; measured faster for fp32).
+  constexpr bool kStaged = V == 8;
   const uint32_t lane = lane_id();
-  const uint32_t w0 = F::width(0);
+  constexpr uint32_t w0 = F::width(0);
   const StreamState& s0 = ss[0];
   uint32_t L[4] = {0, 0, 0, 0};
   if constexpr (kNib) {
@@ -515,187 +612,162 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, const Ring& rg,
 #pragma unroll
     for (int q = 0; q < 4; ++q) L[q] = l32[q];
   }
-  ExcWindow win;
-  if constexpr (LUTE) {
-    win.init(s0.exc, s0.n_exc);
-    win.slide(cursor);
-  }
-  bool bad = false;
+  // Field `sub` (8 bits) of a pair of packed words: sub-tiles 0..3 in lo, 4..7 in hi.
+  auto field = [](uint32_t lo, uint32_t hi, uint32_t sub) { return ((sub < 4 ? lo : hi) >> (8 * (sub & 3))) & 0xFFu; };
   for (; t < tiles_full; ++t) {
-    const uint8_t* slot = ring_advance<NS>(rg, ss, t);
+    const uint8_t* slot = ring_advance<NS, true>(rg, ss, t);
+    bool bad = false;
+    Sym es[NSUB];
     if constexpr (LUTE) {
-      // ---- phase 1: LUT lookups into the stage; escapes as nibble flags (bit 4e of a sub-tile's word)
+      // ---- 1: LUT lookups into the stage (or registers); escapes as nibble flags (bit 4e of a sub-tile's word)
       const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg);
       uint32_t escw[NSUB];
-      uint32_t cnt_lo = 0, cnt_hi = 0;  // packed per-sub-tile escape counts, FB bits each
+      uint32_t cnt_lo = 0, cnt_hi = 0;  // packed per-sub-tile escape counts, 8 bits each
 #pragma unroll
       for (uint32_t sub = 0; sub < NSUB; ++sub) {
         const uint32_t le = sub * SUB + lane * V;
         const uint32_t b0 = le * KW, wi = b0 >> 5, sh = b0 & 31;
         const uint32_t x0 = e_words[wi], x1 = e_words[wi + 1];
-        uint64_t es = 0;
+        Sym e = 0;
         uint32_t escn = 0;
         if constexpr (kNib) {
           uint32_t v = __funnelshift_r(x0, x1, sh);  // V * KW <= 32 bits; the rest belongs to the next lane
-          if constexpr (V * KW < 32) v &= (1u << (V * KW)) - 1u;
+          // The bits past the lane's V codes: the 8-code spread drops them itself; four codes need the mask.
+          if constexpr (V == 4) v &= (1u << (V * KW)) - 1u;
           const uint32_t nib = KW == 4 ? v : spread_nibbles<(KW < 4 ? KW : 1), V>(v);
-          es = lut4<KW>(L, nib);  // an escape looks up the padding entry 2^KW - 1, which is 0
-          if constexpr (V == 8) es |= uint64_t(lut4<KW>(L, nib >> 16)) << 32;
+          e = lut4<KW>(L, nib);
+          if constexpr (V == 8) e |= uint64_t(lut4<KW>(L, nib >> 16)) << 32;
           escn = escape_nibbles<KW>(nib);
         } else {
           constexpr uint32_t mask = (1u << KW) - 1;
           const uint32_t x2 = e_words[wi + 2];
           const uint64_t v = uint64_t(__funnelshift_r(x0, x1, sh)) | (uint64_t(__funnelshift_r(x1, x2, sh)) << 32);
 #pragma unroll
-          for (uint32_t e = 0; e < V; ++e) {
-            const uint32_t c = uint32_t(v >> (e * KW)) & mask;
-            es |= uint64_t(lut[c]) << (8 * e);  // lut[mask] is the zero padding entry
-            escn |= uint32_t(c == mask) << (4 * e);
+          for (uint32_t q = 0; q < V; ++q) {
+            const uint32_t c = uint32_t(v >> (q * KW)) & mask;
+            e |= Sym(lut[c]) << (8 * q);  // lut[mask] is the zero padding entry
+            escn |= uint32_t(c == mask) << (4 * q);
           }
         }
-        if constexpr (V == 8) *reinterpret_cast<uint64_t*>(stage + le) = es;
-        else *reinterpret_cast<uint32_t*>(stage + le) = uint32_t(es);
+        if constexpr (kStaged) *reinterpret_cast<Sym*>(stage + le) = e;
+        else es[sub] = e;
         escw[sub] = escn;
         const uint32_t c = uint32_t(__popc(escn));
-        if (FB * (sub + 1) <= 32) cnt_lo |= c << (FB * sub);  // sub is a constant after unrolling
-        else cnt_hi |= c << (FB * sub - 32);
+        if (sub < 4) cnt_lo |= c << (8 * sub);  // sub is a constant after unrolling
+        else cnt_hi |= c << (8 * (sub - 4));
       }
-      // ---- phase 2: exception indices by one packed scan, then each lane patches its own escapes
+      // ---- 2: exception indices by one packed scan; each lane writes its own exceptions into the stage
       if (__any_sync(kFull, (cnt_lo | cnt_hi) != 0)) {
         uint32_t in_lo = cnt_lo, in_hi = cnt_hi;
 #pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {  // fields never carry into each other: totals fit in FB bits
-          const uint32_t o_lo = __shfl_up_sync(kFull, in_lo, d), o_hi = __shfl_up_sync(kFull, in_hi, d);
+        for (int d = 1; d < 32; d <<= 1) {
+          const uint32_t o_lo = __shfl_up_sync(kFull, in_lo, d);
+          const uint32_t o_hi = NSUB > 4 ? __shfl_up_sync(kFull, in_hi, d) : 0u;
           if (lane >= uint32_t(d)) { in_lo += o_lo; in_hi += o_hi; }
         }
-        const uint32_t tot_lo = __shfl_sync(kFull, in_lo, 31), tot_hi = __shfl_sync(kFull, in_hi, 31);
-        const uint32_t ex_lo = in_lo - cnt_lo, ex_hi = in_hi - cnt_hi;
-        constexpr uint32_t FM = (1u << FB) - 1u;
-        auto field = [](uint32_t lo, uint32_t hi, uint32_t sub) {
-          return FB * (sub + 1) <= 32 ? (lo >> (FB * sub)) & FM : (hi >> (FB * sub - 32)) & FM;
-        };
-        uint32_t total = 0;
+        const uint32_t ex_lo = in_lo - cnt_lo, ex_hi = in_hi - cnt_hi;  // exact: every field <= 248
+        const uint32_t ex31_lo = __shfl_sync(kFull, ex_lo, 31), c31_lo = __shfl_sync(kFull, cnt_lo, 31);
+        const uint32_t ex31_hi = NSUB > 4 ? __shfl_sync(kFull, ex_hi, 31) : 0u;
+        const uint32_t c31_hi = NSUB > 4 ? __shfl_sync(kFull, cnt_hi, 31) : 0u;
+        // Sub-tile totals (up to 256 each) summed with dp4a: the exact byte sums of lane 31's prefix and counts.
+        constexpr uint32_t ones = 0x01010101u;
+        const uint32_t total = __dp4a(ex31_lo, ones, __dp4a(c31_lo, ones, 0u)) +
+                               __dp4a(ex31_hi, ones, __dp4a(c31_hi, ones, 0u));
+        if (uint64_t(cursor) + total > s0.n_exc) return false;  // more escapes than exceptions (warp-uniform)
+        uint32_t run = cursor;
 #pragma unroll
-        for (uint32_t sub = 0; sub < NSUB; ++sub) total += field(tot_lo, tot_hi, sub);
-        // The escapes' tile positions go to a list in exception order, in the ring slot's code segment (its codes
-        // were consumed in phase 1, and the slot is not refilled before the next tile); then lane j patches the j-th
-        // escape with exception cursor + j from the window. Otherwise each lane reads its own from global memory.
-        uint16_t* list = reinterpret_cast<uint16_t*>(rg.base + (t & (rg.S - 1)) * rg.slot_bytes + s0.seg);
-        if (total <= s0.tile_bytes / 2 && cursor + total <= win.base + 256) {
-          __syncwarp();  // every lane has read its codes (phase 1) before any lane writes the list over them
-          uint32_t run = 0;
-#pragma unroll
-          for (uint32_t sub = 0; sub < NSUB; ++sub) {
-            const uint32_t ts = field(tot_lo, tot_hi, sub);
-            if (ts != 0) {  // warp-uniform
-              uint32_t j = run + field(ex_lo, ex_hi, sub), m = escw[sub];
-              while (m) {
-                list[j++] = uint16_t(sub * SUB + lane * V + (uint32_t(__ffs(m) - 1) >> 2));
-                m &= m - 1;
-              }
-              run += ts;
-            }
+        for (uint32_t sub = 0; sub < NSUB; ++sub) {
+          uint32_t idx = run + field(ex_lo, ex_hi, sub), m = escw[sub];
+          uint8_t* sp = stage + sub * SUB + lane * V;
+          while (m) {
+            const uint32_t b = uint32_t(__ffs(m) - 1);  // 4 x (x: element within the lane's V)
+            m &= m - 1;
+            const uint32_t sv = exc_smem[idx++];
+            if (w0 < 8 && (sv >> w0)) bad = true;
+            if constexpr (kStaged) sp[b >> 2] = uint8_t(sv);
+            else es[sub] |= Sym(sv) << (2 * b);  // an escape looked up the zero entry
           }
-          __syncwarp();
-          for (uint32_t j = lane; j < ((total + 31) & ~31u); j += 32) {
-            const uint32_t sv = win.get(cursor + j);
-            if (j < total) {
-              if (cursor + j >= s0.n_exc || (sv >> w0)) bad = true;
-              stage[list[j]] = uint8_t(sv);
-            }
-          }
-          __syncwarp();  // lanes patched each other's stage bytes
-        } else {
-          uint32_t run = cursor;
-#pragma unroll
-          for (uint32_t sub = 0; sub < NSUB; ++sub) {
-            const uint32_t ts = field(tot_lo, tot_hi, sub);
-            uint32_t idx = run + field(ex_lo, ex_hi, sub), m = escw[sub];
-            uint8_t* sp = stage + sub * SUB + lane * V;
-            while (m) {
-              const uint32_t e = uint32_t(__ffs(m) - 1) >> 2;
-              m &= m - 1;
-              uint32_t sv = 0;
-              if (idx < s0.n_exc) sv = s0.exc[idx];
-              else bad = true;
-              if (sv >> w0) bad = true;
-              sp[e] = uint8_t(sv);
-              ++idx;
-            }
-            run += ts;
-          }
+          run += field(ex31_lo, ex31_hi, sub) + field(c31_lo, c31_hi, sub);
         }
         cursor += total;
-        win.slide(cursor);
       }
     }
-    // ---- phase 3: merge, store, hash
-#pragma unroll 2
+    // ---- 3: merge, store, hash
+#pragma unroll
     for (uint32_t sub = 0; sub < NSUB; ++sub) {
       const uint32_t le = sub * SUB + lane * V;  // element within the tile
-      // Symbols as bytes of 64-bit values (V <= 8): no arrays, so nothing is indexed at run time (which would put
-      // them in local memory).
-      uint64_t es = 0;
-      uint64_t rs[NS];
+      // Symbols as bytes of 32/64-bit values: no arrays, so nothing is indexed at run time (which would put them in
+      // local memory).
+      Sym e = 0;
+      Sym rs[NS];
       if constexpr (LUTE) {
-        if constexpr (V == 8) es = *reinterpret_cast<const uint64_t*>(stage + le);
-        else es = *reinterpret_cast<const uint32_t*>(stage + le);
+        if constexpr (kStaged) e = *reinterpret_cast<const Sym*>(stage + le);
+        else e = es[sub];
       } else if constexpr (KW == 0) {
-        es = uint64_t(rep4(s0.param)) * 0x100000001ull;
+        e = Sym(uint64_t(rep4(s0.param)) * 0x100000001ull);
       } else if constexpr (KW == 8) {
-        if constexpr (V == 8) es = *reinterpret_cast<const uint64_t*>(slot + s0.seg + le);
-        else es = *reinterpret_cast<const uint32_t*>(slot + s0.seg + le);
+        e = *reinterpret_cast<const Sym*>(slot + s0.seg + le);
       } else {  // RAW exponents narrower than a byte (fp16: 5 bits)
         const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg);
         const uint32_t b0 = le * KW, wi = b0 >> 5, sh = b0 & 31;
         const uint32_t x0 = e_words[wi], x1 = e_words[wi + 1], x2 = e_words[wi + 2];
         const uint64_t v = uint64_t(__funnelshift_r(x0, x1, sh)) | (uint64_t(__funnelshift_r(x1, x2, sh)) << 32);
 #pragma unroll
-        for (uint32_t e = 0; e < V; ++e) es |= uint64_t(uint32_t(v >> (e * KW)) & ((1u << KW) - 1)) << (8 * e);
+        for (uint32_t q = 0; q < V; ++q) e |= Sym(uint32_t(v >> (q * KW)) & ((1u << KW) - 1)) << (8 * q);
       }
 #pragma unroll
       for (uint32_t j = 1; j < NS; ++j) {
         const StreamState& sj = ss[j];
         if (sj.mode == uint32_t(StreamMode::CONST)) {
-          rs[j] = uint64_t(rep4(sj.param)) * 0x100000001ull;
+          rs[j] = Sym(uint64_t(rep4(sj.param)) * 0x100000001ull);
         } else if (FID == kFamF16 && j == 2) {
           const uint32_t* r_words = reinterpret_cast<const uint32_t*>(slot + sj.seg);
           const uint32_t b0 = le * 3, wi = b0 >> 5, sh = b0 & 31;
           const uint64_t v = uint64_t(__funnelshift_r(r_words[wi], r_words[wi + 1], sh)) |
                              (uint64_t(__funnelshift_r(r_words[wi + 1], r_words[wi + 2], sh)) << 32);
-          uint64_t r = 0;
+          Sym r = 0;
 #pragma unroll
-          for (uint32_t e = 0; e < V; ++e) r |= ((v >> (e * 3)) & 7u) << (8 * e);
+          for (uint32_t q = 0; q < V; ++q) r |= Sym((v >> (q * 3)) & 7u) << (8 * q);
           rs[j] = r;
         } else {
-          if constexpr (V == 8) rs[j] = *reinterpret_cast<const uint64_t*>(slot + sj.seg + le);
-          else rs[j] = *reinterpret_cast<const uint32_t*>(slot + sj.seg + le);
+          rs[j] = *reinterpret_cast<const Sym*>(slot + sj.seg + le);
         }
       }
       uint32_t out[4];
 #pragma unroll
       for (uint32_t q = 0; q < V / 4; ++q) {
         uint32_t s4[NS];
-        s4[0] = uint32_t(es >> (32 * q));
+        s4[0] = uint32_t(uint64_t(e) >> (32 * q));
 #pragma unroll
-        for (uint32_t j = 1; j < NS; ++j) s4[j] = uint32_t(rs[j] >> (32 * q));
+        for (uint32_t j = 1; j < NS; ++j) s4[j] = uint32_t(uint64_t(rs[j]) >> (32 * q));
         F::merge4(s4, out + q * E);
       }
       *reinterpret_cast<uint4*>(dst + uint64_t(t * kTile + le) * E) = make_uint4(out[0], out[1], out[2], out[3]);
       if (verify) dg.stripe(out[0], out[1], out[2], out[3]);
     }
-    __syncwarp();
-    if (__any_sync(kFull, bad)) return false;
+    __syncwarp();  // every lane has read the slot before it is refilled
+    if (w0 < 8 && LUTE && __any_sync(kFull, bad)) return false;
   }
   return true;
 }
 
+/// Runs the tile path on tiles [t, tiles_full). A LUT exponent stream's exceptions are first copied to `exc_smem`
+/// (the caller takes this path only when they fit there).
 template <uint32_t FID>
-__device__ __forceinline__ bool run_tiles(const StreamState* ss, const Ring& rg, uint32_t& t, uint32_t tiles_full,
-                                          uint8_t* dst, const uint8_t* lut, uint8_t* stage, uint32_t& cursor,
-                                          bool verify, Xxh32& dg) {
+__device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint32_t& t, uint32_t tiles_full,
+                                          uint8_t* dst, const uint8_t* lut, uint8_t* stage, uint8_t* exc_smem,
+                                          uint32_t& cursor, bool verify, Xxh32& dg) {
   const StreamState& s0 = ss[0];
-#define TZIP_TILES(KW, LUTE) tile_loop<FID, KW, LUTE>(ss, rg, t, tiles_full, dst, lut, stage, cursor, verify, dg)
+  if (s0.mode == uint32_t(StreamMode::LUT)) {
+    // The section starts 16-aligned (docs/format.md, 8.3): 16-byte loads, then the last n_exc % 16 bytes.
+    const uint32_t nv = s0.n_exc / 16;
+    for (uint32_t v = lane_id(); v < nv; v += 32)
+      reinterpret_cast<uint4*>(exc_smem)[v] = reinterpret_cast<const uint4*>(s0.exc)[v];
+    for (uint32_t b = nv * 16 + lane_id(); b < s0.n_exc; b += 32) exc_smem[b] = s0.exc[b];
+    __syncwarp();
+  }
+#define TZIP_TILES(KW, LUTE) \
+  tile_loop<FID, KW, LUTE>(ss, rg, t, tiles_full, dst, lut, stage, exc_smem, cursor, verify, dg)
   if (s0.mode == uint32_t(StreamMode::CONST)) return TZIP_TILES(0, false);
   if (s0.mode == uint32_t(StreamMode::RAW)) {
     if constexpr (FID == kFamF16) return TZIP_TILES(5, false);
@@ -904,18 +976,16 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
       s.seg = sb;
       sb += s.tile_bytes + (wbits < 8 ? 16 : 0);
     }
-    rg.base = ws + WL::kRing;
-    rg.slot_bytes = sb;
-    rg.S = sb ? min(4u, RING / sb) : 4u;
-    if (rg.S == 3) rg.S = 2;  // a power of two: slots by mask, not by division
-    rg.tiles = tiles;
-    if (rg.S < 2) return kChunkDefer;
-    for (uint32_t t = 0; t + 1 < rg.S; ++t) ring_issue<NS>(rg, ss, t);
+    if (!ring_start<NS>(rg, ss, ws + WL::kRing, reinterpret_cast<uint64_t*>(ws + WL::kBars), sb, RING, tiles,
+                        n % kTile == 0))
+      return kChunkDefer;
   }
 
   uint32_t t = 0;
   if constexpr (F::kSplit && STREAM) {
-    bool ok = tile_ok && ss[0].mode != uint32_t(StreamMode::RANS);
+    // The tile path reads a LUT stream's exceptions from shared memory: chunks with more take the step path.
+    bool ok = tile_ok && ss[0].mode != uint32_t(StreamMode::RANS) &&
+              (ss[0].mode != uint32_t(StreamMode::LUT) || ss[0].n_exc <= WL::kExcBytes);
 #pragma unroll
     for (uint32_t j = 1; j < NS; ++j)
       ok = ok && (ss[j].mode == uint32_t(StreamMode::CONST) || ss[j].mode == uint32_t(StreamMode::RAW));
@@ -923,8 +993,8 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
     if (ok && tiles_full) {
       uint32_t cursor = 0;
       const uint8_t* lut = lut_base + 128 * ss[0].slot;
-      if (!run_tiles<FID>(ss, rg, t, tiles_full, dst, lut, ws + WL::kStage, cursor, verify, dg)) {
-        cp_wait(0);
+      if (!run_tiles<FID>(ss, rg, t, tiles_full, dst, lut, ws + WL::kStage, ws + WL::kExc, cursor, verify, dg)) {
+        ring_drain(rg);
         return kBadAt(__LINE__);
       }
       ss[0].cursor = cursor;
@@ -1047,7 +1117,7 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
     if constexpr (STREAM) __syncwarp();
     if (bad) break;
   }
-  if constexpr (STREAM) cp_wait(0);  // no copy may land in the ring after this chunk
+  if constexpr (STREAM) ring_drain(rg);  // no copy may land in the ring after this chunk
   if (bad) return kBadAt(__LINE__);
   // All exceptions used, all words used, every lane back at its initial state.
 #pragma unroll
@@ -1102,7 +1172,16 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
     if (ci + 1 < T.n_chunks && !warp_zero(src + size, uint32_t(align16(off + size) - (off + size)))) {
       r = kChunkBad;
     } else if (size == raw_len) {
-      warp_copy(dst, src, raw_len, vfy, dg, dg_from);
+      if constexpr (RING >= 2 * kTile) {
+        if (aligned16(src) && aligned16(dst)) {
+          ring_copy(dst, src, raw_len, ws + WL::kRing, reinterpret_cast<uint64_t*>(ws + WL::kBars), RING, vfy, dg,
+                    dg_from);
+        } else {
+          warp_copy(dst, src, raw_len, vfy, dg, dg_from);
+        }
+      } else {
+        warp_copy(dst, src, raw_len, vfy, dg, dg_from);
+      }
     } else if (T.codec == uint8_t(Codec::RAW)) {
       r = kChunkBad;
     } else if (MODE != 0 && defer_all) {
