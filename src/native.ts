@@ -47,7 +47,7 @@ export interface DecompressOptions {
   out?: Uint8Array | undefined;
 }
 
-/** A frame's self-description, as decoded by {@link readHeader} (all sizes in bytes). */
+/** A frame's self-description, as decoded by {@link readHeader} and returned per frame by {@link gpuDecompress} (all sizes in bytes). */
 export interface FrameHeader {
   formatVersion: number;
   dtype: string;
@@ -161,6 +161,17 @@ export interface GpuDecodeItem {
   outBytes: ByteCount;
 }
 
+/** What {@link gpuCompress} reports for one item: the frame it wrote. */
+export interface GpuCompressed {
+  /** Size in bytes of the frame written at the item's `frame` (at most its `frameCapacity`). */
+  frameBytes: bigint;
+  /**
+   * The codec the frame records (its header byte 7): what the item's codec resolves to, 'auto' included ('fast' or
+   * 'max' for a non-empty BF16/F16/F32 tensor, chosen on the device from the data; 'bytes' for other dtypes).
+   */
+  codec: FrameCodec;
+}
+
 /** Options of {@link gpuCompress} and {@link gpuDecompress}. */
 export interface GpuRunOptions {
   /** Ordinal of the GPU that owns every pointer of the call (checked: TZIP_INVALID_ARGUMENT otherwise). */
@@ -203,8 +214,8 @@ interface Addon {
   entropy(input: Uint8Array, dtype: string): EntropyBound;
   gpu(): GpuInfo;
   gpuDevices(): GpuDevice[];
-  gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunOptions): Promise<bigint[]>;
-  gpuDecompress(items: readonly GpuDecodeItem[], opts: GpuRunOptions): Promise<void>;
+  gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunOptions): Promise<GpuCompressed[]>;
+  gpuDecompress(items: readonly GpuDecodeItem[], opts: GpuRunOptions): Promise<FrameHeader[]>;
   cudaIpcGetMemHandle(ptr: DevicePtr, device: number): Buffer;
   cudaIpcOpenMemHandle(handle: Uint8Array, device: number): bigint;
   cudaIpcCloseMemHandle(base: DevicePtr, device: number): void;
@@ -363,12 +374,14 @@ export function gpuDevices(): GpuDevice[] {
  * Compresses a batch of tensors already in GPU memory into one frame each, byte for byte the frames {@link compress}
  * makes from the same bytes, dtype, shape, codec and chunk size. One launch sequence for the whole batch, on the
  * addon's own non-blocking stream of `opts.device` (after `opts.waitEvent`, before `opts.recordEvent`); the promise
- * resolves once that work has finished (a worker thread waits for it, never the event loop).
- * @returns per item, the size in bytes of the frame written at `item.frame`.
+ * resolves once that work has finished (a worker thread waits for it, never the event loop). The frame sizes and the
+ * codecs the device chose come back to the host in one device-to-host copy for the whole batch.
+ * @returns per item, in order, the size in bytes of the frame written at `item.frame` and the codec it records.
  * @throws TzipError (as a rejection) TZIP_INVALID_ARGUMENT (bad item or option, pointer not device memory of
- *   `opts.device`, frameCapacity below {@link maxCompressedSize}), TZIP_UNSUPPORTED (no GPU), TZIP_CUDA.
+ *   `opts.device`, frameCapacity below {@link maxCompressedSize}), TZIP_UNSUPPORTED (no GPU), TZIP_CUDA,
+ *   TZIP_CORRUPT (a frame's memory was overwritten during the call, so that it no longer records the codec chosen).
  */
-export async function gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunOptions): Promise<bigint[]> {
+export async function gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunOptions): Promise<GpuCompressed[]> {
   const native = load();
   try {
     return await native.gpuCompress(items, opts);
@@ -380,17 +393,25 @@ export async function gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunO
 /**
  * Decodes a batch of frames in GPU memory into GPU memory; same stream, events and completion as {@link gpuCompress}.
  * Every frame is parsed and checked on the device; a failing item never writes outside its `out` range (it may
- * leave that range partly written), and the other items still decode.
+ * leave that range partly written), and the other items still decode. After the decode, the first bytes of every
+ * frame (fixed header and shape: at most 304) are gathered on the device and come back with the error codes in one
+ * device-to-host copy; the addon parses them with the CPU's header checks, reading no byte past `frameBytes`.
+ * @returns per item, in order, the frame's header ({@link readHeader}'s fields: dtype, shape, nbytes, codec,
+ *   frameBytes, ...), as the frame's memory held it after the decode. The decoder checked the whole header on the
+ *   device, header digest and chunk table included; these bytes are read again afterwards, so a caller that does not
+ *   own the frames' memory (another process's) compares them with what it expects (frameBytes with the size it
+ *   passed, nbytes, dtype and shape with the destination).
  * @throws TzipError (as a rejection) whose code is the first failing item's (TZIP_CORRUPT, TZIP_TRUNCATED,
  *   TZIP_CHECKSUM, TZIP_UNSUPPORTED, or TZIP_INVALID_ARGUMENT when outBytes is not the frame's nbytes: the same code
  *   {@link decompress} gives for the same bytes), whose message names the item index, and whose `itemErrors` holds
- *   per item its code or '' for an item that decoded; TZIP_INVALID_ARGUMENT (bad item or option, pointer not device
- *   memory of `opts.device`) and TZIP_CUDA without `itemErrors`; TZIP_UNSUPPORTED when there is no GPU.
+ *   per item its code or '' for an item that decoded; the same for a frame whose header bytes fail the checks when read
+ *   back after the decode (its memory changed during the call); TZIP_INVALID_ARGUMENT (bad item or option, pointer not
+ *   device memory of `opts.device`) and TZIP_CUDA without `itemErrors`; TZIP_UNSUPPORTED when there is no GPU.
  */
-export async function gpuDecompress(items: readonly GpuDecodeItem[], opts: GpuRunOptions): Promise<void> {
+export async function gpuDecompress(items: readonly GpuDecodeItem[], opts: GpuRunOptions): Promise<FrameHeader[]> {
   const native = load();
   try {
-    await native.gpuDecompress(items, opts);
+    return await native.gpuDecompress(items, opts);
   } catch (err) {
     throw toTzipError(err);
   }

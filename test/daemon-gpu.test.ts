@@ -1,9 +1,9 @@
 // The daemon's GPU path (CUDA IPC handles, interprocess events) against a stand-in for the addon's GPU functions:
 // "device memory" is host memory behind fake pointers, IPC handles name fake allocations, the codec is the CPU
 // codec. Checks what the daemon does around the codec: handle checks and caching, one open per allocation per
-// daemon, events waited on and recorded, frames and headers read back, release / session end closing everything
-// (after requests in flight), hostile handles answered with errors. The real GPU runs in
-// python-bridge/tests/test_client_cuda.py.
+// daemon, events waited on and recorded, the codecs and frame headers the addon reports used and checked (a frame that
+// disagrees with its handle or destination refused), release / session end closing everything (after requests in
+// flight), hostile handles answered with errors. The real GPU runs in python-bridge/tests/test_client_cuda.py.
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { Packr, Unpackr } from 'msgpackr';
@@ -14,7 +14,7 @@ import { useGpuApiForTests, type GpuApi } from '../src/daemon/gpu.js';
 import { ipcAllocations } from '../src/daemon/gpu-map.js';
 import { defaultLimits } from '../src/daemon/limits.js';
 import { Daemon } from '../src/daemon/server.js';
-import { compress, decompress, maxCompressedSize, type GpuDevice } from '../src/native.js';
+import { compress, decompress, maxCompressedSize, readHeader, type FrameHeader, type GpuCompressed, type GpuDevice } from '../src/native.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('daemon-gpu');
@@ -38,6 +38,12 @@ class FakeGpu {
   readonly recorded: bigint[] = [];
   /** When set, gpuCompress waits for it (a request held in flight). */
   hold: Promise<void> | null = null;
+  /** When set, what gpuCompress reports is passed through it (an addon that reports something else). */
+  alterCompressed: ((r: GpuCompressed[]) => GpuCompressed[]) | null = null;
+  /** When set, what gpuDecompress reports is passed through it (headers that changed after the decode). */
+  alterHeaders: ((h: FrameHeader[]) => FrameHeader[]) | null = null;
+  /** gpuCompress / gpuDecompress calls, with their item counts. */
+  readonly batches: { op: 'compress' | 'decompress'; items: number }[] = [];
 
   alloc(bytes: Buffer | number): bigint {
     const base = this.nextBase;
@@ -104,26 +110,32 @@ class FakeGpu {
         expect(this.events.delete(e)).toBe(true);
         this.destroyed++;
       },
-      gpuCopyFromDevice: (ptr, n) => Buffer.from(this.resolve(ptr, Number(n))),
+      // As the addon: per item the frame's size and the codec it records; per decoded frame its header.
       gpuCompress: async (items, opts) => {
+        this.batches.push({ op: 'compress', items: items.length });
         if (opts.waitEvent !== undefined) this.waited.push(opts.waitEvent);
         if (this.hold !== null) await this.hold;
-        const sizes: bigint[] = [];
+        const written: GpuCompressed[] = [];
         for (const it of items) {
           const input = this.resolve(it.data, Number(it.nbytes));
           const frame = await compress(input, { dtype: it.dtype, shape: it.shape.map(Number), codec: it.codec, chunkSize: opts.chunkSize });
           frame.copy(this.resolve(it.frame, Number(it.frameCapacity)));
-          sizes.push(BigInt(frame.length));
+          written.push({ frameBytes: BigInt(frame.length), codec: readHeader(frame).codec });
         }
         if (opts.recordEvent !== undefined) this.recorded.push(opts.recordEvent);
-        return sizes;
+        return this.alterCompressed !== null ? this.alterCompressed(written) : written;
       },
       gpuDecompress: async (items, opts) => {
+        this.batches.push({ op: 'decompress', items: items.length });
         if (opts.waitEvent !== undefined) this.waited.push(opts.waitEvent);
+        const headers: FrameHeader[] = [];
         for (const it of items) {
-          await decompress(this.resolve(it.frame, Number(it.frameBytes)), { out: this.resolve(it.out, Number(it.outBytes)), verify: opts.verify });
+          const frame = this.resolve(it.frame, Number(it.frameBytes));
+          await decompress(frame, { out: this.resolve(it.out, Number(it.outBytes)), verify: opts.verify });
+          headers.push(readHeader(frame));
         }
         if (opts.recordEvent !== undefined) this.recorded.push(opts.recordEvent);
+        return this.alterHeaders !== null ? this.alterHeaders(headers) : headers;
       },
     };
   }
@@ -233,7 +245,8 @@ describe('GPU requests (fake GPU)', () => {
       const want = await compress(a, { dtype: 'BF16', shape: [100_000] });
       expect(r.frames[0].bytes).toBe(want.length);
       expect(mem.subarray(outOff, outOff + want.length).equals(want)).toBe(true);
-      expect(['fast', 'max']).toContain(r.frames[0].codec); // auto on bf16: read back from the frame
+      expect(['fast', 'max']).toContain(r.frames[0].codec); // auto on bf16: as the addon reports it
+      expect(r.frames[0].codec).toBe(readHeader(want).codec);
       expect(r.frames[1].codec).toBe('raw');
       expect(gpu.waited.length).toBeGreaterThan(0);
       expect(gpu.recorded.length).toBeGreaterThan(0);
@@ -257,6 +270,97 @@ describe('GPU requests (fake GPU)', () => {
       const rel = await c.call('release', { handles: [gpu.handle(base)] });
       expect(rel.released).toBe(1);
       expect(gpu.mapped.size).toBe(0);
+    } finally {
+      c.close();
+    }
+  });
+
+  it('one addon call per request; the codecs and headers the addon reports are used and checked', async () => {
+    const c = new Conn(daemon.endpoint);
+    try {
+      await c.hello();
+      const base = gpu.alloc(8 << 20);
+      const mem = gpu.memory.get(base) as Buffer;
+      const w = bf16Weights(50_000, 7);
+      const noise = randomBytes(40_000); // bf16 bit patterns of random bytes: auto picks what the data says
+      const ints = Buffer.alloc(4 * 3000);
+      for (let i = 0; i < 3000; i++) ints.writeInt32LE((i * 7919) % 1000 - 500, 4 * i);
+      w.copy(mem, 0);
+      noise.copy(mem, 200_000);
+      ints.copy(mem, 400_000);
+      const i32 = (data: Record<string, unknown>, shape: number[]) => ({ device: { type: 2, id: 3 }, dtype: { code: 0, bits: 32, lanes: 1 }, shape, byte_offset: 0, data });
+      const items = [
+        { tensor: bf16(ipc(c, base, 0, w.length), [250, 200]), codec: 'auto', dtype: 'BF16', shape: [250, 200], bytes: w },
+        { tensor: bf16(ipc(c, base, 200_000, noise.length), [20_000]), codec: 'auto', dtype: 'BF16', shape: [20_000], bytes: noise },
+        { tensor: bf16(ipc(c, base, 0, w.length), [50_000]), codec: 'fast', dtype: 'BF16', shape: [50_000], bytes: w },
+        { tensor: i32(ipc(c, base, 400_000, ints.length), [3000]), codec: 'auto', dtype: 'I32', shape: [3000], bytes: ints },
+      ];
+      const outAt = (i: number) => (1 << 20) + i * (1 << 19);
+      const body = () => ({
+        tensors: items.map((it, i) => ({ tensor: it.tensor, out: ipc(c, base, outAt(i), maxCompressedSize(it.bytes.length, it.shape.length)), codec: it.codec })),
+      });
+      const batchesBefore = gpu.batches.length;
+      const r = await c.call('compress', body());
+      expect(r.ok).toBe(true);
+      expect(gpu.batches.slice(batchesBefore)).toEqual([{ op: 'compress', items: 4 }]);
+      const want = await Promise.all(items.map((it) => compress(it.bytes, { dtype: it.dtype, shape: it.shape, codec: it.codec as 'auto' | 'fast' })));
+      items.forEach((_, i) => {
+        expect(r.frames[i].bytes).toBe(want[i]!.length);
+        expect(r.frames[i].codec).toBe(readHeader(want[i]!).codec);
+      });
+      expect(r.frames[2].codec).toBe('fast');
+      expect(r.frames[3].codec).toBe('bytes');
+
+      const backAt = (i: number) => (4 << 20) + i * (1 << 19);
+      const dest = (i: number) => {
+        const it = items[i]!;
+        return it.dtype === 'I32' ? i32(ipc(c, base, backAt(i), it.bytes.length), it.shape) : bf16(ipc(c, base, backAt(i), it.bytes.length), it.shape);
+      };
+      const frames = () => items.map((_, i) => ({ frame: ipc(c, base, outAt(i), r.frames[i].bytes), out: dest(i) }));
+      const d = await c.call('decompress', { frames: frames() });
+      expect(d.ok).toBe(true);
+      expect(gpu.batches.slice(-1)).toEqual([{ op: 'decompress', items: 4 }]);
+      items.forEach((it, i) => {
+        expect(d.tensors[i]).toMatchObject({ nbytes: it.bytes.length, dtype: it.dtype, shape: it.shape, codec: r.frames[i].codec });
+        expect(mem.subarray(backAt(i), backAt(i) + it.bytes.length).equals(it.bytes)).toBe(true);
+      });
+
+      const fails = async (op: string, msg: Record<string, unknown>) => {
+        const e = await c.call(op, msg);
+        expect(e.ok).toBe(false);
+        return e.error as { code: string; message: string; index?: number };
+      };
+      try {
+        // The addon reports a codec the asked codec cannot resolve to: an internal error, not a wrong reply.
+        gpu.alterCompressed = (x) => x.map((y, i) => (i === 2 ? { ...y, codec: 'max' } : y));
+        let e = await fails('compress', body());
+        expect(e).toMatchObject({ code: 'TZIP_INTERNAL', index: 2 });
+        gpu.alterCompressed = (x) => x.map((y, i) => (i === 0 ? { ...y, codec: 'raw' } : y));
+        e = await fails('compress', body());
+        expect(e).toMatchObject({ code: 'TZIP_INTERNAL', index: 0 });
+        gpu.alterCompressed = (x) => x.slice(1);
+        expect((await fails('compress', body())).code).toBe('TZIP_INTERNAL');
+        gpu.alterCompressed = null;
+        // Headers read back after the decode that disagree with the handle or the destination.
+        gpu.alterHeaders = (h) => h.map((y, i) => (i === 1 ? { ...y, frameBytes: y.frameBytes + 16 } : y));
+        e = await fails('decompress', { frames: frames() });
+        expect(e).toMatchObject({ code: 'TZIP_INVALID_ARGUMENT', index: 1 });
+        expect(e.message).toContain('the handle gives');
+        gpu.alterHeaders = (h) => h.map((y, i) => (i === 3 ? { ...y, shape: [1000, 3] } : y));
+        e = await fails('decompress', { frames: frames() });
+        expect(e).toMatchObject({ code: 'TZIP_INVALID_ARGUMENT', index: 3 });
+        expect(e.message).toContain('frame 3 holds I32 [1000, 3]');
+        gpu.alterHeaders = (h) => h.map((y, i) => (i === 0 ? { ...y, dtype: 'F16' } : y));
+        e = await fails('decompress', { frames: frames() });
+        expect(e).toMatchObject({ code: 'TZIP_INVALID_ARGUMENT', index: 0 });
+        gpu.alterHeaders = (h) => h.slice(0, 2);
+        expect((await fails('decompress', { frames: frames() })).code).toBe('TZIP_INTERNAL');
+      } finally {
+        gpu.alterCompressed = null;
+        gpu.alterHeaders = null;
+      }
+      expect((await c.call('decompress', { frames: frames() })).ok).toBe(true);
+      expect((await c.call('release', { end: true })).ok).toBe(true);
     } finally {
       c.close();
     }

@@ -1,7 +1,9 @@
 // The GPU codec and CUDA IPC through the addon (src/native.ts): GPU frames equal CPU frames byte for byte for every
-// codec and dtype, on real tensors and edge cases; cross decoding; batches; views at odd offsets with guard bytes
-// around them; corrupt frames rejected with the CPU decoder's codes and no write outside `out`; argument errors; CUDA
-// IPC memory and events across processes. Without a GPU only the "no GPU" behaviour is checked; the GPU suite is
+// codec and dtype, on real tensors and edge cases; the codec gpuCompress reports per frame and the headers
+// gpuDecompress returns equal what the CPU frames record; cross decoding; batches; views at odd offsets with guard
+// bytes around them; frames shorter than the largest header at the very end of their allocations; corrupt frames
+// rejected with the CPU decoder's codes and no write outside `out`; argument errors; CUDA IPC memory and events
+// across processes. Without a GPU only the "no GPU" behaviour is checked; the GPU suite is
 // skipped and its name says why.
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -32,6 +34,8 @@ import {
   maxCompressedSize,
   readHeader,
   type Codec,
+  type FrameHeader,
+  type GpuCompressed,
   type GpuDecodeItem,
   type GpuEncodeItem,
 } from '../src/native.js';
@@ -182,6 +186,19 @@ function edgeCases(dtype: string, seed: number): Tensor[] {
   ];
 }
 
+/** Expects gpuCompress's report of item i to be `frame`'s size and the codec its header records. */
+function expectReported(r: GpuCompressed | undefined, frame: Buffer, what: string): void {
+  expect(r, what).toBeDefined();
+  expect(typeof r!.frameBytes, what).toBe('bigint');
+  expect({ frameBytes: Number(r!.frameBytes), codec: r!.codec }, what).toEqual({ frameBytes: frame.length, codec: readHeader(frame).codec });
+}
+
+/** Expects the headers gpuDecompress returned to be readHeader's of the same frames. */
+function expectHeaders(headers: FrameHeader[], frames: Buffer[], what: string): void {
+  expect(headers, what).toHaveLength(frames.length);
+  frames.forEach((f, i) => expect(headers[i], `${what}: item ${i}`).toEqual(readHeader(f)));
+}
+
 /** Device memory freed at the end of the suite. */
 const allocations: bigint[] = [];
 function alloc(nbytes: number): bigint {
@@ -246,14 +263,14 @@ async function checkAgainstCpu(tensors: Tensor[], codec: Codec, chunkSize = CHUN
     data: t.bytes.length ? input.ptr(i) : 0n, nbytes: t.bytes.length, dtype: t.dtype, codec, shape: t.shape,
     frame: frames.ptr(i), frameCapacity: caps[i]!,
   }));
-  const sizes = await gpuCompress(items, { device: DEV, chunkSize, smBudget });
-  expect(sizes).toHaveLength(tensors.length);
+  const written = await gpuCompress(items, { device: DEV, chunkSize, smBudget });
+  expect(written).toHaveLength(tensors.length);
   const host = frames.download();
   frames.expectGuards(host, caps, `${codec} frame arena`);
   const cpu = await Promise.all(tensors.map((t) => compress(t.bytes, { dtype: t.dtype, shape: t.shape, codec, chunkSize })));
   const gpuFrames = tensors.map((t, i) => {
-    expect(typeof sizes[i]).toBe('bigint');
-    const f = host.subarray(frames.offsets[i]!, frames.offsets[i]! + Number(sizes[i]!));
+    expectReported(written[i], cpu[i]!, `${codec} ${t.name}: size and codec reported`);
+    const f = host.subarray(frames.offsets[i]!, frames.offsets[i]! + Number(written[i]!.frameBytes));
     expectSameBytes(f, cpu[i]!, `${codec} ${t.name}: GPU frame vs CPU frame`);
     return Buffer.from(f);
   });
@@ -263,7 +280,7 @@ async function checkAgainstCpu(tensors: Tensor[], codec: Codec, chunkSize = CHUN
   const dec: GpuDecodeItem[] = tensors.map((t, i) => ({
     frame: frameArena.ptr(i), frameBytes: cpu[i]!.length, out: t.bytes.length ? outs.ptr(i) : 0n, outBytes: t.bytes.length,
   }));
-  await gpuDecompress(dec, { device: DEV, smBudget });
+  expectHeaders(await gpuDecompress(dec, { device: DEV, smBudget }), cpu, `${codec}: headers of the decoded frames`);
   const back = outs.download();
   outs.expectGuards(back, tensors.map((t) => t.bytes.length), `${codec} decode arena`);
   tensors.forEach((t, i) =>
@@ -409,18 +426,25 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
     const input = new Arena(tensors.map((t) => t.bytes.length), 16, tensors.map((t) => t.bytes));
     const caps = tensors.map((t) => maxCompressedSize(t.bytes.length, 1));
     const frames = new Arena(caps, 0);
-    const sizes = await gpuCompress(tensors.map((t, i) => ({
+    const written = await gpuCompress(tensors.map((t, i) => ({
       data: input.ptr(i), nbytes: t.bytes.length, dtype: t.dtype, codec: codecs[i], shape: t.shape, frame: frames.ptr(i), frameCapacity: caps[i]!,
     })), { device: DEV });
     const host = frames.download();
+    const cpuFrames: Buffer[] = [];
     for (const [i, t] of tensors.entries()) {
       const cpu = await compress(t.bytes, { dtype: t.dtype, shape: t.shape, codec: codecs[i] });
-      expectSameBytes(host.subarray(frames.offsets[i]!, frames.offsets[i]! + Number(sizes[i]!)), cpu, `item ${i} (${t.dtype} ${codecs[i]})`);
+      cpuFrames.push(cpu);
+      expectReported(written[i], cpu, `item ${i} (${t.dtype} ${codecs[i]})`);
+      expectSameBytes(host.subarray(frames.offsets[i]!, frames.offsets[i]! + Number(written[i]!.frameBytes)), cpu, `item ${i} (${t.dtype} ${codecs[i]})`);
     }
+    // Both codecs `auto` can pick show up in the batch, so the codecs reported per item are not all one value.
+    expect(new Set(written.filter((_, i) => codecs[i] === 'auto' && ['BF16', 'F16', 'F32'].includes(tensors[i]!.dtype) && tensors[i]!.bytes.length > 0).map((w) => w.codec)))
+      .toEqual(new Set(['fast', 'max']));
     const outs = new Arena(tensors.map((t) => t.bytes.length), 8);
-    await gpuDecompress(tensors.map((t, i) => ({
-      frame: frames.ptr(i), frameBytes: sizes[i]!, out: outs.ptr(i), outBytes: t.bytes.length,
+    const headers = await gpuDecompress(tensors.map((t, i) => ({
+      frame: frames.ptr(i), frameBytes: written[i]!.frameBytes, out: outs.ptr(i), outBytes: t.bytes.length,
     })), { device: DEV });
+    expectHeaders(headers, cpuFrames, 'batch of 600: headers');
     const back = outs.download();
     outs.expectGuards(back, tensors.map((t) => t.bytes.length), 'batch decode');
     tensors.forEach((t, i) => expectSameBytes(back.subarray(outs.offsets[i]!, outs.offsets[i]! + t.bytes.length), t.bytes, `item ${i}`));
@@ -435,12 +459,15 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
     const fr = alloc(cap + 64);
     for (const [p, n] of [[src, t.length], [dst, t.length], [fr, cap]] as [bigint, number][]) gpuCopyToDevice(p, Buffer.alloc(n + 64, GUARD), DEV);
     gpuCopyToDevice(src + 6n, t, DEV);
-    const [size] = await gpuCompress([{ data: src + 6n, nbytes: t.length, dtype: 'BF16', codec: 'max', shape: [50_001], frame: fr + 6n, frameCapacity: cap }], { device: DEV });
+    const [w] = await gpuCompress([{ data: src + 6n, nbytes: t.length, dtype: 'BF16', codec: 'max', shape: [50_001], frame: fr + 6n, frameCapacity: cap }], { device: DEV });
+    expect(w!.codec).toBe('max');
+    const size = w!.frameBytes;
     const frHost = gpuCopyFromDevice(fr, cap + 64, DEV);
     expectFilled(frHost, 0, 6, GUARD, 'before the frame');
     expectFilled(frHost, 6 + cap, cap + 64, GUARD, 'after the frame capacity');
-    expectSameBytes(frHost.subarray(6, 6 + Number(size!)), await compress(t, { dtype: 'BF16', shape: [50_001], codec: 'max' }), 'frame');
-    await gpuDecompress([{ frame: fr + 6n, frameBytes: size!, out: dst + 6n, outBytes: t.length }], { device: DEV });
+    expectSameBytes(frHost.subarray(6, 6 + Number(size)), await compress(t, { dtype: 'BF16', shape: [50_001], codec: 'max' }), 'frame');
+    const [h] = await gpuDecompress([{ frame: fr + 6n, frameBytes: size, out: dst + 6n, outBytes: t.length }], { device: DEV });
+    expect(h).toEqual(readHeader(frHost.subarray(6, 6 + Number(size))));
     const out = gpuCopyFromDevice(dst, t.length + 64, DEV);
     expectFilled(out, 0, 6, GUARD, 'before the view');
     expectFilled(out, 6 + t.length, t.length + 64, GUARD, 'after the view');
@@ -449,6 +476,46 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
     expectFilled(srcHost, 0, 6, GUARD, 'input: before');
     expectFilled(srcHost, 6 + t.length, t.length + 64, GUARD, 'input: after');
     for (const p of [src, dst, fr]) release(p);
+  });
+
+  it('headers of frames shorter than the largest header, each at the very end of its own allocation (0 to 32 dims)', async () => {
+    const ones = (k: number) => Array.from({ length: k }, () => 1);
+    const tensors: Tensor[] = [
+      { name: 'bf16 scalar (ndim 0)', dtype: 'BF16', shape: [], bytes: Buffer.from([0x80, 0x3f]) },
+      { name: 'u8 [0]', dtype: 'U8', shape: [0], bytes: Buffer.alloc(0) },
+      { name: 'f32 32 dims, empty', dtype: 'F32', shape: [...ones(31), 0], bytes: Buffer.alloc(0) },
+      { name: 'bf16 32 dims', dtype: 'BF16', shape: [...ones(31), 5], bytes: weightLike('BF16', 5, 21) },
+      { name: 'i32 [2, 3]', dtype: 'I32', shape: [2, 3], bytes: weightLike('I32', 6, 22) },
+      { name: 'f16 5 dims', dtype: 'F16', shape: [1, 2, 1, 2, 3], bytes: weightLike('F16', 12, 23) },
+    ];
+    const cpu = await Promise.all(tensors.map((t) => compress(t.bytes, { dtype: t.dtype, shape: t.shape, codec: 'auto' })));
+    expect(cpu.some((f) => f.length < 304)).toBe(true);
+    const framePtrs = cpu.map((f) => {
+      const p = alloc(f.length);  // nothing after the frame but the end of its allocation
+      gpuCopyToDevice(p, f, DEV);
+      return p;
+    });
+    const outs = tensors.map((t) => (t.bytes.length ? alloc(t.bytes.length) : 0n));
+    const headers = await gpuDecompress(tensors.map((t, i) => ({ frame: framePtrs[i]!, frameBytes: cpu[i]!.length, out: outs[i]!, outBytes: t.bytes.length })), { device: DEV });
+    expectHeaders(headers, cpu, 'short frames');
+    tensors.forEach((t, i) => {
+      expect(headers[i]!.shape).toEqual(t.shape);
+      if (t.bytes.length) expectSameBytes(gpuCopyFromDevice(outs[i]!, t.bytes.length, DEV), t.bytes, t.name);
+    });
+    // The same frames cut short, each again at the end of its own allocation: the CPU decoder's codes, per item.
+    const cut = cpu.flatMap((f, k) => [47, 48, 64, 303].filter((n) => n < f.length).map((n) => ({ frame: f.subarray(0, n), nbytes: tensors[k]!.bytes.length })));
+    const cutPtrs = cut.map((c) => {
+      const p = alloc(c.frame.length);
+      gpuCopyToDevice(p, c.frame, DEV);
+      return p;
+    });
+    const verdicts = await Promise.all(cut.map((c) => cpuVerdict(c.frame)));
+    expect(verdicts.every((v) => v.code !== '')).toBe(true);
+    const cutOuts = cut.map((c) => (c.nbytes ? alloc(c.nbytes) : 0n));
+    const err = await expectCode(() => gpuDecompress(cut.map((c, i) => ({ frame: cutPtrs[i]!, frameBytes: c.frame.length, out: cutOuts[i]!, outBytes: c.nbytes })), { device: DEV }),
+      verdicts[0]!.code);
+    expect(err.itemErrors).toEqual(verdicts.map((v) => v.code));
+    for (const p of [...framePtrs, ...outs, ...cutPtrs, ...cutOuts]) if (p !== 0n) release(p);
   });
 
   it('corrupt and truncated frames: the CPU decoder\'s error codes per item, no write outside `out`', async () => {
@@ -519,14 +586,16 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
     const frames = new Arena(caps);
     const outs = new Arena(tensors.map((t) => t.bytes.length));
     const enc = tensors.map((t, i) => ({ data: input.ptr(i), nbytes: t.bytes.length, dtype: t.dtype, codec: 'max' as Codec, shape: t.shape, frame: frames.ptr(i), frameCapacity: caps[i]! }));
-    const sizes = await gpuCompress(enc, { device: DEV, recordEvent: ev.event });
-    await gpuDecompress(tensors.map((t, i) => ({ frame: frames.ptr(i), frameBytes: sizes[i]!, out: outs.ptr(i), outBytes: t.bytes.length })),
+    const written = await gpuCompress(enc, { device: DEV, recordEvent: ev.event });
+    expect(written.map((w) => w.codec)).toEqual(['max', 'max', 'max', 'bytes', 'bytes']);  // max on U8/I32 is bytes
+    const headers = await gpuDecompress(tensors.map((t, i) => ({ frame: frames.ptr(i), frameBytes: written[i]!.frameBytes, out: outs.ptr(i), outBytes: t.bytes.length })),
       { device: DEV, waitEvent: ev.event, verify: false });
+    headers.forEach((h, i) => expect(h).toMatchObject({ dtype: tensors[i]!.dtype, shape: tensors[i]!.shape, nbytes: tensors[i]!.bytes.length, codec: written[i]!.codec, frameBytes: Number(written[i]!.frameBytes) }));
     const back = outs.download();
     tensors.forEach((t, i) => expectSameBytes(back.subarray(outs.offsets[i]!, outs.offsets[i]! + t.bytes.length), t.bytes, `${t.name} verify:false`));
     // Eight calls in flight at once, each its own batch.
     const results = await Promise.all(enc.map((e) => gpuCompress([e], { device: DEV, smBudget: 4 })).concat(enc.map((e) => gpuCompress([e], { device: DEV }))));
-    results.forEach((s, k) => expect(s[0]).toBe(sizes[k % enc.length]));
+    results.forEach((s, k) => expect(s[0]).toEqual(written[k % enc.length]));
     expect(await gpuCompress([], { device: DEV, waitEvent: ev.event, recordEvent: ev.event })).toEqual([]);
     cudaEventDestroy(ev.event, DEV);
     for (const a of [input, frames, outs]) a.free();
@@ -542,15 +611,18 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
     const fr = alloc(cap);
     gpuCopyToDevice(src, input, DEV);
     const shape = [rows, 4099];
-    const [size] = await gpuCompress([{ data: src, nbytes: BigInt(n), dtype: 'F32', codec: 'fast', shape, frame: fr, frameCapacity: BigInt(cap) }], { device: DEV, smBudget: 0 });
-    const frame = gpuCopyFromDevice(fr, size!, DEV);
+    const [w] = await gpuCompress([{ data: src, nbytes: BigInt(n), dtype: 'F32', codec: 'fast', shape, frame: fr, frameCapacity: BigInt(cap) }], { device: DEV, smBudget: 0 });
+    expect(w!.codec).toBe('fast');
+    const size = w!.frameBytes;
+    const frame = gpuCopyFromDevice(fr, size, DEV);
     const h = readHeader(frame);
     expect(h.nbytes).toBe(n);
     expect(h.frameBytes).toBe(Number(size));
     expectSameBytes(frame, await compress(input, { dtype: 'F32', shape, codec: 'fast' }), 'frame of > 2 GiB');
     release(src);
     const out = alloc(n);
-    await gpuDecompress([{ frame: fr, frameBytes: size!, out, outBytes: BigInt(n) }], { device: DEV, smBudget: 0 });
+    const [back] = await gpuDecompress([{ frame: fr, frameBytes: size, out, outBytes: BigInt(n) }], { device: DEV, smBudget: 0 });
+    expect(back).toEqual(h);
     expectSameBytes(gpuCopyFromDevice(out, n, DEV), input, 'decoded > 2 GiB');
     release(out);
     release(fr);
@@ -587,8 +659,9 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
       await expectCode(enc({ data: other }), INV, /device 1/);
       gpuFree(other, 1);
     }
-    const [size] = await gpuCompress([item], { device: DEV });
-    const dec = (patch: Partial<GpuDecodeItem>) => () => gpuDecompress([{ frame: fr, frameBytes: size!, out, outBytes: t.length, ...patch }], { device: DEV });
+    const [w] = await gpuCompress([item], { device: DEV });
+    const size = w!.frameBytes;
+    const dec = (patch: Partial<GpuDecodeItem>) => () => gpuDecompress([{ frame: fr, frameBytes: size, out, outBytes: t.length, ...patch }], { device: DEV });
     await expectCode(dec({ frame: 0n }), INV, /null/);
     await expectCode(dec({ out: 0n }), INV, /null/);
     await expectCode(dec({ out: 0x1000n }), INV);
@@ -599,7 +672,7 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
     await expectCode(() => cudaIpcOpenEventHandle(Buffer.alloc(65), DEV), INV, /64 bytes/);
     await expectCode(() => cudaIpcOpenMemHandle(Buffer.alloc(64), DEV), 'TZIP_CUDA', /cudaError\w+/);
     await expectCode(() => gpuAlloc(DEV, 2 ** 52), 'TZIP_CUDA', /cudaErrorMemoryAllocation/);
-    await gpuDecompress([{ frame: fr, frameBytes: size!, out, outBytes: t.length }], { device: DEV });
+    await gpuDecompress([{ frame: fr, frameBytes: size, out, outBytes: t.length }], { device: DEV });
     expectSameBytes(gpuCopyFromDevice(out, t.length, DEV), t, 'after the errors');
     for (const p of [src, fr, out]) release(p);
   });
@@ -630,10 +703,11 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
         const read = sha(a.gpuCopyFromDevice(src + 100n, c.n, c.device));
         const cap = a.maxCompressedSize(c.n, 1);
         const mine = a.gpuAlloc(c.device, cap);
-        const [size] = await a.gpuCompress([{ data: src + 100n, nbytes: c.n, dtype: 'BF16', codec: 'max', shape: [c.n / 2], frame: mine, frameCapacity: cap }],
+        const [w] = await a.gpuCompress([{ data: src + 100n, nbytes: c.n, dtype: 'BF16', codec: 'max', shape: [c.n / 2], frame: mine, frameCapacity: cap }],
           { device: c.device, recordEvent: ev });
-        const frame = sha(a.gpuCopyFromDevice(mine, size, c.device));
-        await a.gpuDecompress([{ frame: fr + 8n, frameBytes: c.frameBytes, out: dst + 32n, outBytes: c.n }], { device: c.device, waitEvent: ev });
+        const frame = sha(a.gpuCopyFromDevice(mine, w.frameBytes, c.device));
+        const [h] = await a.gpuDecompress([{ frame: fr + 8n, frameBytes: c.frameBytes, out: dst + 32n, outBytes: c.n }], { device: c.device, waitEvent: ev });
+        if (w.codec !== 'max' || h.frameBytes !== c.frameBytes || h.nbytes !== c.n) throw new Error('unexpected results ' + JSON.stringify({ codec: w.codec, h }));
         a.gpuFree(mine, c.device);
         for (const p of [src, fr, dst]) a.cudaIpcCloseMemHandle(p, c.device);
         a.cudaEventDestroy(ev, c.device);
@@ -660,8 +734,8 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
     const out = alloc(t.length);
     gpuCopyToDevice(src, t, DEV);
     const run = async () => {
-      const [size] = await gpuCompress([{ data: src, nbytes: t.length, dtype: 'BF16', codec: 'auto', shape: [10_000], frame: fr, frameCapacity: cap }], { device: DEV });
-      await gpuDecompress([{ frame: fr, frameBytes: size!, out, outBytes: t.length }], { device: DEV });
+      const [w] = await gpuCompress([{ data: src, nbytes: t.length, dtype: 'BF16', codec: 'auto', shape: [10_000], frame: fr, frameCapacity: cap }], { device: DEV });
+      await gpuDecompress([{ frame: fr, frameBytes: w!.frameBytes, out, outBytes: t.length }], { device: DEV });
     };
     for (let i = 0; i < 20; i++) await run();
     const before = cudaMemGetInfo(DEV).free;

@@ -18,6 +18,7 @@
 
 #include "addon/args.h"
 #include "addon/device.h"
+#include "addon/frame_header.h"
 #include "addon/register.h"
 #include "addon/shared_guard.h"
 #include "entropy.h"
@@ -225,22 +226,7 @@ Napi::Value ReadHeader(const Napi::CallbackInfo& info) {
   try {
     if (info.Length() < 1) invalid("readHeader(frame) needs a frame");
     const Bytes f = bytes_of(info[0], "frame");
-    const tzip::FrameHeader h = tzip::parse_frame_header(f.data, f.size);
-    Napi::Object r = Napi::Object::New(env);
-    r.Set("formatVersion", h.version);
-    r.Set("dtype", tzip::dtype_name(h.dtype));
-    r.Set("codec", tzip::codec_name(h.codec));
-    Napi::Array shape = Napi::Array::New(env, h.shape.size());
-    for (uint32_t i = 0; i < h.shape.size(); ++i) shape.Set(i, bigsafe(env, h.shape[i]));
-    r.Set("shape", shape);
-    r.Set("nbytes", bigsafe(env, h.nbytes));
-    r.Set("chunkSize", h.chunk_bytes);
-    r.Set("nChunks", bigsafe(env, h.n_chunks));
-    r.Set("headerBytes", bigsafe(env, h.header_bytes));
-    r.Set("payloadBytes", bigsafe(env, h.payload_bytes));
-    r.Set("frameBytes", bigsafe(env, h.frame_bytes()));
-    r.Set("checksum", h.checksum);
-    return r;
+    return tzip::addon::frame_header_object(env, tzip::parse_frame_header(f.data, f.size));
   } catch (const Error& e) {
     throw make_error(env, e);
   }

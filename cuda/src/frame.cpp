@@ -176,7 +176,7 @@ uint64_t encode_frame(const uint8_t* data, uint64_t nbytes, Dtype dtype, const s
   return hdr + payload_bytes;
 }
 
-FrameHeader parse_frame_header(const uint8_t* f, uint64_t avail) {
+FrameHeader parse_frame_prefix(const uint8_t* f, uint64_t avail) {
   if (avail < kFixedHeaderBytes)
     throw Error(ErrorCode::Truncated, "truncated frame: " + std::to_string(avail) + " bytes, the fixed header needs 48",
                 kFixedHeaderBytes);
@@ -220,6 +220,12 @@ FrameHeader parse_frame_header(const uint8_t* f, uint64_t avail) {
   uint64_t expect;
   if (!shape_bytes(h.shape, dtype_size(h.dtype), &expect) || expect != h.nbytes) corrupt("shape does not match the byte count");
   if (h.payload_bytes > h.nbytes) corrupt("payload larger than the tensor");
+  return h;
+}
+
+FrameHeader parse_frame_header(const uint8_t* f, uint64_t avail) {
+  FrameHeader h = parse_frame_prefix(f, avail);
+  const uint64_t table_off = chunk_table_offset(uint32_t(h.shape.size()));
   if (avail < h.header_bytes)
     throw Error(ErrorCode::Truncated, "truncated frame: the chunk table needs " + std::to_string(h.header_bytes) + " bytes",
                 h.header_bytes);

@@ -52,6 +52,18 @@ uint64_t encode_frame(const uint8_t* data, uint64_t nbytes, Dtype dtype, const s
 /// Error(Unsupported) for a format version other than kFormatVersion (version 1, pre-release, is no longer read).
 FrameHeader parse_frame_header(const uint8_t* frame, uint64_t avail);
 
+/// Bytes of a frame that parse_frame_prefix can need: the fixed header and the largest shape with its padding,
+/// chunk_table_offset(kMaxNdim) = 304.
+constexpr uint64_t kMaxFramePrefixBytes = (kFixedHeaderBytes + 8ull * kMaxNdim + 15) & ~15ull;
+
+/// The first part of parse_frame_header: every check of the fixed header, the shape and its padding (the first
+/// chunk_table_offset(ndim) <= kMaxFramePrefixBytes bytes), in the same order and with the same errors, and every field
+/// of FrameHeader (header_bytes and frame_bytes() included), but neither the chunk table nor the header digest. For a
+/// frame whose digest and chunk table are checked elsewhere (the GPU decoder checks them on the device and returns the
+/// frames' first bytes, addon/gpu_codec.cpp). Reads nothing at or past `avail`: throws Error(Truncated, need_bytes)
+/// when `avail` is too short for the fixed header or the shape.
+FrameHeader parse_frame_prefix(const uint8_t* frame, uint64_t avail);
+
 /// Decodes a whole frame of `len` bytes into `out` (exactly header.nbytes bytes). Verifies each chunk's digest
 /// (chunk_digest, tzip/xxhash32.h) when `verify`. Throws Error on truncated, corrupt or mismatching input; never
 /// writes outside out[0, nbytes).

@@ -1,6 +1,8 @@
-// libFuzzer target for the frame decoder (every decoder entry point: header parse, chunk table, each stream mode),
-// for encode->decode round trips, and for the chunk digest against its definition written out the slow way.
+// libFuzzer target for the frame decoder (every decoder entry point: header parse, header prefix parse, chunk table,
+// each stream mode), for encode->decode round trips, and for the chunk digest against its definition written out the
+// slow way.
 // Built and run by scripts/fuzz.sh with ASan and UBSan.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -19,6 +21,30 @@ void decode_hostile(const uint8_t* data, size_t size) {
     if (h.nbytes > (16u << 20)) return;  // keep allocations small; bounds are checked before any write anyway
     std::vector<uint8_t> out(h.nbytes);
     decode_frame(data, size, out.data(), out.size(), true, 1);
+  } catch (const Error&) {
+  }
+}
+
+/// parse_frame_prefix (what the GPU path parses on the host from the frames' first bytes) on hostile bytes: it reads
+/// nothing past `avail` (ASan: the prefix is copied into a buffer of exactly that size), agrees with
+/// parse_frame_header wherever that one succeeds, and needs no more than kMaxFramePrefixBytes.
+void prefix_hostile(const uint8_t* data, size_t size) {
+  const size_t avail = std::min<size_t>(size, kMaxFramePrefixBytes);
+  const std::vector<uint8_t> prefix(data, data + avail);
+  bool prefix_ok = false;
+  FrameHeader p;
+  try {
+    p = parse_frame_prefix(prefix.data(), prefix.size());
+    prefix_ok = true;
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::Truncated && (e.need_bytes() <= avail || e.need_bytes() > kMaxFramePrefixBytes)) __builtin_trap();
+  }
+  try {
+    const FrameHeader h = parse_frame_header(data, size);
+    if (!prefix_ok || p.version != h.version || p.dtype != h.dtype || p.codec != h.codec || p.shape != h.shape ||
+        p.chunk_bytes != h.chunk_bytes || p.nbytes != h.nbytes || p.payload_bytes != h.payload_bytes ||
+        p.n_chunks != h.n_chunks || p.checksum != h.checksum || p.header_bytes != h.header_bytes)
+      __builtin_trap();
   } catch (const Error&) {
   }
 }
@@ -62,6 +88,7 @@ void digest_matches_definition(const uint8_t* data, size_t size) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   decode_hostile(data, size);
+  prefix_hostile(data, size);
   roundtrip(data, size);
   digest_matches_definition(data, size);
   return 0;

@@ -121,6 +121,27 @@ def test_frames_match_the_cpu_path_byte_for_byte(client):
 
 
 @needs_cuda
+def test_a_batch_reports_each_frames_own_codec_as_the_cpu_path(client, sharing_client):
+    """One request with `auto` picking differently per tensor (max, fast, bytes; an empty float tensor): the codecs
+    the daemon reports (the addon's per-item report, one copy for the batch) and the frames equal the CPU path's,
+    and the batch decompresses in one request (frame headers checked against their destinations)."""
+    ts = [bf16_weights(40_000, seed=1).reshape(200, 200), random_cuda(torch.bfloat16, (30_000,), seed=2),
+          (torch.randn(5_000) * 0.02).cuda(), random_cuda(torch.int32, (7, 1000), seed=3),
+          torch.empty((0, 4), dtype=torch.bfloat16, device="cuda"), (torch.randn(64, 64) * 0.02).to(torch.float16).cuda(),
+          bf16_weights(1, seed=4)]
+    cpu = client.compress([t.cpu() for t in ts])
+    assert {c.codec for c in cpu[:2]} == {"fast", "max"}, [c.codec for c in cpu]
+    for c in (client, sharing_client):
+        g = c.compress(ts)
+        assert [x.codec for x in g] == [x.codec for x in cpu]
+        for i, (x, y) in enumerate(zip(g, cpu)):
+            assert torch.equal(x.payload.cpu(), y.payload), i
+            assert x.payload.cpu()[7].item() == ("raw", "fast", "max", "bytes").index(x.codec), i  # header byte 7
+        back = c.decompress(g)
+        assert all(same_bits(b, t) for b, t in zip(back, ts))
+
+
+@needs_cuda
 @pytest.mark.parametrize("share_everything", [False, True], ids=["staged", "handed-over"])
 def test_arange_view_at_a_storage_offset(client, sharing_client, share_everything):
     c = sharing_client if share_everything else client

@@ -115,7 +115,7 @@ const bound = (nbytes, ndim) => addon.maxCompressedSize(nbytes, ndim);
   out.one_compress_s = t; t = [];
   for (let i = 0; i < n + 200; i++) {
     const s = now();
-    await addon.gpuDecompress([{ frame: oneFrame, frameBytes: sz[0], out: oneBack, outBytes: 2 }], { device });
+    await addon.gpuDecompress([{ frame: oneFrame, frameBytes: sz[0].frameBytes, out: oneBack, outBytes: 2 }], { device });
     if (i >= 200) t.push(now() - s);
   }
   out.one_decompress_s = t; t = [];
@@ -126,8 +126,8 @@ const bound = (nbytes, ndim) => addon.maxCompressedSize(nbytes, ndim);
   const bItem = { data: b, nbytes: bucket.length, dtype: 'BF16', shape: [bucket.length / 2], frame: bFrame, frameCapacity: bound(bucket.length, 1) };
   await addon.gpuCompress([bItem], { device });
   for (let i = 0; i < repeat; i++) { const s = now(); sz = await addon.gpuCompress([bItem], { device }); t.push(now() - s); }
-  out.bucket_compress_s = t; out.bucket_frame_bytes = Number(sz[0]); t = [];
-  const bDec = [{ frame: bFrame, frameBytes: sz[0], out: bBack, outBytes: bucket.length }];
+  out.bucket_compress_s = t; out.bucket_frame_bytes = Number(sz[0].frameBytes); t = [];
+  const bDec = [{ frame: bFrame, frameBytes: sz[0].frameBytes, out: bBack, outBytes: bucket.length }];
   await addon.gpuDecompress(bDec, { device });
   for (let i = 0; i < repeat; i++) { const s = now(); await addon.gpuDecompress(bDec, { device }); t.push(now() - s); }
   out.bucket_decompress_s = t; t = [];
@@ -139,8 +139,8 @@ const bound = (nbytes, ndim) => addon.maxCompressedSize(nbytes, ndim);
   }
   let fs_ = await addon.gpuCompress(items, { device });
   for (let i = 0; i < repeat; i++) { const s = now(); fs_ = await addon.gpuCompress(items, { device }); t.push(now() - s); }
-  out.batch_compress_s = t; out.batch_frame_bytes = fs_.reduce((a, x) => a + Number(x), 0); t = [];
-  const dec = items.map((it, j) => ({ frame: it.frame, frameBytes: fs_[j], out: addon.gpuAlloc(device, Number(it.nbytes)), outBytes: it.nbytes }));
+  out.batch_compress_s = t; out.batch_frame_bytes = fs_.reduce((a, x) => a + Number(x.frameBytes), 0); t = [];
+  const dec = items.map((it, j) => ({ frame: it.frame, frameBytes: fs_[j].frameBytes, out: addon.gpuAlloc(device, Number(it.nbytes)), outBytes: it.nbytes }));
   await addon.gpuDecompress(dec, { device });
   for (let i = 0; i < repeat; i++) { const s = now(); await addon.gpuDecompress(dec, { device }); t.push(now() - s); }
   out.batch_decompress_s = t;

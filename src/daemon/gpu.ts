@@ -15,7 +15,6 @@ import {
   cudaIpcOpenEventHandle,
   cudaIpcOpenMemHandle,
   gpuCompress,
-  gpuCopyFromDevice,
   gpuDecompress,
   gpuDevices,
   type GpuDevice,
@@ -35,12 +34,11 @@ export interface GpuApi {
   cudaIpcOpenEventHandle: typeof cudaIpcOpenEventHandle;
   cudaEventCreateInterprocess: typeof cudaEventCreateInterprocess;
   cudaEventDestroy: typeof cudaEventDestroy;
-  gpuCopyFromDevice: typeof gpuCopyFromDevice;
 }
 
 const ADDON: GpuApi = {
   gpuDevices, gpuCompress, gpuDecompress, cudaIpcOpenMemHandle, cudaIpcCloseMemHandle, cudaIpcOpenEventHandle,
-  cudaEventCreateInterprocess, cudaEventDestroy, gpuCopyFromDevice,
+  cudaEventCreateInterprocess, cudaEventDestroy,
 };
 
 let override: GpuApi | null | undefined;

@@ -8,13 +8,13 @@
  * to wait on. The addon resolves once the work has finished, so nothing is written into the
  * client's memory after the reply.
  *
- * Frames' headers are read back from the device where the reply needs them: the codec of an
- * `auto` float frame, and every frame of a decompress (checked against its destination after the
- * decode, as the destination is scratch until the reply says otherwise).
+ * What the reply needs of the frames comes back from the addon with the batch's results, in the
+ * one device-to-host copy of the call: the codec each frame records (an `auto` float frame's is
+ * chosen on the device) and, for a decompress, every frame's header (checked against its
+ * destination after the decode, as the destination is scratch until the reply says otherwise).
  */
-import type { Codec, FrameCodec, FrameHeader } from '../native.js';
-import { maxCompressedSize, readHeader } from '../native.js';
-import { TzipError } from '../errors.js';
+import type { Codec, FrameCodec, FrameHeader, GpuCompressed } from '../native.js';
+import { maxCompressedSize } from '../native.js';
 import { gpuApi, gpuReplyError, type GpuApi, type GpuRunOptions } from './gpu.js';
 import { expectGpu, GpuRequest } from './gpu-regions.js';
 import type { DaemonLimits } from './limits.js';
@@ -44,24 +44,6 @@ function api(): GpuApi {
   const a = gpuApi();
   if (a === null) throw new ReplyError('TZIP_NO_DEVICE', 'this build of the tzip daemon has no GPU support in its native addon');
   return a;
-}
-
-/**
- * The header of the frame at `ptr` (at most `available` bytes long), read from the device:
- * `guess` bytes first, more if the header says it needs more.
- */
-function readDeviceHeader(gpu: GpuApi, ptr: bigint, available: number, guess: number, device: number): FrameHeader {
-  let n = Math.max(1, Math.min(available, guess));
-  for (;;) {
-    const bytes = gpu.gpuCopyFromDevice(ptr, n, device);
-    try {
-      return readHeader(bytes);
-    } catch (err) {
-      const need = err instanceof TzipError && err.code === 'TZIP_TRUNCATED' ? err.needBytes : undefined;
-      if (need === undefined || need <= n || need > available) throw err;
-      n = need;
-    }
-  }
 }
 
 /** Run options without undefined fields (the addon reads what is there). */
@@ -140,9 +122,9 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
   const extents: Extent[] = [];
   for (const p of plans) extents.push(p.input.extent, p.out.extent);
   return runGpuBatch(r, extents, req.wait_event, async ({ gpu, device, waitEvent, own }) => {
-    let sizes: bigint[];
+    let written: GpuCompressed[];
     try {
-      sizes = await gpu.gpuCompress(plans.map((p) => ({
+      written = await gpu.gpuCompress(plans.map((p) => ({
         data: p.input.ptr,
         nbytes: p.input.layout.nbytes,
         dtype: p.input.layout.dtype,
@@ -154,20 +136,23 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
     } catch (err) {
       throw batchError(err, 'tensor');
     }
+    if (written.length !== plans.length) {
+      throw new ReplyError('TZIP_INTERNAL', `the GPU codec reported ${written.length} frames for ${plans.length} tensors`);
+    }
     const frames = plans.map((p, i): FrameResult => {
-      const bytes = Number(sizes[i]);
+      const w = written[i] as GpuCompressed;
+      const bytes = Number(w.frameBytes);
       if (!Number.isSafeInteger(bytes) || bytes <= 0 || bytes > p.need) {
-        throw new ReplyError('TZIP_INTERNAL', `tensor ${i}: the GPU codec reported a frame of ${String(sizes[i])} bytes (at most ${p.need} expected)`, { index: i });
+        throw new ReplyError('TZIP_INTERNAL', `tensor ${i}: the GPU codec reported a frame of ${String(w.frameBytes)} bytes (at most ${p.need} expected)`, { index: i });
       }
-      let codec = recordedCodec(p.codec, p.input.layout.dtype, p.input.layout.nbytes);
-      if (codec === null) {
-        try {
-          codec = readDeviceHeader(gpu, p.out.ptr, bytes, p.need - p.input.layout.nbytes, device).codec;
-        } catch (err) {
-          throw gpuReplyError(err, `tensor ${i}: reading back the frame header`, i, 'TZIP_INTERNAL');
-        }
+      // The codec the frame records must be what the codec asked resolves to (only `auto` on a float tensor is the
+      // device's choice, between fast and max).
+      const expected = recordedCodec(p.codec, p.input.layout.dtype, p.input.layout.nbytes);
+      const ok = expected !== null ? w.codec === expected : w.codec === 'fast' || w.codec === 'max';
+      if (!ok) {
+        throw new ReplyError('TZIP_INTERNAL', `tensor ${i}: the GPU codec reported codec '${String(w.codec)}' for codec '${p.codec}' on ${p.input.layout.dtype}`, { index: i });
       }
-      return { bytes, codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
+      return { bytes, codec: w.codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
     });
     let inBytes = 0;
     let outBytes = 0;
@@ -206,8 +191,9 @@ export async function handleGpuDecompress(req: DecompressRequest, session: Sessi
   const extents: Extent[] = [];
   for (const p of plans) extents.push(p.frame.extent, p.out.extent);
   return runGpuBatch(r, extents, req.wait_event, async ({ gpu, device, waitEvent, own }) => {
+    let headers: FrameHeader[];
     try {
-      await gpu.gpuDecompress(plans.map((p) => ({
+      headers = await gpu.gpuDecompress(plans.map((p) => ({
         frame: p.frame.ptr,
         frameBytes: p.frame.size,
         out: p.out.ptr,
@@ -216,16 +202,14 @@ export async function handleGpuDecompress(req: DecompressRequest, session: Sessi
     } catch (err) {
       throw batchError(err, 'frame');
     }
-    // The frames are complete in device memory now (the addon waited on wait_event): check them
-    // against their destinations as the CPU path does before decoding (the outputs are scratch).
+    if (headers.length !== plans.length) {
+      throw new ReplyError('TZIP_INTERNAL', `the GPU codec returned ${headers.length} frame headers for ${plans.length} frames`);
+    }
+    // The addon read every frame's header back after the decode (in the call's one copy of its
+    // results): check them against their destinations as the CPU path does before decoding (the
+    // outputs are scratch).
     const tensors = plans.map((p, i): TensorResult => {
-      const guess = maxCompressedSize(p.out.layout.nbytes, p.out.layout.shape.length) - p.out.layout.nbytes;
-      let header: FrameHeader;
-      try {
-        header = readDeviceHeader(gpu, p.frame.ptr, p.frame.size, guess, device);
-      } catch (err) {
-        throw gpuReplyError(err, `frame ${i}`, i);
-      }
+      const header = headers[i] as FrameHeader;
       if (header.frameBytes !== p.frame.size) {
         throw new ReplyError('TZIP_INVALID_ARGUMENT', `frame ${i}: the handle gives ${p.frame.size} bytes, the frame is ${header.frameBytes}`, { index: i });
       }

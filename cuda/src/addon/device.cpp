@@ -1,12 +1,14 @@
 // CUDA runtime plumbing of the addon's GPU entry points (see addon/device.h).
 #include "addon/device.h"
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <vector>
 
 #include "addon/coded_error.h"
+#include "gpu/scratch.h"
 
 namespace tzip::addon {
 
@@ -20,6 +22,11 @@ struct Devices {
   std::vector<std::vector<cudaEvent_t>> idle_events;
 };
 
+// Set once devices() has made the table (hold_scratch_cache / drop_scratch_cache must not probe the GPUs themselves).
+std::atomic<Devices*> g_devices{nullptr};
+// Node environments holding the scratch cache (hold_scratch_cache / drop_scratch_cache).
+std::atomic<int> g_scratch_holders{0};
+
 Devices& devices() {
   static Devices* d = [] {
     auto* t = new Devices;  // never destroyed: worker threads may still use it while the process exits
@@ -27,6 +34,7 @@ Devices& devices() {
     t->streams.assign(n, nullptr);
     t->idle_events.resize(n);
     for (size_t i = 0; i < n; ++i) t->enqueue.push_back(std::make_unique<std::mutex>());
+    g_devices.store(t);
     return t;
   }();
   return *d;
@@ -137,8 +145,44 @@ cudaStream_t device_stream(int device) {
   Devices& d = devices();
   std::lock_guard<std::mutex> lock(d.mu);
   cudaStream_t& s = d.streams.at(size_t(device));
-  if (!s) cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  if (!s) {
+    cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    if (g_scratch_holders.load() > 0) gpu::keep_scratch(s);
+  }
   return s;
+}
+
+void hold_scratch_cache() {
+  if (g_scratch_holders.fetch_add(1) > 0) return;
+  Devices* d = g_devices.load();
+  if (!d) return;  // no stream yet (device_stream registers the ones it creates)
+  std::lock_guard<std::mutex> lock(d->mu);
+  for (cudaStream_t s : d->streams)
+    if (s) gpu::keep_scratch(s);
+}
+
+void drop_scratch_cache() {
+  int n = g_scratch_holders.load();
+  do {
+    if (n <= 0) return;
+  } while (!g_scratch_holders.compare_exchange_weak(n, n - 1));
+  if (n > 1) return;
+  Devices* d = g_devices.load();
+  if (!d) return;
+  std::vector<cudaStream_t> streams;
+  {
+    std::lock_guard<std::mutex> lock(d->mu);
+    streams = d->streams;
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (!streams[i]) continue;
+    try {
+      DeviceScope scope(static_cast<int>(i));
+      gpu::release_scratch(streams[i]);
+    } catch (...) {
+      // Teardown: nothing to report to; the process's memory goes with it.
+    }
+  }
 }
 
 std::mutex& enqueue_mutex(int device) { return *devices().enqueue.at(size_t(device)); }

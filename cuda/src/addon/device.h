@@ -46,8 +46,18 @@ class DeviceScope {
   int prev_ = -1, dev_ = -1;
 };
 
-/// The addon's stream of `device` (cudaStreamNonBlocking), created on first use; `device` must be current.
+/// The addon's stream of `device` (cudaStreamNonBlocking), created on first use; `device` must be current. The codec's
+/// scratch memory on it is cached (gpu/scratch.h) while a Node environment holds the addon (hold_scratch_cache).
 cudaStream_t device_stream(int device);
+
+/// Called once per Node environment that loads the addon (at registration): while at least one holds it, the scratch
+/// memory of the addon's streams is kept between calls (gpu::keep_scratch).
+void hold_scratch_cache();
+
+/// Called when such an environment is torn down: when the last one goes, the cached scratch memory of every stream of
+/// the addon is freed (stream-ordered, after the work queued on it) and calls still running free theirs when they end.
+/// Never throws.
+void drop_scratch_cache();
 
 /// Held while one call enqueues its work on device_stream(device), so that calls do not interleave.
 std::mutex& enqueue_mutex(int device);

@@ -2,9 +2,12 @@
 //
 // The JavaScript thread only parses and validates arguments. A libuv worker (AsyncWorker::Execute) then checks that
 // every pointer is device memory of options.device, and enqueues on the addon's non-blocking stream of that device:
-// [wait options.waitEvent] -> tzip::gpu::encode/decode -> copy of the per-item results (frame sizes / error codes) to
-// pinned host memory -> [record options.recordEvent] -> record an event of the addon, which the worker then waits for.
-// The promise settles in OnOK on the JavaScript thread, which never waits for the GPU.
+// [wait options.waitEvent] -> tzip::gpu::encode/decode -> gather of the frames' bytes the host needs (gpu/gather.h:
+// the codec byte of each frame whose "auto" the device resolved; the fixed header and shape of each decoded frame) ->
+// one copy of all per-item results (frame sizes and codecs / error codes and headers) to pinned host memory ->
+// [record options.recordEvent] -> record an event of the addon, which the worker then waits for. The promise settles
+// in OnOK on the JavaScript thread, which never waits for the GPU. Scratch memory comes from the stream's cache
+// (gpu/scratch.h), so a call allocates no device memory once the cache holds blocks of its sizes.
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -14,9 +17,12 @@
 
 #include "addon/args.h"
 #include "addon/device.h"
+#include "addon/frame_header.h"
 #include "addon/register.h"
 #include "frame.h"
 #include "gpu/codec.h"
+#include "gpu/gather.h"
+#include "gpu/scratch.h"
 
 namespace tzip::addon {
 
@@ -84,7 +90,8 @@ cudaEvent_t event_of(uint64_t v) { return reinterpret_cast<cudaEvent_t>(static_c
 
 /// Enqueues one call on the device's stream and waits for it in the calling (worker) thread:
 /// [wait o.wait_event] enqueue(stream, d_result) [copy result_bytes of d_result to the host] [record o.record_event].
-/// d_result is stream-ordered scratch of result_bytes for the per-item results; host_result receives them.
+/// d_result is stream-ordered scratch of result_bytes (the stream's cached scratch memory) for the per-item results;
+/// host_result receives them.
 void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
                    const std::function<void(cudaStream_t, void*)>& enqueue) {
   const cudaStream_t s = device_stream(o.device);
@@ -95,20 +102,23 @@ void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
     std::lock_guard<std::mutex> lock(enqueue_mutex(o.device));
     if (o.wait_event) cuda_check(cudaStreamWaitEvent(s, event_of(o.wait_event), 0), "cudaStreamWaitEvent(options.waitEvent)");
     void* d_result = nullptr;
-    if (result_bytes) cuda_check(cudaMallocAsync(&d_result, result_bytes, s), "cudaMallocAsync");
+    if (result_bytes) {
+      const gpu::Status st = gpu::scratch_alloc(&d_result, result_bytes, s);
+      if (!st.ok()) throw status_error(st, "scratch memory for the results");
+    }
     try {
       enqueue(s, d_result);
     } catch (...) {
       // The codec may have queued some of its kernels before one failed to launch: they still read and write the
       // caller's memory, so the promise must not settle (and the caller reuse that memory) before they are done.
       queued_pending = true;
-      if (d_result) cudaFreeAsync(d_result, s);
+      gpu::scratch_free(d_result, s);
       throw;
     }
     if (result_bytes) {
       const cudaError_t e = cudaMemcpyAsync(pinned.data(), d_result, result_bytes, cudaMemcpyDeviceToHost, s);
       copy_pending = e == cudaSuccess;
-      cudaFreeAsync(d_result, s);
+      gpu::scratch_free(d_result, s);
       cuda_check(e, "cudaMemcpyAsync of the results to the host");
     }
     if (o.record_event) cuda_check(cudaEventRecord(event_of(o.record_event), s), "cudaEventRecord(options.recordEvent)");
@@ -229,6 +239,19 @@ EncodeSpec encode_spec(const Napi::Object& o, uint32_t i, uint32_t chunk) {
   return s;
 }
 
+/// The codec a frame of `s` records when the host can tell (as tzip::gpu::encode resolves it: "auto" on a non-float
+/// dtype is bytes, on an empty float tensor fast; fast/max on a non-float dtype are bytes), or kCodecAuto when only
+/// the device can ("auto" on a non-empty bf16/fp16/fp32 tensor picks fast or max from the data).
+uint8_t host_known_codec(const EncodeSpec& s) {
+  const bool split = dtype_is_split_float(s.dtype);
+  if (s.codec == gpu::kCodecAuto) {
+    if (!split) return uint8_t(Codec::BYTES);
+    return s.nbytes < dtype_size(s.dtype) ? uint8_t(Codec::FAST) : gpu::kCodecAuto;
+  }
+  if ((s.codec == uint8_t(Codec::FAST) || s.codec == uint8_t(Codec::MAX)) && !split) return uint8_t(Codec::BYTES);
+  return s.codec;
+}
+
 class GpuCompressWorker : public GpuWorker {
  public:
   GpuCompressWorker(Napi::Env env, const RunOptions& o, std::vector<EncodeSpec> specs)
@@ -238,6 +261,10 @@ class GpuCompressWorker : public GpuWorker {
   void Run() override {
     const size_t n = specs_.size();
     std::vector<gpu::EncodeItem> items(n);
+    codecs_.assign(n, 0);
+    // Frames whose codec the device picks: their codec byte (header offset 7) is gathered after the encode.
+    std::vector<size_t> on_device;
+    std::vector<gpu::FrameSpan> spans;
     for (size_t i = 0; i < n; ++i) {
       const EncodeSpec& s = specs_[i];
       const std::string who = "gpuCompress: item " + std::to_string(i) + ": ";
@@ -251,27 +278,56 @@ class GpuCompressWorker : public GpuWorker {
       it.ndim = uint32_t(s.shape.size());
       it.shape = s.shape.data();
       it.frame = reinterpret_cast<void*>(static_cast<uintptr_t>(s.frame));
+      codecs_[i] = host_known_codec(s);
+      if (codecs_[i] == gpu::kCodecAuto) {
+        on_device.push_back(i);
+        spans.push_back(gpu::FrameSpan{it.frame, s.capacity});  // capacity >= the frame's 48-byte fixed header
+      }
     }
-    sizes_.assign(n, 0);
-    run_on_stream(opt_, 8 * n, sizes_.data(), [&](cudaStream_t stream, void* d_sizes) {
+    // Results: n frame sizes (u64), then one codec byte per frame in `on_device`: one copy brings both back.
+    const size_t sizes_bytes = 8 * n;
+    std::vector<uint8_t> results(sizes_bytes + on_device.size());
+    run_on_stream(opt_, results.size(), results.data(), [&](cudaStream_t stream, void* d_results) {
       if (n == 0) return;
       gpu::EncodeOptions eo;
       eo.chunk_bytes = opt_.chunk;
       eo.sm_budget = opt_.sm_budget;
       eo.stream = stream;
-      const gpu::Status st = gpu::encode(items.data(), n, eo, static_cast<uint64_t*>(d_sizes));
+      gpu::Status st = gpu::encode(items.data(), n, eo, static_cast<uint64_t*>(d_results));
       if (!st.ok()) throw status_error(st, "gpuCompress");
+      st = gpu::gather_frame_bytes(spans.data(), spans.size(), kOffCodec, 1,
+                                   static_cast<uint8_t*>(d_results) + sizes_bytes, opt_.sm_budget, stream);
+      if (!st.ok()) throw status_error(st, "gpuCompress: reading back the codecs of the frames");
     });
+    sizes_.assign(n, 0);
+    if (n) std::memcpy(sizes_.data(), results.data(), sizes_bytes);
+    for (size_t k = 0; k < on_device.size(); ++k) {
+      const size_t i = on_device[k];
+      const uint8_t c = results[sizes_bytes + k];
+      // The encoder resolves "auto" on a float tensor to fast or max; anything else means the frame's memory was
+      // written by someone else during the call.
+      if (c != uint8_t(Codec::FAST) && c != uint8_t(Codec::MAX))
+        throw CodedError("TZIP_CORRUPT", "gpuCompress: item " + std::to_string(i) + ": the frame written at item.frame "
+                                         "records codec id " + std::to_string(c) + " instead of fast or max: its memory "
+                                         "was changed during the call");
+      codecs_[i] = c;
+    }
   }
   Napi::Value Result(Napi::Env env) override {
     Napi::Array out = Napi::Array::New(env, sizes_.size());
-    for (uint32_t i = 0; i < sizes_.size(); ++i) out.Set(i, Napi::BigInt::New(env, sizes_[i]));
+    for (uint32_t i = 0; i < sizes_.size(); ++i) {
+      Napi::Object r = Napi::Object::New(env);
+      r.Set("frameBytes", Napi::BigInt::New(env, sizes_[i]));
+      r.Set("codec", codec_name(Codec(codecs_[i])));
+      out.Set(i, r);
+    }
     return out;
   }
 
  private:
   std::vector<EncodeSpec> specs_;
   std::vector<uint64_t> sizes_;
+  std::vector<uint8_t> codecs_;  // tzip::Codec per item
 };
 
 Napi::Value GpuCompress(const Napi::CallbackInfo& info) {
@@ -341,16 +397,27 @@ class GpuDecompressWorker : public GpuWorker {
       it.out = reinterpret_cast<void*>(static_cast<uintptr_t>(s.out));
       it.out_bytes = s.out_bytes;
     }
-    std::vector<int32_t> codes(n, 0);
-    run_on_stream(opt_, 4 * n, codes.data(), [&](cudaStream_t stream, void* d_errors) {
+    // Results: n error codes (i32), then, 16-byte aligned, the first kMaxFramePrefixBytes bytes of every frame (fewer
+    // when the frame is shorter; zeros after): one copy brings both back, and the headers are parsed here.
+    constexpr uint64_t kPrefix = kMaxFramePrefixBytes;
+    const size_t prefix_off = size_t(align16(4 * uint64_t(n)));
+    std::vector<gpu::FrameSpan> spans(n);
+    for (size_t i = 0; i < n; ++i) spans[i] = gpu::FrameSpan{items[i].frame, items[i].frame_bytes};
+    std::vector<uint8_t> results(n ? prefix_off + kPrefix * n : 0);
+    run_on_stream(opt_, results.size(), results.data(), [&](cudaStream_t stream, void* d_results) {
       if (n == 0) return;
       gpu::DecodeOptions dopt;
       dopt.sm_budget = opt_.sm_budget;
       dopt.verify = opt_.verify;
       dopt.stream = stream;
-      const gpu::Status st = gpu::decode(items.data(), n, dopt, static_cast<int32_t*>(d_errors));
+      gpu::Status st = gpu::decode(items.data(), n, dopt, static_cast<int32_t*>(d_results));
       if (!st.ok()) throw status_error(st, "gpuDecompress");
+      st = gpu::gather_frame_bytes(spans.data(), n, 0, uint32_t(kPrefix), static_cast<uint8_t*>(d_results) + prefix_off,
+                                   opt_.sm_budget, stream);
+      if (!st.ok()) throw status_error(st, "gpuDecompress: reading back the headers of the frames");
     });
+    std::vector<int32_t> codes(n, 0);
+    if (n) std::memcpy(codes.data(), results.data(), 4 * n);
     std::vector<std::string> names(n);
     std::vector<size_t> failed;
     for (size_t i = 0; i < n; ++i) {
@@ -360,7 +427,10 @@ class GpuDecompressWorker : public GpuWorker {
                                                                                           : gpu::error_code_name(c);
       failed.push_back(i);
     }
-    if (failed.empty()) return;
+    if (failed.empty()) {
+      headers_ = parse_headers(results.data() + prefix_off, kPrefix);
+      return;
+    }
     const size_t first = failed.front();
     std::string msg = "gpuDecompress: item " + std::to_string(first) + " of " + std::to_string(n) + ": " +
                       names[first] + ": " + decode_error_text(names[first]);
@@ -373,10 +443,37 @@ class GpuDecompressWorker : public GpuWorker {
     err.item_errors = std::move(names);
     throw err;
   }
-  Napi::Value Result(Napi::Env env) override { return env.Undefined(); }
+  Napi::Value Result(Napi::Env env) override {
+    Napi::Array out = Napi::Array::New(env, headers_.size());
+    for (uint32_t i = 0; i < headers_.size(); ++i) out.Set(i, frame_header_object(env, headers_[i]));
+    return out;
+  }
 
  private:
+  /// The headers of the decoded frames from their first bytes (`stride` bytes per frame at `prefixes`, of which
+  /// min(frameBytes, stride) are the frame's). The decoder checked each frame (header digest and chunk table included)
+  /// on the device; parse_frame_prefix checks these bytes again, as they are client memory that may have changed
+  /// since, reading none past what each frame has. A failure is reported like a failed decode of that item.
+  std::vector<FrameHeader> parse_headers(const uint8_t* prefixes, uint64_t stride) const {
+    const size_t n = specs_.size();
+    std::vector<FrameHeader> headers(n);
+    for (size_t i = 0; i < n; ++i) {
+      try {
+        headers[i] = parse_frame_prefix(prefixes + stride * i, std::min<uint64_t>(specs_[i].frame_bytes, stride));
+      } catch (const tzip::Error& e) {
+        const std::string code = tzip::error_code_name(e.code());
+        CodedError err(code, "gpuDecompress: item " + std::to_string(i) + " of " + std::to_string(n) + ": " + code +
+                                 ": the frame's header, read back after the decode: " + e.what());
+        err.item_errors.assign(n, "");
+        err.item_errors[i] = code;
+        throw err;
+      }
+    }
+    return headers;
+  }
+
   std::vector<DecodeSpec> specs_;
+  std::vector<FrameHeader> headers_;
 };
 
 Napi::Value GpuDecompress(const Napi::CallbackInfo& info) {
@@ -401,6 +498,10 @@ Napi::Value GpuDecompress(const Napi::CallbackInfo& info) {
 void register_gpu_codec(Napi::Env env, Napi::Object exports) {
   exports.Set("gpuCompress", Napi::Function::New(env, GpuCompress));
   exports.Set("gpuDecompress", Napi::Function::New(env, GpuDecompress));
+  // The streams' cached scratch memory lives as long as an environment (the main thread's, a worker thread's) holds
+  // the addon, and is freed when the last one is torn down.
+  hold_scratch_cache();
+  env.AddCleanupHook([]() { drop_scratch_cache(); });
 }
 
 }  // namespace tzip::addon

@@ -6,7 +6,8 @@
 
 namespace tzip::addon {
 
-/// gpuCompress, gpuDecompress: batched GPU codec calls on the addon's per-device stream (addon/gpu_codec.cpp).
+/// gpuCompress, gpuDecompress: batched GPU codec calls on the addon's per-device stream (addon/gpu_codec.cpp). Also
+/// holds the streams' scratch cache for `env` (released by an environment cleanup hook).
 void register_gpu_codec(Napi::Env env, Napi::Object exports);
 
 /// gpuDevices, cudaMemGetInfo, gpuAlloc, gpuFree, gpuCopyToDevice, gpuCopyFromDevice (addon/gpu_memory.cpp).

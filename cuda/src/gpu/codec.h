@@ -129,7 +129,10 @@ class DeviceGuard {
 
 /// Grid of a persistent kernel: min(want, sm_budget * blocks_per_sm) blocks. blocks_per_sm is the occupancy of
 /// `kernel` with `threads` threads and *dyn_smem bytes; when it is above 1, *dyn_smem is raised until it is 1, so that
-/// the grid never spreads over more than sm_budget SMs. Also raises the kernel's dynamic shared memory limit.
+/// the grid never spreads over more than sm_budget SMs. Also raises the kernel's dynamic shared memory limit. The
+/// occupancy query is made once per (kernel, device, threads, *dyn_smem) and remembered; later calls only reset the
+/// kernel's shared memory limit when another size was set for it in between (through this function: a process that
+/// resets a device, cudaDeviceReset, and launches the codec on it again is not supported).
 Status persistent_grid(const void* kernel, int threads, size_t* dyn_smem, int sm_budget, int sm_count,
                        uint64_t want, int* grid);
 
@@ -137,7 +140,8 @@ Status persistent_grid(const void* kernel, int threads, size_t* dyn_smem, int sm
 /// stream); the host bytes may be reused as soon as this returns.
 Status upload(void* d_dst, const void* h_src, size_t bytes, void* stream);
 
-/// Stream-ordered device allocation and release (cudaMallocAsync / cudaFreeAsync).
+/// Stream-ordered device allocation and release of scratch memory: scratch_alloc / scratch_free of gpu/scratch.h
+/// (cudaMallocAsync / cudaFreeAsync, blocks cached per stream for streams registered with keep_scratch).
 Status alloc_async(void** p, size_t bytes, void* stream);
 void free_async(void* p, void* stream);
 Status memset_async(void* p, int value, size_t bytes, void* stream);

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gpu/codec.h"
@@ -37,6 +40,26 @@ struct Staging {
 };
 std::mutex g_staging_mu;
 std::vector<Staging*> g_staging;
+
+// persistent_grid's results, per kernel, device, block size and requested dynamic shared memory: the occupancy query
+// and attribute calls are made once, not at every launch.
+struct GridKey {
+  const void* kernel;
+  int device, threads;
+  size_t dyn_smem;
+  bool operator<(const GridKey& o) const {
+    return std::tie(kernel, device, threads, dyn_smem) < std::tie(o.kernel, o.device, o.threads, o.dyn_smem);
+  }
+};
+struct GridFit {
+  int per_sm;       // blocks per SM at dyn_smem (1 unless a kernel cannot be kept to one)
+  size_t dyn_smem;  // dynamic shared memory to launch with
+};
+std::mutex g_grid_mu;
+// Never destroyed: worker threads may launch while the process exits.
+auto* g_grid_fits = new std::map<GridKey, GridFit>;
+// cudaFuncAttributeMaxDynamicSharedMemorySize as last set per (kernel, device).
+auto* g_smem_attr = new std::map<std::pair<const void*, int>, size_t>;
 
 }  // namespace
 
@@ -109,30 +132,46 @@ Status persistent_grid(const void* kernel, int threads, size_t* dyn_smem, int sm
                        int* grid) {
   int dev = 0;
   cudaGetDevice(&dev);
-  int smem_per_sm = 0, smem_optin = 0;
-  cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-  cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  int per_sm = 0;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(*dyn_smem));
+  const GridKey key{kernel, dev, threads, *dyn_smem};
+  std::lock_guard<std::mutex> lock(g_grid_mu);
+  auto found = g_grid_fits->find(key);
+  if (found == g_grid_fits->end()) {
+    int smem_per_sm = 0, smem_optin = 0;
+    cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    int per_sm = 0;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(*dyn_smem));
+      if (e != cudaSuccess) return cuda_status(e, "cudaFuncSetAttribute");
+      (*g_smem_attr)[{kernel, dev}] = *dyn_smem;
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, *dyn_smem);
+      if (e != cudaSuccess) return cuda_status(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      if (per_sm <= 1) break;
+      // A second block would fit: take more than half of the SM's shared memory so that it cannot.
+      cudaFuncAttributes fa{};
+      cudaFuncGetAttributes(&fa, kernel);
+      const size_t need = size_t(smem_per_sm) / 2 + 1 - std::min<size_t>(size_t(smem_per_sm) / 2, fa.sharedSizeBytes);
+      *dyn_smem = std::min<size_t>(std::max(*dyn_smem, need), size_t(smem_optin) - fa.sharedSizeBytes);
+    }
+    if (per_sm < 1) {
+      Status st;
+      st.code = kCudaError;
+      st.message = "kernel does not fit on an SM";
+      return st;
+    }
+    found = g_grid_fits->emplace(key, GridFit{per_sm, *dyn_smem}).first;
+  }
+  const GridFit fit = found->second;
+  // The kernel's dynamic shared memory limit is per device; another size may have been set for it since.
+  size_t& attr = (*g_smem_attr)[{kernel, dev}];
+  if (attr != fit.dyn_smem) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(fit.dyn_smem));
     if (e != cudaSuccess) return cuda_status(e, "cudaFuncSetAttribute");
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, *dyn_smem);
-    if (e != cudaSuccess) return cuda_status(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    if (per_sm <= 1) break;
-    // A second block would fit: take more than half of the SM's shared memory so that it cannot.
-    cudaFuncAttributes fa{};
-    cudaFuncGetAttributes(&fa, kernel);
-    const size_t need = size_t(smem_per_sm) / 2 + 1 - std::min<size_t>(size_t(smem_per_sm) / 2, fa.sharedSizeBytes);
-    *dyn_smem = std::min<size_t>(std::max(*dyn_smem, need), size_t(smem_optin) - fa.sharedSizeBytes);
+    attr = fit.dyn_smem;
   }
-  if (per_sm < 1) {
-    Status st;
-    st.code = kCudaError;
-    st.message = "kernel does not fit on an SM";
-    return st;
-  }
+  *dyn_smem = fit.dyn_smem;
   const int budget = sm_budget <= 0 ? sm_count : std::min(sm_budget, sm_count);
-  const uint64_t cap = uint64_t(budget) * uint64_t(per_sm);
+  const uint64_t cap = uint64_t(budget) * uint64_t(fit.per_sm);
   *grid = int(std::max<uint64_t>(1, std::min<uint64_t>(cap, want)));
   return Status{};
 }
@@ -175,14 +214,7 @@ Status upload(void* d_dst, const void* h_src, size_t bytes, void* stream) {
   return cuda_status(e, "upload of descriptors");
 }
 
-Status alloc_async(void** p, size_t bytes, void* stream) {
-  *p = nullptr;
-  if (bytes == 0) bytes = 16;
-  return cuda_status(cudaMallocAsync(p, bytes, cudaStream_t(stream)), "cudaMallocAsync");
-}
-void free_async(void* p, void* stream) {
-  if (p) cudaFreeAsync(p, cudaStream_t(stream));
-}
+// alloc_async / free_async: scratch.cu (cached per stream, gpu/scratch.h).
 Status memset_async(void* p, int value, size_t bytes, void* stream) {
   if (bytes == 0) return Status{};
   return cuda_status(cudaMemsetAsync(p, value, bytes, cudaStream_t(stream)), "cudaMemsetAsync");
