@@ -706,8 +706,8 @@ describe.skipIf(!hasGpu)(`GPU codec and CUDA IPC through the addon${skipNote}`, 
         const [w] = await a.gpuCompress([{ data: src + 100n, nbytes: c.n, dtype: 'BF16', codec: 'max', shape: [c.n / 2], frame: mine, frameCapacity: cap }],
           { device: c.device, recordEvent: ev });
         const frame = sha(a.gpuCopyFromDevice(mine, w.frameBytes, c.device));
-        const [h] = await a.gpuDecompress([{ frame: fr + 8n, frameBytes: c.frameBytes, out: dst + 32n, outBytes: c.n }], { device: c.device, waitEvent: ev });
-        if (w.codec !== 'max' || h.frameBytes !== c.frameBytes || h.nbytes !== c.n) throw new Error('unexpected results ' + JSON.stringify({ codec: w.codec, h }));
+        const [hd] = await a.gpuDecompress([{ frame: fr + 8n, frameBytes: c.frameBytes, out: dst + 32n, outBytes: c.n }], { device: c.device, waitEvent: ev });
+        if (w.codec !== 'max' || hd.frameBytes !== c.frameBytes || hd.nbytes !== c.n) throw new Error('unexpected results ' + JSON.stringify({ codec: w.codec, hd }));
         a.gpuFree(mine, c.device);
         for (const p of [src, fr, dst]) a.cudaIpcCloseMemHandle(p, c.device);
         a.cudaEventDestroy(ev, c.device);

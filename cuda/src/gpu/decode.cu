@@ -293,8 +293,8 @@ struct WarpLayout {
   // the exceptions of every chunk of the benchmark's real data (at most 2339 in a 64 KiB chunk); more shared memory
   // would leave less L1 for the loads of chunk headers and tables.
   static constexpr uint32_t kExcBytes = RING == 0 || C > 0 ? 0 : 2560;
-  static constexpr uint32_t kBars = kExc + kExcBytes;       // u64 [4] the ring slots' mbarriers
-  static constexpr uint32_t kBytes = kBars + (RING > 0 ? 32 : 0);
+  static constexpr uint32_t kBars = kExc + kExcBytes;       // u64 [4] the ring slots' mbarriers, u32 their parities
+  static constexpr uint32_t kBytes = kBars + (RING > 0 ? 48 : 0);
   static_assert(kRing % 16 == 0 && kBytes % 16 == 0, "bulk copies need 16-byte aligned slots in every warp's area");
 };
 
@@ -382,12 +382,15 @@ struct StreamState {
 /// The per-warp ring: slot t % S holds tile t of every ring stream. Whole tiles arrive by bulk copies (the Hopper copy
 /// engine, cp.async.bulk: one lane issues them, no per-lane bookkeeping) that complete on the slot's mbarrier; a
 /// partial last tile, whose stream ends may be the end of the frame's memory, is copied by the lanes with cp.async
-/// (zero-filled past the stream's end). The barriers are initialised per chunk; `issued` and `waited` count tiles so
-/// that a chunk that stops early still waits for every copy it started before the ring is reused.
+/// (zero-filled past the stream's end). The barriers are initialised once per warp (decode_kernel) and each slot's
+/// phase parity is carried from chunk to chunk in shared memory; `issued` and `waited` count tiles so that a chunk that
+/// stops early still waits for every copy it started before the ring is reused (ring_drain).
 struct Ring {
   uint8_t* base;
   uint64_t* bars;                            // S mbarriers, one per slot
-  uint32_t slot_bytes, S, log2S, tiles, tx;  // S: slots, 2 or 4; tx: bytes of one whole tile over all ring streams
+  uint32_t* phase_word;                      // in shared memory: bit i = parity of slot i's next phase
+  uint32_t slot_bytes, S, tiles, tx;         // S: slots, 2 or 4; tx: bytes of one whole tile over all ring streams
+  uint32_t phase;                            // *phase_word while the ring is in use
   uint32_t issued, waited;                   // tiles [0, issued) issued, [0, waited) landed and seen by every lane
   bool whole_last;                           // the last tile is whole too (n a multiple of the tile)
 };
@@ -409,6 +412,8 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
   return done != 0;
 }
+/// Orders this thread's generic-proxy accesses to shared memory before its later async-proxy ones (bulk copies).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_u32(smem)),
@@ -455,12 +460,13 @@ template <bool WHOLE = false>
 __device__ __forceinline__ void ring_wait_next(Ring& rg) {
   const uint32_t t = rg.waited++;
   if (WHOLE || t + 1 < rg.tiles || rg.whole_last) {
-    uint64_t* bar = rg.bars + (t & (rg.S - 1));
-    const uint32_t parity = (t >> rg.log2S) & 1u;
-    while (!mbar_try_wait(bar, parity)) {
+    const uint32_t si = t & (rg.S - 1);
+    while (!mbar_try_wait(rg.bars + si, (rg.phase >> si) & 1u)) {
     }
+    rg.phase ^= 1u << si;
   } else {
     cp_wait(0);
+    fence_proxy_async();  // these generic-proxy writes before the bulk copies that later refill the slot
   }
   __syncwarp();
 }
@@ -471,9 +477,22 @@ __device__ __forceinline__ const uint8_t* ring_advance(Ring& rg, const StreamSta
   ring_wait_next<WHOLE>(rg);
   return rg.base + (t & (rg.S - 1)) * rg.slot_bytes;
 }
-/// Waits for every tile issued and not yet waited for (a chunk that stops early), so no copy lands after the chunk.
+/// Waits for every tile issued and not yet waited for (a chunk that stops early), so no copy lands after the chunk,
+/// and keeps the slots' phase parities for the next chunk.
 __device__ __forceinline__ void ring_drain(Ring& rg) {
   while (rg.waited < rg.issued) ring_wait_next(rg);
+  if (lane_id() == 0) *rg.phase_word = rg.phase;
+  __syncwarp();
+}
+/// Once per warp, before its first chunk: the slots' mbarriers (one arrival per phase: the issuing lane's) and their
+/// phase parities. `bars` holds 4 mbarriers and then the phase word.
+__device__ __forceinline__ void ring_init(uint64_t* bars) {
+  if (lane_id() == 0) {
+    for (uint32_t i = 0; i < 4; ++i) mbar_init(bars + i);
+    *reinterpret_cast<uint32_t*>(bars + 4) = 0;
+    mbar_init_fence();
+  }
+  __syncwarp();
 }
 
 /// Sets up the ring for one chunk in `tiles` tiles (slot_bytes per tile over the ring streams, `ring` bytes of shared
@@ -485,9 +504,9 @@ __device__ __forceinline__ bool ring_start(Ring& rg, const StreamState* ss, uint
   rg.base = base;
   rg.bars = bars;
   rg.slot_bytes = slot_bytes;
+  rg.phase_word = reinterpret_cast<uint32_t*>(bars + 4);
   rg.S = slot_bytes ? min(4u, ring / slot_bytes) : 4u;
   if (rg.S == 3) rg.S = 2;  // a power of two: slots by mask, not by division
-  rg.log2S = rg.S == 4 ? 2 : 1;
   rg.tiles = tiles;
   rg.whole_last = whole_last;
   rg.issued = rg.waited = 0;
@@ -495,12 +514,7 @@ __device__ __forceinline__ bool ring_start(Ring& rg, const StreamState* ss, uint
 #pragma unroll
   for (uint32_t j = 0; j < NS; ++j) rg.tx += ss[j].tile_bytes;
   if (rg.S < 2) return false;
-  // The previous chunk waited for all its copies (ring_drain), so the barriers are idle: a fresh phase 0 per chunk.
-  if (lane_id() == 0) {
-    for (uint32_t i = 0; i < rg.S; ++i) mbar_init(rg.bars + i);
-    mbar_init_fence();
-  }
-  __syncwarp();
+  rg.phase = *rg.phase_word;  // the previous chunk drained the ring: every barrier is between phases
   for (uint32_t t = 0; t + 1 < rg.S; ++t) ring_issue<NS>(rg, ss, t);
   return true;
 }
@@ -1138,6 +1152,7 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
   using WL = WarpLayout<C, L, RING>;
   const uint32_t warp = threadIdx.x / 32, lane = lane_id();
   uint8_t* ws = smem_raw + WL::kBytes * warp;
+  if constexpr (RING > 0) ring_init(reinterpret_cast<uint64_t*>(ws + WL::kBars));
   const uint32_t nt = a.n;
   for (;;) {
     unsigned long long c = 0;
