@@ -102,7 +102,9 @@ async function runGpuBatch<T>(r: GpuRequest, extents: Extent[], waitEventHandle:
  * @throws ReplyError TZIP_HANDLE (a handle that is not the session's or that CUDA cannot open),
  *   TZIP_NO_DEVICE (no GPU, or not this one by UUID), TZIP_INVALID_ARGUMENT (CPU and GPU memory
  *   or two GPUs in one request; an output smaller than the frame bound), TZIP_UNSUPPORTED
- *   (expandable segments), TZIP_TOO_LARGE, TZIP_CUDA, TZIP_INTERNAL.
+ *   (expandable segments), TZIP_TOO_LARGE, TZIP_CUDA, TZIP_INTERNAL; TZIP_CORRUPT (with the tensor's
+ *   index) when the frame read back records a codec the encoder cannot have written: the output's
+ *   memory was changed during the call.
  */
 export async function handleGpuCompress(req: CompressRequest, session: Session, stats: DaemonStats): Promise<{ frames: FrameResult[]; event_handle: Buffer }> {
   req.tensors.forEach((item, i) => {

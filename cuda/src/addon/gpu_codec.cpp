@@ -306,10 +306,14 @@ class GpuCompressWorker : public GpuWorker {
       const uint8_t c = results[sizes_bytes + k];
       // The encoder resolves "auto" on a float tensor to fast or max; anything else means the frame's memory was
       // written by someone else during the call.
-      if (c != uint8_t(Codec::FAST) && c != uint8_t(Codec::MAX))
-        throw CodedError("TZIP_CORRUPT", "gpuCompress: item " + std::to_string(i) + ": the frame written at item.frame "
-                                         "records codec id " + std::to_string(c) + " instead of fast or max: its memory "
-                                         "was changed during the call");
+      if (c != uint8_t(Codec::FAST) && c != uint8_t(Codec::MAX)) {
+        CodedError err("TZIP_CORRUPT", "gpuCompress: item " + std::to_string(i) + ": the frame written at item.frame "
+                                       "records codec id " + std::to_string(c) + " instead of fast or max: its memory "
+                                       "was changed during the call");
+        err.item_errors.assign(n, "");
+        err.item_errors[i] = "TZIP_CORRUPT";
+        throw err;
+      }
       codecs_[i] = c;
     }
   }
@@ -403,6 +407,10 @@ class GpuDecompressWorker : public GpuWorker {
     const size_t prefix_off = size_t(align16(4 * uint64_t(n)));
     std::vector<gpu::FrameSpan> spans(n);
     for (size_t i = 0; i < n; ++i) spans[i] = gpu::FrameSpan{items[i].frame, items[i].frame_bytes};
+    // gather_frame_bytes takes fewer than 2^32 bytes: refuse a larger batch before anything is queued.
+    if (uint64_t(n) * kPrefix >= uint64_t(UINT32_MAX))
+      throw CodedError("TZIP_INVALID_ARGUMENT", "gpuDecompress: " + std::to_string(n) + " frames in one call; at most " +
+                                                    std::to_string(UINT32_MAX / kPrefix) + " (the headers read back)");
     std::vector<uint8_t> results(n ? prefix_off + kPrefix * n : 0);
     run_on_stream(opt_, results.size(), results.data(), [&](cudaStream_t stream, void* d_results) {
       if (n == 0) return;

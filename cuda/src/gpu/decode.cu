@@ -11,12 +11,14 @@
 //        fallback: chunks the first two could not take (more RANS/LUT streams than their tables, misaligned frames),
 //        4 warps per block with eight of each.
 //      The fixed-rate streams (RAW symbols, LUT codes) reach shared memory through a per-warp ring of 1024-element
-//      tiles: bulk copies (cp.async.bulk, issued by one lane) that complete on the slot's mbarrier, three tiles ahead.
-//      Chunks stored raw go through the same ring. Float chunks without RANS streams take the tile path: each lane 16
+//      tiles: bulk copies (cp.async.bulk, issued by one lane) that complete on the slot's mbarrier, one to three tiles
+//      ahead (2 or 4 slots, as the tile's bytes fit). Chunks stored raw go through the same ring when source and
+//      destination are 16-byte aligned (classes 1 and 2). Float chunks without RANS streams take the tile path: each
+//      lane 16
 //      output bytes per sub-tile (coalesced 16-byte stores), LUT codes looked up four at a time with __byte_perm,
 //      escapes placed by one packed warp scan per tile with the chunk's exceptions in shared memory. Everything else
 //      takes the step path in the format's RANS order (lane l, element 32g + l): per step one symbol per stream and
-//      lane, RANS words fetched through a 64-word window held in the lanes' registers (ballot + popc give each lane
+//      lane, RANS words fetched through a 256-word window held in the lanes' registers (ballot + popc give each lane
 //      its word).
 //      With verify on, each warp checks the chunk digest (format version 2: 32 lane hashes of interleaved 16-byte
 //      stripes) of the chunk it wrote: the tile path and raw copies hash the 16-byte vectors they store on the way out,
@@ -307,14 +309,8 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint32_
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_wait(uint32_t n) {
-  switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-  }
-}
+/// Waits until this thread's committed cp.async groups have landed.
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 /// Copies n bytes with one warp. With `verify`, lane l feeds the 16-byte stripes l, l + 32, ... it copies to its
 /// chunk-digest state `dg` and sets `from` past the last whole stripe it fed (aligned copies only; otherwise the
@@ -465,7 +461,7 @@ __device__ __forceinline__ void ring_wait_next(Ring& rg) {
     }
     rg.phase ^= 1u << si;
   } else {
-    cp_wait(0);
+    cp_wait_all();
     fence_proxy_async();  // these generic-proxy writes before the bulk copies that later refill the slot
   }
   __syncwarp();
@@ -806,8 +802,9 @@ __device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint3
 }
 
 /// Decodes one coded chunk with one warp. Returns kChunkOk, kChunkBad (corrupt) or kChunkDefer (needs more tables
-/// than this kernel has, or a misaligned frame in a streaming kernel: nothing was written).
-/// STREAM: fixed-rate streams come through the shared-memory ring (cp.async, tiles ahead); otherwise they are read
+/// than this kernel has, a misaligned frame in a streaming kernel, or a tile too large for two ring slots: nothing
+/// was written).
+/// STREAM: fixed-rate streams come through the shared-memory ring (bulk copies, tiles ahead); otherwise they are read
 /// from global memory where they are (any alignment).
 template <uint32_t FID, uint32_t C, uint32_t L, uint32_t RING>
 __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len, uint8_t* dst, uint8_t* ws,
@@ -1311,7 +1308,7 @@ constexpr uint32_t kC = 0, kL = 1, kW = 16, kRingBytes = 8192;
 constexpr int kMode = 1;
 #elif TZIP_DECODE_PART == 2
 #define TZIP_PART_FN run_part2
-constexpr uint32_t kC = 1, kL = 2, kW = 16, kRingBytes = 7168;  // 16 warps x 14.6 KB fit in 227 KB
+constexpr uint32_t kC = 1, kL = 2, kW = 16, kRingBytes = 7168;  // 16 warps x 13.3 KB fit in 227 KB
 constexpr int kMode = 2;
 #else
 #define TZIP_PART_FN run_part0

@@ -80,8 +80,9 @@ Status scratch_alloc(void** p, size_t bytes, void* stream) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_streams->find(stream);
   if (it == g_streams->end() || bytes > kMaxCachedBlockBytes) {
-    return cuda_status(cudaMallocAsync(p, bytes, cudaStream_t(stream)),
-                       "cudaMallocAsync(" + std::to_string(bytes) + " bytes)");
+    const cudaError_t e = cudaMallocAsync(p, bytes, cudaStream_t(stream));
+    if (e != cudaSuccess) *p = nullptr;
+    return cuda_status(e, "cudaMallocAsync(" + std::to_string(bytes) + " bytes)");
   }
   StreamScratch& s = it->second;
   // The smallest idle block that fits.
