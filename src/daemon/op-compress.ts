@@ -72,6 +72,15 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
     }
     frames.push(s.value);
   }
+  countCompressed(stats, plans, frames);
+  return { frames };
+}
+
+/**
+ * Adds a compress batch to the daemon's counters: its tensors' bytes in, its frames' bytes out.
+ * Shared by the CPU path and the GPU path (op-gpu.ts).
+ */
+export function countCompressed(stats: DaemonStats, plans: readonly { input: { layout: { nbytes: number } } }[], frames: readonly FrameResult[]): void {
   let inBytes = 0;
   let outBytes = 0;
   for (let i = 0; i < plans.length; i++) {
@@ -79,5 +88,4 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
     outBytes += (frames[i] as FrameResult).bytes;
   }
   stats.addCodec('compress', plans.length, inBytes, outBytes);
-  return { frames };
 }

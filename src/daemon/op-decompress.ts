@@ -7,6 +7,7 @@
  * after it). The first failing frame (by index) is the error reply.
  */
 import { decompress, readHeader, type FrameHeader } from '../native.js';
+import type { FrameLayout } from './dtype-map.js';
 import type { DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
@@ -29,6 +30,30 @@ function sameShape(a: readonly number[], b: readonly number[]): boolean {
   return a.length === b.length && a.every((d, i) => d === b[i]);
 }
 
+/**
+ * Checks that frame `i`'s header gives the size of the memory its handle gives (bytes).
+ * Shared by the CPU path and the GPU path (op-gpu.ts).
+ * @throws ReplyError TZIP_INVALID_ARGUMENT naming the frame.
+ */
+export function checkFrameSize(i: number, header: FrameHeader, handleBytes: number): void {
+  if (header.frameBytes !== handleBytes) {
+    throw new ReplyError('TZIP_INVALID_ARGUMENT', `frame ${i}: the handle gives ${handleBytes} bytes, the frame is ${header.frameBytes}`, { index: i });
+  }
+}
+
+/**
+ * Checks frame `i`'s header against its destination's layout: dtype, shape and nbytes must be the
+ * frame's (docs/protocol.md "Tensors and frames"). Shared by the CPU and GPU paths.
+ * @throws ReplyError TZIP_INVALID_ARGUMENT naming the frame.
+ */
+export function checkFrameDestination(i: number, header: FrameHeader, out: FrameLayout): void {
+  if (out.dtype !== header.dtype || !sameShape(out.shape, header.shape) || out.nbytes !== header.nbytes) {
+    throw new ReplyError('TZIP_INVALID_ARGUMENT',
+      `frame ${i} holds ${header.dtype} [${header.shape.join(', ')}] (${header.nbytes} bytes); the destination is ${out.dtype} [${out.shape.join(', ')}] (${out.nbytes} bytes)`,
+      { index: i });
+  }
+}
+
 /** Handles a validated decompress request of `session` (GPU memory: op-gpu.ts). */
 export async function handleDecompress(req: DecompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ tensors: TensorResult[]; event_handle?: Buffer }> {
   if (req.frames.length > limits.maxBatch) {
@@ -45,15 +70,9 @@ export async function handleDecompress(req: DecompressRequest, session: Session,
       const wire = toWireError(err, i);
       throw new ReplyError(wire.code, `frame ${i}: ${wire.message}`, { index: i });
     }
-    if (header.frameBytes !== frame.bytes.length) {
-      throw new ReplyError('TZIP_INVALID_ARGUMENT', `frame ${i}: the handle gives ${frame.bytes.length} bytes, the frame is ${header.frameBytes}`, { index: i });
-    }
+    checkFrameSize(i, header, frame.bytes.length);
     const out = resolveTensor(session, item.out, true, `destination of frame ${i}`, i, epoch);
-    if (out.layout.dtype !== header.dtype || !sameShape(out.layout.shape, header.shape) || out.layout.nbytes !== header.nbytes) {
-      throw new ReplyError('TZIP_INVALID_ARGUMENT',
-        `frame ${i} holds ${header.dtype} [${header.shape.join(', ')}] (${header.nbytes} bytes); the destination is ${out.layout.dtype} [${out.layout.shape.join(', ')}] (${out.layout.nbytes} bytes)`,
-        { index: i });
-    }
+    checkFrameDestination(i, header, out.layout);
     return { frame, header, out };
   });
   const regions: ResolvedRegion[] = [];

@@ -18,8 +18,8 @@ import { maxCompressedSize } from '../native.js';
 import { gpuApi, gpuReplyError, type GpuApi, type GpuRunOptions } from './gpu.js';
 import { expectGpu, GpuRequest } from './gpu-regions.js';
 import type { DaemonLimits } from './limits.js';
-import type { FrameResult } from './op-compress.js';
-import type { TensorResult } from './op-decompress.js';
+import { countCompressed, type FrameResult } from './op-compress.js';
+import { checkFrameDestination, checkFrameSize, type TensorResult } from './op-decompress.js';
 import { checkOverlaps, type Extent } from './regions.js';
 import { ReplyError } from './reply-error.js';
 import type { CompressRequest, DecompressRequest } from './schema.js';
@@ -156,20 +156,10 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
       }
       return { bytes, codec: w.codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
     });
-    let inBytes = 0;
-    let outBytes = 0;
-    for (let i = 0; i < plans.length; i++) {
-      inBytes += (plans[i] as (typeof plans)[number]).input.layout.nbytes;
-      outBytes += (frames[i] as FrameResult).bytes;
-    }
-    stats.addCodec('compress', plans.length, inBytes, outBytes);
+    countCompressed(stats, plans, frames);
     stats.gpuRequests++;
     return { frames, event_handle: own.handle };
   });
-}
-
-function sameShape(a: readonly number[], b: readonly number[]): boolean {
-  return a.length === b.length && a.every((d, i) => d === b[i]);
 }
 
 /**
@@ -212,15 +202,8 @@ export async function handleGpuDecompress(req: DecompressRequest, session: Sessi
     // outputs are scratch).
     const tensors = plans.map((p, i): TensorResult => {
       const header = headers[i] as FrameHeader;
-      if (header.frameBytes !== p.frame.size) {
-        throw new ReplyError('TZIP_INVALID_ARGUMENT', `frame ${i}: the handle gives ${p.frame.size} bytes, the frame is ${header.frameBytes}`, { index: i });
-      }
-      const o = p.out.layout;
-      if (o.dtype !== header.dtype || !sameShape(o.shape, header.shape) || o.nbytes !== header.nbytes) {
-        throw new ReplyError('TZIP_INVALID_ARGUMENT',
-          `frame ${i} holds ${header.dtype} [${header.shape.join(', ')}] (${header.nbytes} bytes); the destination is ${o.dtype} [${o.shape.join(', ')}] (${o.nbytes} bytes)`,
-          { index: i });
-      }
+      checkFrameSize(i, header, p.frame.size);
+      checkFrameDestination(i, header, p.out.layout);
       return { nbytes: header.nbytes, dtype: header.dtype, shape: header.shape, codec: header.codec };
     });
     let inBytes = 0;
