@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,18 +50,20 @@ class DaemonProcess:
         self.socket = socket
         self.args = list(args)
         self.proc: subprocess.Popen | None = None
+        self._log_start = 0
         # next to the socket folder (the daemon makes that folder itself, mode 0700)
         self.log = os.path.join(os.path.dirname(os.path.dirname(socket)), f"{os.path.basename(os.path.dirname(socket))}.{time.monotonic_ns()}.log")
 
     def start(self, timeout: float = 20.0) -> "DaemonProcess":
         ensure_built()
         logf = open(self.log, "ab")
+        self._log_start = logf.tell()  # a restarted daemon appends: its ready line comes after this offset
         self.proc = subprocess.Popen([NODE, str(MAIN), "serve", "--socket", self.socket, *self.args],
                                      stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, cwd=ROOT)
         logf.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if os.path.exists(self.socket) and self._lock_pid() == self.proc.pid and "listening" in self.read_log():
+            if os.path.exists(self.socket) and self._lock_pid() == self.proc.pid and self.ready_line() is not None:
                 return self
             if self.proc.poll() is not None:
                 break
@@ -95,6 +98,19 @@ class DaemonProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def ready_line(self) -> str | None:
+        """The line `tzip serve` prints on stdout once every endpoint is bound (plain or --json), or None yet. Only
+        this line counts: stderr's earlier lines (e.g. "also listening on tcp://...") can reach the shared log file
+        before it."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self._log_start)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        m = re.search(r'^(?:tzip serve: listening on |\{"event":"listening").*$', text, re.MULTILINE)
+        return m.group(0) if m else None
 
     def read_log(self) -> str:
         try:

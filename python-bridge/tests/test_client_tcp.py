@@ -20,7 +20,8 @@ from test_client_support import DaemonProcess, sock_dir, wait_for  # noqa: F401
 
 
 def tcp_endpoint(d: DaemonProcess) -> str:
-    line = next(ln for ln in d.read_log().splitlines() if ln.startswith("{") and '"listening"' in ln)
+    line = d.ready_line()
+    assert line is not None and line.startswith("{"), d.read_log()
     return json.loads(line)["tcp"]
 
 
