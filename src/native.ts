@@ -35,6 +35,12 @@ export interface CompressOptions {
    * default {@link defaultChunkSize}.
    */
   chunkSize?: number | undefined;
+  /**
+   * Destination of at least {@link maxCompressedSize} bytes, not overlapping the input: the frame is
+   * written at its start and `out.subarray(0, frame bytes)` returned (no frame-sized allocation or
+   * copy). Bytes of `out` past the frame are left as they are.
+   */
+  out?: Uint8Array | undefined;
 }
 
 /** Options of {@link decompress}. */
@@ -207,7 +213,7 @@ export interface InterprocessEvent {
 
 /** The addon's exports, as documented in docs/addon.md. */
 interface Addon {
-  compress(input: Uint8Array, opts: CompressOptions): Promise<Buffer>;
+  compress(input: Uint8Array, opts: CompressOptions): Promise<Uint8Array>;
   decompress(frame: Uint8Array, opts?: DecompressOptions): Promise<Buffer>;
   readHeader(frame: Uint8Array): FrameHeader;
   maxCompressedSize(nbytes: number, ndim: number, chunkSize?: number): number;
@@ -258,13 +264,15 @@ function load(): Addon {
 /**
  * Compresses one tensor's bytes into one self-describing frame (docs/format.md). Runs on the
  * addon's worker threads.
- * @returns the frame.
- * @throws TzipError TZIP_INVALID_ARGUMENT when the options are bad or the byte length does not match dtype/shape.
+ * @returns the frame (a view of `opts.out` when given).
+ * @throws TzipError TZIP_INVALID_ARGUMENT when the options are bad, the byte length does not match dtype/shape,
+ *   or `opts.out` is smaller than maxCompressedSize or overlaps the input.
  */
 export async function compress(input: Uint8Array, opts: CompressOptions): Promise<Buffer> {
   const native = load();
   try {
-    return await native.compress(input, opts);
+    const frame: Uint8Array = await native.compress(input, opts);
+    return Buffer.isBuffer(frame) ? frame : Buffer.from(frame.buffer, frame.byteOffset, frame.byteLength);
   } catch (err) {
     throw toTzipError(err);
   }

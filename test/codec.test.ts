@@ -148,6 +148,34 @@ describe('views at unaligned offsets', () => {
     expect(Buffer.compare(Buffer.from(out), Buffer.from(input))).toBe(0);
     expect(backing.subarray(0, 3)).toEqual(new Uint8Array(3));
   });
+  it('compress into a caller-provided buffer at an odd offset: the same frame, bytes around it untouched', async () => {
+    const input = u16(range(0, 70_000).map((x) => 0x3c00 + ((x * 7919) % 301)));  // 3 chunks of 64 KiB
+    for (const codec of CODECS) {
+      const own = await compress(input, { dtype: 'BF16', shape: [70_001], codec, chunkSize: 65536 });
+      const cap = maxCompressedSize(input.length, 1, 65536);
+      const backing = new Uint8Array(cap + 3 + 5).fill(0xa5);
+      const out = backing.subarray(3, 3 + cap);
+      const frame = await compress(input, { dtype: 'BF16', shape: [70_001], codec, chunkSize: 65536, out });
+      expect(Buffer.isBuffer(frame)).toBe(true);
+      expect(frame.byteOffset - out.byteOffset).toBe(0);
+      expect(frame.buffer).toBe(backing.buffer);
+      expect(Buffer.compare(frame, own)).toBe(0);
+      expect(backing.subarray(0, 3)).toEqual(new Uint8Array(3).fill(0xa5));
+      expect(backing.subarray(3 + cap)).toEqual(new Uint8Array(5).fill(0xa5));
+    }
+  });
+  it('compress refuses an out smaller than maxCompressedSize or overlapping the input', async () => {
+    const input = u16(range(0, 999));
+    const cap = maxCompressedSize(input.length, 1, defaultChunkSize());
+    await expect(compress(input, { dtype: 'BF16', shape: [1000], out: new Uint8Array(cap - 1) }))
+      .rejects.toMatchObject({ code: 'TZIP_INVALID_ARGUMENT' });
+    const shared = new Uint8Array(cap + input.length);
+    shared.set(input, cap - 10);
+    await expect(compress(shared.subarray(cap - 10, cap - 10 + input.length), { dtype: 'BF16', shape: [1000], out: shared.subarray(0, cap) }))
+      .rejects.toMatchObject({ code: 'TZIP_INVALID_ARGUMENT' });
+    await expect(compress(input, { dtype: 'BF16', shape: [1000], out: [1, 2] as unknown as Uint8Array }))
+      .rejects.toMatchObject({ code: 'TZIP_INVALID_ARGUMENT' });
+  });
 });
 
 describe('thread count never changes the bytes', () => {

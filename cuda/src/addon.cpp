@@ -57,25 +57,37 @@ Napi::Value bigsafe(Napi::Env env, uint64_t v) { return Napi::Number::New(env, d
 
 class CompressWorker : public Napi::AsyncWorker {
  public:
+  // `out` empty: the frame goes into new memory (shrunk to its size). Otherwise it is written at the start of `out`
+  // (checked to hold max_frame_bytes) and the promise resolves to out.subarray(0, frame bytes).
   CompressWorker(Napi::Env env, Napi::Value input, Bytes in, Dtype dtype, std::vector<uint64_t> shape, Codec codec,
-                 bool is_auto, uint32_t threads, uint32_t chunk)
+                 bool is_auto, uint32_t threads, uint32_t chunk, Napi::Uint8Array out)
       : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), in_(in), dtype_(dtype),
         shape_(std::move(shape)), codec_(codec), auto_(is_auto), threads_(threads), chunk_(chunk) {
     input_ref_ = Napi::Persistent(input.As<Napi::Object>());
+    if (!out.IsEmpty()) {
+      out_ref_ = Napi::Persistent(out.As<Napi::Object>());
+      given_ = out.Data();
+    }
   }
   Napi::Promise Promise() { return deferred_.Promise(); }
 
   void Execute() override {
     try {
-      const uint64_t cap = tzip::max_frame_bytes(in_.size, uint32_t(shape_.size()), chunk_);
-      out_ = static_cast<uint8_t*>(std::malloc(cap ? cap : 1));
-      if (!out_) throw Error(ErrorCode::InvalidArgument, "out of memory allocating " + std::to_string(cap) + " bytes");
+      uint8_t* dst = given_;
+      if (dst == nullptr) {
+        const uint64_t cap = tzip::max_frame_bytes(in_.size, uint32_t(shape_.size()), chunk_);
+        out_ = static_cast<uint8_t*>(std::malloc(cap ? cap : 1));
+        if (!out_) throw Error(ErrorCode::InvalidArgument, "out of memory allocating " + std::to_string(cap) + " bytes");
+        dst = out_;
+      }
       tzip::EncodeOptions opt;
       opt.codec = auto_ ? tzip::resolve_auto(in_.data, in_.size, dtype_, chunk_, threads_) : codec_;
       opt.threads = threads_;
       opt.chunk_bytes = chunk_;
-      len_ = tzip::encode_frame(in_.data, in_.size, dtype_, shape_, opt, out_);
-      if (uint8_t* shrunk = static_cast<uint8_t*>(std::realloc(out_, len_ ? len_ : 1))) out_ = shrunk;
+      len_ = tzip::encode_frame(in_.data, in_.size, dtype_, shape_, opt, dst);
+      if (out_ != nullptr) {
+        if (uint8_t* shrunk = static_cast<uint8_t*>(std::realloc(out_, len_ ? len_ : 1))) out_ = shrunk;
+      }
     } catch (const Error& e) {
       error_ = std::make_unique<Error>(e);
     } catch (const std::bad_alloc&) {
@@ -86,7 +98,13 @@ class CompressWorker : public Napi::AsyncWorker {
     Napi::Env env = Env();
     if (error_) {
       std::free(out_);
+      out_ = nullptr;
       deferred_.Reject(make_error(env, *error_).Value());
+      return;
+    }
+    if (given_ != nullptr) {
+      Napi::Object out = out_ref_.Value();
+      deferred_.Resolve(out.Get("subarray").As<Napi::Function>().Call(out, {Napi::Number::New(env, 0), bigsafe(env, len_)}));
       return;
     }
     uint8_t* data = out_;
@@ -96,14 +114,15 @@ class CompressWorker : public Napi::AsyncWorker {
 
  private:
   Napi::Promise::Deferred deferred_;
-  Napi::ObjectReference input_ref_;
+  Napi::ObjectReference input_ref_, out_ref_;
   Bytes in_;
   Dtype dtype_;
   std::vector<uint64_t> shape_;
   Codec codec_;
   bool auto_;
   uint32_t threads_, chunk_;
-  uint8_t* out_ = nullptr;
+  uint8_t* given_ = nullptr;  // options.out's bytes
+  uint8_t* out_ = nullptr;    // or the frame's own memory
   uint64_t len_ = 0;
   std::unique_ptr<Error> error_;
 };
@@ -137,7 +156,17 @@ Napi::Value Compress(const Napi::CallbackInfo& info) {
         invalid("chunkSize must be a multiple of 256 between 4096 and 65536 bytes");
       chunk = uint32_t(c);
     }
-    auto* w = new CompressWorker(env, info[0], in, dtype, std::move(shape), codec, is_auto, threads_opt(o), chunk);
+    Napi::Uint8Array out;
+    if (o.Has("out") && !o.Get("out").IsUndefined()) {
+      const Bytes ob = bytes_of(o.Get("out"), "options.out");
+      const uint64_t cap = tzip::max_frame_bytes(in.size, uint32_t(shape.size()), chunk);
+      if (ob.size < cap)
+        invalid("options.out is " + std::to_string(ob.size) + " bytes, maxCompressedSize is " + std::to_string(cap));
+      if (in.size > 0 && ob.data < in.data + in.size && in.data < ob.data + ob.size)
+        invalid("options.out overlaps the input");
+      out = o.Get("out").As<Napi::Uint8Array>();
+    }
+    auto* w = new CompressWorker(env, info[0], in, dtype, std::move(shape), codec, is_auto, threads_opt(o), chunk, out);
     Napi::Promise p = w->Promise();
     w->Queue();
     return p;

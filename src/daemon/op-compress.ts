@@ -58,8 +58,8 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
       codec: p.codec,
       threads: req.threads ?? limits.threads,
       chunkSize: req.chunk_size,
+      out: p.out.bytes,
     });
-    frame.copy(p.out.bytes, 0);
     return { bytes: frame.length, codec: readHeader(frame).codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
   }));
   checkNotShrunk(session, regions);
