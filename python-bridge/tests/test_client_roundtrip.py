@@ -5,8 +5,12 @@ non-contiguous tensors, batches, async calls, shared-memory (zero-copy) tensors,
 
 from __future__ import annotations
 
+import errno
+import gc
 import io
 import math
+import os
+import secrets
 import warnings
 
 import pytest
@@ -166,6 +170,72 @@ def test_shared_memory_tensors_go_zero_copy(client, monkeypatch):
     big = random_tensor(torch.float32, (512, 1024), seed=2)
     back = client.decompress(client.compress(big))
     assert _shm.find(back.data_ptr(), back.numel() * 4) is not None and same_bits(back, big)
+
+
+def test_result_memory_is_reused_only_once_every_tensor_over_it_died(client):
+    a = random_tensor(torch.bfloat16, (1000, 1037), seed=21)  # 2,074,000 bytes: a size no other test decompresses
+    b = random_tensor(torch.bfloat16, (1000, 1037), seed=22)
+    ca, cb = client.compress([a, b])
+    first = client.decompress(ca)
+    ptr = first.data_ptr()
+    view = first[100:200]  # a view keeps the memory lent
+    del first
+    gc.collect()
+    second = client.decompress(cb)
+    assert second.data_ptr() != ptr
+    assert same_bits(view, a[100:200]) and same_bits(second, b)
+    del view
+    gc.collect()
+    third = client.decompress(ca)  # now the first result's memory is free again: written there
+    assert third.data_ptr() == ptr
+    assert same_bits(third, a) and same_bits(second, b)
+
+
+def test_result_pool_keeps_discards_and_trims():
+    dropped: list[str] = []
+    prefix = f"tzip-{os.getpid()}-{secrets.token_hex(8)}-"
+    arena = _shm.Arena(prefix, dropped.append)
+    pool = _shm.ResultPool(arena, keep_bytes=3 << 20, keep_s=60.0)
+    s1, t1 = pool.lend(1 << 20)
+    s2, t2 = pool.lend(1 << 20)
+    assert t1.numel() == 1 << 20 and t1.data_ptr() == s1.base and s1 is not s2
+    pool.discard(s2)  # as after a request that got no answer
+    del t1, t2
+    gc.collect()
+    pool.trim()
+    assert dropped == [s2.name] and not os.path.exists(os.path.join(_shm.SHM_DIR, s2.name))
+    assert pool.idle_bytes == s1.size
+    s3, t3 = pool.lend((1 << 20) - 5000)  # within 1/8 + a page of the idle segment: reused
+    assert s3 is s1 and t3.numel() == (1 << 20) - 5000
+    s4, t4 = pool.lend(100_000)  # far smaller than any idle segment: a new one
+    assert s4 is not s1
+    s5, t5 = pool.lend(3 << 20)
+    del t3, t4, t5
+    gc.collect()
+    pool.trim()  # 1 MiB + 100 KB + 3 MiB idle, 3 MiB kept: the largest goes
+    assert dropped == [s2.name, s5.name] and pool.idle_bytes == s1.size + s4.size
+    _, t6 = pool.lend(1 << 20)
+    pool.close()  # idle ones closed now, the lent one when its tensor dies
+    assert sorted(dropped) == sorted([s2.name, s5.name, s4.name])
+    del t6
+    gc.collect()
+    assert sorted(dropped) == sorted([s2.name, s5.name, s4.name, s1.name])
+    assert not any(n.startswith(prefix) for n in os.listdir(_shm.SHM_DIR))
+
+
+def test_a_full_dev_shm_is_a_clear_error_not_a_crash(shared_daemon, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with tz.connect(shared_daemon.socket, spawn=False, strict=True) as fresh:  # an empty arena
+        monkeypatch.setattr(os, "posix_fallocate", full)
+        t = random_tensor(torch.bfloat16, (1024, 1024), seed=5)
+        with pytest.raises(OSError, match="no room in /dev/shm .*--shm-size") as e:
+            fresh.compress(t)
+        assert e.value.errno == errno.ENOSPC
+        monkeypatch.undo()
+        assert not [n for n in os.listdir(_shm.SHM_DIR) if n.startswith(fresh.shm_prefix)]
+        assert same_bits(fresh.decompress(fresh.compress(t)), t)  # and the client goes on
 
 
 def test_torch_file_system_shared_tensors_go_zero_copy(client):

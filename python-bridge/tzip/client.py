@@ -22,6 +22,9 @@ of GPU tensors (PyTorch's ``_share_cuda_``; see :mod:`tzip._cuda`).
   (compact: exactly the frame's size). Decompressed tensors of 1 MiB and more are written by the
   daemon straight into a new shared-memory tensor returned as it is; smaller ones are copied
   out of the arena. ``out=`` decompresses into your tensor (straight when it is in shared memory).
+  The shared memory of a decompressed tensor is reused for a later result of about its size once
+  every tensor over it is gone (idle segments beyond ``result_pool_keep_bytes``, 512 MiB, or idle
+  for 30 s are freed): a fresh /dev/shm file costs its page faults in the daemon and here.
 
 CUDA tensors stay on their GPU (the daemon finds the GPU by UUID):
 
@@ -118,6 +121,9 @@ PROTOCOL_VERSIONS = [1]
 RETRY_INTERVAL_S = 1.0
 #: Decompressed tensors of at least this many bytes get their own shared-memory segment (no copy).
 DEDICATED_MIN_BYTES = 1 << 20
+#: Idle shared-memory bytes kept for reuse as decompressed tensors once the caller's tensors over them died (a fresh
+#: /dev/shm file costs its page faults: tzip._shm.ResultPool). Client(result_pool_keep_bytes=...) overrides it.
+RESULT_POOL_KEEP_BYTES = 512 << 20
 #: Staging bytes (inputs + output capacity) per request; larger batches are split (a single larger tensor goes alone).
 MAX_STAGE_BYTES = 256 << 20
 #: Estimated message bytes per tensor, to keep requests under the daemon's message cap.
@@ -291,7 +297,7 @@ class Client:
     def __init__(self, socket: str | None = None, spawn: bool = True, strict: bool = False, *, name: str | None = None,
                  connect_timeout: float = 10.0, request_timeout: float | None = None, workers: int = 4,
                  gpu_share_min_bytes: int = GPU_SHARE_MIN_BYTES, gpu_arena_keep_bytes: int = GPU_ARENA_KEEP_BYTES,
-                 curve_dir: str | None = None):
+                 result_pool_keep_bytes: int = RESULT_POOL_KEEP_BYTES, curve_dir: str | None = None):
         # A tcp:// endpoint: the daemon's CURVE-only TCP socket on this host (shared memory and CUDA IPC handles
         # still need the same machine). No spawning, and liveness comes from request timeouts only.
         self._tcp = bool(socket) and str(socket).startswith("tcp://")
@@ -312,6 +318,7 @@ class Client:
         self.shm_prefix = f"tzip-{self._pid}-{secrets.token_hex(8)}-"
         self._transport = Transport(self.socket_path, curve)
         self._arena = _shm.Arena(self.shm_prefix, self._queue_release)
+        self._results = _shm.ResultPool(self._arena, result_pool_keep_bytes)
         self._lock = threading.RLock()
         self._sid: str | None = None
         self._daemon: dict[str, Any] = {}
@@ -492,6 +499,7 @@ class Client:
                 return
             if self._sid is None:
                 continue
+            self._results.trim()
             with self._release_lock:
                 names, self._pending_release = self._pending_release, []
             try:
@@ -532,8 +540,7 @@ class Client:
         for d in shape:
             nbytes *= d
         nbytes *= dtype.itemsize
-        seg = _shm.Segment(self._arena.new_name("t"), max(nbytes, 1), self._queue_release)
-        return seg.tensor(dtype, shape)
+        return self._arena.segment(max(nbytes, 1), "t").tensor(dtype, shape)
 
     # --- compress -----------------------------------------------------------------------------
     def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str = "auto"):
@@ -1001,6 +1008,16 @@ class Client:
         return out
 
     def _decompress_cpu(self, cts: list[CompressedTensor], outs: list[torch.Tensor | None], verify: bool) -> list[torch.Tensor]:
+        lent: list[_shm.Segment] = []
+        try:
+            return self._decompress_cpu_planned(cts, outs, verify, lent)
+        except BaseException:
+            for seg in lent:  # the daemon may not be done with them (no answer): never reuse
+                self._results.discard(seg)
+            raise
+
+    def _decompress_cpu_planned(self, cts: list[CompressedTensor], outs: list[torch.Tensor | None], verify: bool,
+                                lent: list[_shm.Segment]) -> list[torch.Tensor]:
         plans = []
         for ct, o in zip(cts, outs):
             frame = ct.payload if ct.payload.is_contiguous() else ct.payload.contiguous()
@@ -1009,9 +1026,10 @@ class Client:
             if o is not None:
                 d.dest = _zero_copy_handle(o, ct.nbytes)
             elif ct.nbytes >= DEDICATED_MIN_BYTES:
-                seg = _shm.Segment(self._arena.new_name("t"), ct.nbytes, self._queue_release)
-                d.result = seg.tensor(ct.dtype, tuple(ct.shape))
+                seg, u8 = self._results.lend(ct.nbytes)
+                d.result = from_bytes(u8, ct.dtype, tuple(ct.shape))
                 d.dest = (seg.name, 0)
+                lent.append(seg)
             plans.append(d)
 
         def stage_of(d: _Frame) -> int:
@@ -1210,6 +1228,7 @@ class Client:
         self._sid = None
         self._wake.set()
         self._arena.close()
+        self._results.close()
         for g in self._gpus.values():
             g.arena.close()
             g.events.clear()
