@@ -41,6 +41,12 @@ export interface CompressOptions {
    * copy). Bytes of `out` past the frame are left as they are.
    */
   out?: Uint8Array | undefined;
+  /**
+   * Run on the calling thread (the event loop) instead of libuv's thread pool; the promise is settled
+   * on return. For small inputs, whose work costs less than the pool's hop (15-45 µs measured:
+   * docs/benchmarks.md); the daemon uses it for requests of at most 16 KiB.
+   */
+  inline?: boolean | undefined;
 }
 
 /** Options of {@link decompress}. */
@@ -51,6 +57,8 @@ export interface DecompressOptions {
   verify?: boolean | undefined;
   /** Destination, exactly the frame's nbytes long; returned filled. */
   out?: Uint8Array | undefined;
+  /** As {@link CompressOptions.inline}. */
+  inline?: boolean | undefined;
 }
 
 /** A frame's self-description, as decoded by {@link readHeader} and returned per frame by {@link gpuDecompress} (all sizes in bytes). */

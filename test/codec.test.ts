@@ -189,6 +189,21 @@ describe('thread count never changes the bytes', () => {
       expect(Buffer.compare(frames[0]!, frames[2]!)).toBe(0);
     }
   });
+  it('inline (on the calling thread) gives the same frames, bytes and errors as the thread pool', async () => {
+    const input = u16(range(0, 40_000).map((x) => 0x3f00 + ((x * 13) % 211)));
+    for (const codec of CODECS) {
+      const pooled = await compress(input, { dtype: 'BF16', shape: [40_001], codec });
+      const here = await compress(input, { dtype: 'BF16', shape: [40_001], codec, inline: true });
+      expect(Buffer.compare(here, pooled)).toBe(0);
+      const back = await decompress(here, { inline: true });
+      expect(Buffer.compare(back, Buffer.from(input))).toBe(0);
+    }
+    const frame = await compress(input, { dtype: 'BF16', shape: [40_001], codec: 'max' });
+    const bad = Buffer.from(frame);
+    bad[bad.length - 3]! ^= 0x10;
+    await expect(decompress(bad, { inline: true })).rejects.toMatchObject({ code: 'TZIP_CHECKSUM' });
+    await expect(compress(input, { dtype: 'BF16', shape: [3], inline: true })).rejects.toMatchObject({ code: 'TZIP_INVALID_ARGUMENT' });
+  });
 });
 
 describe('hostile frames are rejected with an error, never a crash', () => {

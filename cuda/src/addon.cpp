@@ -53,6 +53,22 @@ uint32_t threads_opt(const Napi::Object& o) {
 
 Napi::Value bigsafe(Napi::Env env, uint64_t v) { return Napi::Number::New(env, double(v)); }
 
+// Queues `w` on libuv's thread pool, or with options.inline runs it here, on the calling (event loop) thread: its
+// promise is then settled on return. For small inputs the thread-pool hop (two thread wake-ups, 15-45 us measured on a
+// 2-vCPU VM) costs more than the work.
+template <typename Worker>
+Napi::Promise start(Worker* w, const Napi::Object& o) {
+  Napi::Promise p = w->Promise();
+  if (o.Has("inline") && o.Get("inline").ToBoolean().Value()) {
+    w->Execute();
+    w->OnOK();
+    delete w;
+  } else {
+    w->Queue();
+  }
+  return p;
+}
+
 // ---------------------------------------------------------------- compress
 
 class CompressWorker : public Napi::AsyncWorker {
@@ -166,10 +182,7 @@ Napi::Value Compress(const Napi::CallbackInfo& info) {
         invalid("options.out overlaps the input");
       out = o.Get("out").As<Napi::Uint8Array>();
     }
-    auto* w = new CompressWorker(env, info[0], in, dtype, std::move(shape), codec, is_auto, threads_opt(o), chunk, out);
-    Napi::Promise p = w->Promise();
-    w->Queue();
-    return p;
+    return start(new CompressWorker(env, info[0], in, dtype, std::move(shape), codec, is_auto, threads_opt(o), chunk, out), o);
   } catch (const Error& e) {
     auto d = Napi::Promise::Deferred::New(env);
     d.Reject(make_error(env, e).Value());
@@ -237,10 +250,7 @@ Napi::Value Decompress(const Napi::CallbackInfo& info) {
       }
     }
     const bool verify = !o.Has("verify") || o.Get("verify").IsUndefined() || o.Get("verify").ToBoolean().Value();
-    auto* w = new DecompressWorker(env, info[0], f, out, verify, threads_opt(o));
-    Napi::Promise p = w->Promise();
-    w->Queue();
-    return p;
+    return start(new DecompressWorker(env, info[0], f, out, verify, threads_opt(o)), o);
   } catch (const Error& e) {
     auto d = Napi::Promise::Deferred::New(env);
     d.Reject(make_error(env, e).Value());

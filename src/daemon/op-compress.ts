@@ -51,8 +51,10 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
   for (const p of plans) regions.push(p.input.region, p.out);
   checkOverlaps(regions);
 
+  const inline = plans.reduce((n, p) => n + p.input.layout.nbytes, 0) <= limits.inlineMaxBytes;
   const settled = await Promise.allSettled(plans.map(async (p) => {
     const frame = await compress(p.input.region.bytes, {
+      inline,
       dtype: p.input.layout.dtype,
       shape: p.input.layout.shape,
       codec: p.codec,
