@@ -497,9 +497,9 @@ class Client:
             self._wake.clear()
             if self._closed or os.getpid() != self._pid:
                 return
+            self._results.trim()  # idle result segments go after 30 s, connected or not
             if self._sid is None:
                 continue
-            self._results.trim()
             with self._release_lock:
                 names, self._pending_release = self._pending_release, []
             try:
