@@ -303,9 +303,11 @@ def test_unknown_session_and_lease_lapse(sock_dir):
         d.stop()
 
 
-def test_a_file_shrunk_during_a_request_costs_only_that_request(conn, files):
-    """The client cuts its input file while the daemon compresses it: without the addon's SIGBUS guard the daemon
-    would die; with it, that request is answered TZIP_HANDLE and the daemon serves on."""
+@pytest.mark.parametrize("cut", ["input", "output"])
+def test_a_file_shrunk_during_a_request_costs_only_that_request(conn, files, cut):
+    """The client cuts its input file (read by the encoder) or its output file (the encoder writes the frame there)
+    while the daemon compresses: without the addon's SIGBUS guard the daemon would die; with it, that request is
+    answered TZIP_HANDLE and the daemon serves on."""
     n = 160 << 20  # a few hundred ms of coding here, so the cut lands mid-request
     name = files("big", n)
     with open(f"/dev/shm/{name}", "r+b") as f:
@@ -315,12 +317,13 @@ def test_a_file_shrunk_during_a_request_costs_only_that_request(conn, files):
         {"tensor": tensor(name, shape=(n,), code=1, bits=8), "out": out(frame, 0, n + (1 << 20)), "codec": "bytes"}]},
         use_bin_type=True))
     time.sleep(0.05)
-    os.truncate(f"/dev/shm/{name}", 4096)
+    os.truncate(f"/dev/shm/{name if cut == 'input' else frame}", 4096)
     r = msgpack.unpackb(conn.sock.recv(), raw=False)
     assert_error(r, "TZIP_HANDLE")
     assert "shrank while the daemon used it" in r["error"]["message"] or "beyond the end" in r["error"]["message"], r
     assert conn.alive()
-    # The same file, grown back to its size: mapped afresh (never the cached mapping with its zero pages).
+    # The same files, grown back to their sizes: mapped afresh (never the cached mapping with its zero pages).
+    os.truncate(f"/dev/shm/{frame}", n + (1 << 20))
     with open(f"/dev/shm/{name}", "r+b") as f:
         f.truncate(n)
         f.write(bytes(range(256)) * 64)
