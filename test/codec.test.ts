@@ -11,6 +11,11 @@ import {
   type Codec,
 } from '../src/native.js';
 import { TzipError } from '../src/errors.js';
+import { spawnSync } from 'node:child_process';
+import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 
 const CODECS: Codec[] = ['auto', 'fast', 'max', 'bytes', 'raw'];
 const SIZES: Record<string, number> = {
@@ -203,6 +208,32 @@ describe('thread count never changes the bytes', () => {
     bad[bad.length - 3]! ^= 0x10;
     await expect(decompress(bad, { inline: true })).rejects.toMatchObject({ code: 'TZIP_CHECKSUM' });
     await expect(compress(input, { dtype: 'BF16', shape: [3], inline: true })).rejects.toMatchObject({ code: 'TZIP_INVALID_ARGUMENT' });
+  });
+});
+
+// A process that may not start more threads (a container's pids limit, RLIMIT_NPROC): the codec runs on those it got.
+// Needs root to drop to an unprivileged user whose process count prlimit can cap.
+const canCapThreads = process.getuid?.() === 0 && ['/usr/bin/setpriv', '/usr/bin/prlimit'].every((p) => existsSync(p));
+describe.skipIf(!canCapThreads)(`thread limits${canCapThreads ? '' : ' (skipped: needs root, setpriv and prlimit)'}`, () => {
+  it('threads: 1024 under a 60-process cap still codes the same bytes, in the pool and inline', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tzip-nproc-'));
+    chmodSync(dir, 0o755);
+    const script = join(dir, 'cap.mjs');
+    writeFileSync(script, `import { compress } from ${JSON.stringify(pathToFileURL(resolve('dist/src/native.js')).href)};
+const input = new Uint8Array(8 << 20).map((_, i) => (i * 2654435761) >>> 24);
+const ref = await compress(input, { dtype: 'F32', shape: [2 << 20], codec: 'bytes', threads: 1 });
+for (const inline of [false, true]) {
+  const f = await compress(input, { dtype: 'F32', shape: [2 << 20], codec: 'bytes', threads: 1024, inline });
+  console.log(inline, Buffer.compare(f, ref));
+}
+`);
+    chmodSync(script, 0o644);
+    const r = spawnSync('/usr/bin/setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', '/usr/bin/prlimit', '--nproc=60',
+      process.execPath, script], { encoding: 'utf8', timeout: 60_000 });
+    rmSync(dir, { recursive: true, force: true });
+    expect(r.stderr).toBe('');
+    expect(r.status).toBe(0);
+    expect(r.stdout).toBe('false 0\ntrue 0\n');
   });
 });
 

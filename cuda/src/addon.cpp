@@ -44,7 +44,11 @@ uint32_t default_threads() {
   return hc ? hc : 1;
 }
 
+bool inline_requested(const Napi::Object& o) { return o.Has("inline") && o.Get("inline").ToBoolean().Value(); }
+
+// options.threads, or all cores; 1 with options.inline (the work then runs on the event loop: no threads started).
 uint32_t threads_opt(const Napi::Object& o) {
+  if (inline_requested(o)) return 1;
   if (!o.Has("threads") || o.Get("threads").IsUndefined()) return default_threads();
   const uint64_t t = u64_of(o.Get("threads"), "threads");
   if (t < 1 || t > 1024) invalid("threads must be between 1 and 1024");
@@ -59,7 +63,7 @@ Napi::Value bigsafe(Napi::Env env, uint64_t v) { return Napi::Number::New(env, d
 template <typename Worker>
 Napi::Promise start(Worker* w, const Napi::Object& o) {
   Napi::Promise p = w->Promise();
-  if (o.Has("inline") && o.Get("inline").ToBoolean().Value()) {
+  if (inline_requested(o)) {
     w->Execute();
     w->OnOK();
     delete w;
@@ -108,6 +112,8 @@ class CompressWorker : public Napi::AsyncWorker {
       error_ = std::make_unique<Error>(e);
     } catch (const std::bad_alloc&) {
       error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, "out of memory");
+    } catch (const std::exception& e) {
+      error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, std::string("the codec failed: ") + e.what());
     }
   }
   void OnOK() override {
@@ -210,6 +216,8 @@ class DecompressWorker : public Napi::AsyncWorker {
       error_ = std::make_unique<Error>(e);
     } catch (const std::bad_alloc&) {
       error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, "out of memory");
+    } catch (const std::exception& e) {
+      error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, std::string("the codec failed: ") + e.what());
     }
   }
   void OnOK() override {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -33,7 +34,13 @@ void parallel_for(uint64_t n_tasks, uint32_t threads, Fn fn) {
   };
   std::vector<std::thread> pool;
   pool.reserve(threads - 1);
-  for (uint32_t w = 1; w < threads; ++w) pool.emplace_back(work, w);
+  for (uint32_t w = 1; w < threads; ++w) {
+    try {
+      pool.emplace_back(work, w);
+    } catch (const std::system_error&) {
+      break;  // no more threads (pids/nproc limit): the tasks run on those started, the caller included
+    }
+  }
   work(0);
   for (auto& th : pool) th.join();
   if (failure) std::rethrow_exception(failure);

@@ -191,6 +191,68 @@ def test_result_memory_is_reused_only_once_every_tensor_over_it_died(client):
     assert same_bits(third, a) and same_bits(second, b)
 
 
+def test_results_lent_before_a_fork_are_never_reused(client):
+    """A forked child (a DataLoader or multiprocessing worker) shares the pages of the parent's results (MAP_SHARED):
+    the parent must not write a later result there when its own tensor dies."""
+    a = random_tensor(torch.bfloat16, (1000, 1039), seed=31)  # a size no other test decompresses
+    b = random_tensor(torch.bfloat16, (1000, 1039), seed=32)
+    ca, cb = client.compress([a, b])
+    t = client.decompress(ca)
+    seg_a = _shm.find(t.data_ptr(), 1)[0]
+    want = a.view(torch.uint8).numpy().tobytes()  # the child compares with numpy only (torch's threads after fork)
+    go_r, go_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child keeps its copy of t (and exits when the parent goes away: EOF on go_r)
+        try:
+            os.close(go_w)
+            os.close(ans_r)
+            if os.read(go_r, 1) == b"x":
+                os.write(ans_w, b"1" if t.view(torch.uint8).numpy().tobytes() == want else b"0")
+        finally:
+            os._exit(0)
+    os.close(go_r)
+    os.close(ans_w)
+    try:
+        del t
+        gc.collect()
+        again = client.decompress(cb)
+        reused = _shm.find(again.data_ptr(), 1)[0] == seg_a
+        os.write(go_w, b"x")
+        child_saw_a = os.read(ans_r, 1) == b"1"
+    finally:
+        os.close(go_w)
+        os.close(ans_r)
+        os.waitpid(pid, 0)
+    assert not reused and child_saw_a
+    assert same_bits(again, b)
+
+
+def test_a_full_dev_shm_frees_idle_segments_and_retries(shared_daemon, monkeypatch):
+    real = os.posix_fallocate
+    calls = []
+
+    def full_once(fd, offset, length):
+        calls.append(length)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, offset, length)
+
+    with tz.connect(shared_daemon.socket, spawn=False, strict=True) as fresh:
+        t = random_tensor(torch.bfloat16, (1024, 1024), seed=6)
+        ct = fresh.compress(t)
+        back = fresh.decompress(ct)
+        del back
+        gc.collect()
+        fresh._results.trim()
+        assert fresh._arena.idle_bytes > 0 and fresh._results.idle_bytes > 0
+        monkeypatch.setattr(os, "posix_fallocate", full_once)
+        big = random_tensor(torch.bfloat16, (3000, 1024), seed=7)  # needs new segments
+        assert same_bits(fresh.decompress(fresh.compress(big)), big)
+        assert len(calls) >= 2  # refused once, then made after the idle segments were freed
+        assert fresh._results.idle_bytes == 0
+
+
 def test_result_pool_keeps_discards_and_trims():
     dropped: list[str] = []
     prefix = f"tzip-{os.getpid()}-{secrets.token_hex(8)}-"

@@ -175,10 +175,14 @@ class Arena:
     """A pool of staging segments named ``<prefix>a<n>``; at most ``keep_bytes`` of idle segments are kept."""
 
     MIN_SEGMENT = 1 << 20
+    #: Seconds a segment is retried on a full /dev/shm after ``on_full`` freed what it could.
+    FULL_RETRY_S = 1.0
 
-    def __init__(self, prefix: str, on_drop: Callable[[str], None], keep_bytes: int = 512 << 20):
+    def __init__(self, prefix: str, on_drop: Callable[[str], None], keep_bytes: int = 512 << 20,
+                 on_full: Callable[[], None] | None = None):
         self._prefix = prefix
         self._on_drop = on_drop
+        self._on_full = on_full
         self._keep = keep_bytes
         self._free: list[Segment] = []
         self._lock = threading.Lock()
@@ -192,17 +196,41 @@ class Arena:
     def take(self, nbytes: int) -> Segment:
         """A segment of at least ``nbytes`` bytes for one request (give it back with :meth:`give`)."""
         with self._lock:
-            best = None
-            for i, seg in enumerate(self._free):
-                if seg.size >= nbytes and (best is None or seg.size < self._free[best].size):
-                    best = i
-            if best is not None:
-                return self._free.pop(best)
+            found = self._take_free(nbytes)
+        if found is not None:
+            return found
         return self.segment(max(self.MIN_SEGMENT, 1 << max(0, (nbytes - 1).bit_length())))
 
+    def _take_free(self, nbytes: int) -> Segment | None:
+        """(Lock held) the smallest free segment of at least nbytes, taken out of the pool. A method of its own so
+        that no local of take() keeps a free segment alive (and mapped) while take() makes a new one, possibly after
+        on_full closed the free ones."""
+        best = None
+        for i, free in enumerate(self._free):
+            if free.size >= nbytes and (best is None or free.size < self._free[best].size):
+                best = i
+        return None if best is None else self._free.pop(best)
+
     def segment(self, nbytes: int, kind: str = "a") -> Segment:
-        """A new segment of ``nbytes`` (rounded up to pages) named ``<prefix><kind><n>``, outside the pool."""
-        return Segment(self.new_name(kind), nbytes, self._on_drop)
+        """A new segment of ``nbytes`` (rounded up to pages) named ``<prefix><kind><n>``, outside the pool.
+
+        When /dev/shm is full, ``on_full()`` is called once (it frees what can be freed: idle segments, the daemon's
+        mappings of removed files) and the segment is tried again for up to ``FULL_RETRY_S`` seconds (the daemon
+        unmaps dropped files at its next garbage collection). Raises OSError (ENOSPC) if there is still no room."""
+        try:
+            return Segment(self.new_name(kind), nbytes, self._on_drop)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.ENOMEM) or self._on_full is None:
+                raise
+            self._on_full()
+            deadline = time.monotonic() + self.FULL_RETRY_S
+            while True:
+                time.sleep(0.05)
+                try:
+                    return Segment(self.new_name(kind), nbytes, self._on_drop)
+                except OSError as again:
+                    if again.errno not in (errno.ENOSPC, errno.ENOMEM) or time.monotonic() >= deadline:
+                        raise
 
     def give(self, seg: Segment) -> None:
         """Returns a segment after its request; the largest idle ones beyond the keep budget are closed."""
@@ -260,33 +288,53 @@ class ResultPool:
         self._idle: list[tuple[float, Segment]] = []  # (when it came back, segment)
         self._back: collections.deque[Segment] = collections.deque()
         self._discarded: set[str] = set()
+        self._lent: set[str] = set()
         self._closed = False
+        _pools.add(self)
 
     def lend(self, nbytes: int) -> tuple[Segment, torch.Tensor]:
         """(segment, uint8 tensor of ``nbytes`` bytes at its start). ``nbytes`` >= 1."""
-        seg = None
         with self._lock:
             self._collect()
-            limit = nbytes + nbytes // 8 + _PAGE
-            best = None
-            for i, (_, s) in enumerate(self._idle):
-                if nbytes <= s.size <= limit and (best is None or s.size < self._idle[best][1].size):
-                    best = i
-            if best is not None:
-                seg = self._idle.pop(best)[1]
+            seg = self._take_idle(nbytes)
         if seg is None:
             seg = self._arena.segment(nbytes, "t")
+        self._lent.add(seg.name)
         view = memoryview(seg.mm)[:nbytes]
         u8 = torch.frombuffer(view, dtype=torch.uint8)  # holds `view`: it dies with the last tensor over it
         weakref.finalize(view, self._returned, seg)
         return seg, u8
 
+    def _take_idle(self, nbytes: int) -> Segment | None:
+        """(Lock held) the smallest idle segment of nbytes .. nbytes + 1/8 + a page, taken out of the idle list. A
+        method of its own so that no local of lend() keeps another idle segment alive (and mapped) while lend() makes
+        a new one, possibly after freeing the idle ones on a full /dev/shm."""
+        limit = nbytes + nbytes // 8 + _PAGE
+        best = None
+        for i, (_, s) in enumerate(self._idle):
+            if nbytes <= s.size <= limit and (best is None or s.size < self._idle[best][1].size):
+                best = i
+        return None if best is None else self._idle.pop(best)[1]
+
     def _returned(self, seg: Segment) -> None:
-        """The last tensor over ``seg`` died (runs in garbage collection: no lock taken while the pool is open)."""
-        if self._closed:
-            seg.close()
-        else:
-            self._back.append(seg)
+        """The last tensor over ``seg`` died (runs in garbage collection: takes no lock)."""
+        self._lent.discard(seg.name)
+        self._back.append(seg)
+        if self._closed:  # close() may have drained the deque just before this append: drain it again
+            self._close_returned()
+
+    def _close_returned(self) -> None:
+        while True:
+            try:
+                s = self._back.popleft()
+            except IndexError:
+                return
+            s.close()
+
+    def _forked(self) -> None:
+        """After a fork, in the parent: the child shares the pages of every segment lent now (MAP_SHARED) and may still
+        use its copies of the tensors over them, so none of these is ever reused."""
+        self._discarded.update(list(self._lent))
 
     def discard(self, seg: Segment) -> None:
         """Never reuse ``seg`` (its request failed without an answer): closed once its tensors are gone."""
@@ -301,8 +349,8 @@ class ResultPool:
             s.close()
 
     def _collect(self) -> list[Segment]:
-        """(Lock held) moves returned segments to the idle list; returns those to close (and closes nothing itself
-        when called from lend(): they are closed by the next trim)."""
+        """(Lock held) moves returned segments to the idle list; returns those to close (lend() drops them, and a
+        segment nothing refers to any more is closed by its finalizer)."""
         now = time.monotonic()
         drop: list[Segment] = []
         while self._back:
@@ -320,16 +368,33 @@ class ResultPool:
         self._idle = keep
         return drop
 
-    def close(self) -> None:
-        """Closes the idle segments now; lent ones are closed when their tensors die."""
+    def drop_idle(self) -> None:
+        """Closes every idle segment now (/dev/shm is full)."""
         with self._lock:
-            self._closed = True
             drop = self._collect() + [s for _, s in self._idle]
             self._idle = []
         for s in drop:
             s.close()
 
+    def close(self) -> None:
+        """Closes the idle segments now; lent ones are closed when their tensors die."""
+        self._closed = True
+        self.drop_idle()
+        self._close_returned()
+
     @property
     def idle_bytes(self) -> int:
         with self._lock:
             return sum(s.size for _, s in self._idle)
+
+
+#: Live result pools, told about forks (ResultPool._forked).
+_pools: "weakref.WeakSet[ResultPool]" = weakref.WeakSet()
+
+
+def _after_fork_in_parent() -> None:
+    for pool in list(_pools):
+        pool._forked()
+
+
+os.register_at_fork(after_in_parent=_after_fork_in_parent)

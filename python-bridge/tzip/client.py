@@ -317,7 +317,7 @@ class Client:
         self._pid = os.getpid()
         self.shm_prefix = f"tzip-{self._pid}-{secrets.token_hex(8)}-"
         self._transport = Transport(self.socket_path, curve)
-        self._arena = _shm.Arena(self.shm_prefix, self._queue_release)
+        self._arena = _shm.Arena(self.shm_prefix, self._queue_release, on_full=self._make_room)
         self._results = _shm.ResultPool(self._arena, result_pool_keep_bytes)
         self._lock = threading.RLock()
         self._sid: str | None = None
@@ -490,6 +490,20 @@ class Client:
             many = len(self._pending_release) >= 64
         if many:
             self._wake.set()
+
+    def _make_room(self) -> None:
+        """/dev/shm is full: closes the idle segments (staging arena, result pool) and has the daemon unmap the removed
+        files now (``release`` with ``reclaim``), so that their pages are freed."""
+        self._arena.close()
+        self._results.drop_idle()
+        with self._release_lock:
+            names, self._pending_release = self._pending_release, []
+        if self._sid is None:
+            return
+        try:
+            self._call("release", {"names": names, "reclaim": True}, timeout=5.0)
+        except (DaemonUnavailableError, TzipDaemonError):
+            pass
 
     def _heartbeat_loop(self) -> None:
         while not self._closed:
@@ -1011,6 +1025,8 @@ class Client:
         lent: list[_shm.Segment] = []
         try:
             return self._decompress_cpu_planned(cts, outs, verify, lent)
+        except TzipDaemonError:
+            raise  # answered: the daemon is done with the segments, they may be reused
         except BaseException:
             for seg in lent:  # the daemon may not be done with them (no answer): never reuse
                 self._results.discard(seg)

@@ -34,9 +34,13 @@ export interface DaemonLimits {
   /**
    * Requests whose tensors (compress) or decoded bytes (decompress) total at most this many bytes
    * run their codec calls on the event loop (the addon's `inline`), skipping libuv's thread pool
-   * (15-45 µs per call measured on a 2-vCPU VM; 16 KiB codes in well under that).
+   * (15-45 µs per call measured on a 2-vCPU VM; 16 KiB codes in well under that), when they hold at
+   * most {@link inlineMaxItems} tensors (each call has a fixed cost too: a request of thousands of
+   * one-element tensors would hold the event loop for a long time).
    */
   inlineMaxBytes: number;
+  /** See {@link inlineMaxBytes}. */
+  inlineMaxItems: number;
 }
 
 /** Protocol versions this daemon speaks, newest last. */
@@ -59,5 +63,6 @@ export function defaultLimits(): DaemonLimits {
     threads: undefined,
     idleExitMs: 0,
     inlineMaxBytes: 16 << 10,
+    inlineMaxItems: 64,
   };
 }

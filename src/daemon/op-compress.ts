@@ -51,7 +51,7 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
   for (const p of plans) regions.push(p.input.region, p.out);
   checkOverlaps(regions);
 
-  const inline = plans.reduce((n, p) => n + p.input.layout.nbytes, 0) <= limits.inlineMaxBytes;
+  const inline = plans.length <= limits.inlineMaxItems && plans.reduce((n, p) => n + p.input.layout.nbytes, 0) <= limits.inlineMaxBytes;
   const settled = await Promise.allSettled(plans.map(async (p) => {
     const frame = await compress(p.input.region.bytes, {
       inline,

@@ -79,7 +79,7 @@ export async function handleDecompress(req: DecompressRequest, session: Session,
   for (const p of plans) regions.push(p.frame, p.out.region);
   checkOverlaps(regions);
 
-  const inline = plans.reduce((n, p) => n + p.header.nbytes, 0) <= limits.inlineMaxBytes;
+  const inline = plans.length <= limits.inlineMaxItems && plans.reduce((n, p) => n + p.header.nbytes, 0) <= limits.inlineMaxBytes;
   const settled = await Promise.allSettled(plans.map((p) =>
     decompress(p.frame.bytes, { out: p.out.region.bytes, verify: req.verify ?? true, threads: req.threads ?? limits.threads, inline })));
   checkNotShrunk(session, regions);

@@ -192,6 +192,8 @@ export const ReleaseRequest = z.strictObject({
   handles: z.array(ShareableHandle).max(65536).optional(),
   /** Also end the session (a clean goodbye). */
   end: z.boolean().optional(),
+  /** Unmap the dropped files now (a garbage collection shortly after the reply), for a client out of /dev/shm. */
+  reclaim: z.boolean().optional(),
 });
 
 export const StatsRequest = z.strictObject({ id: RequestId, op: z.literal('stats'), sid: SessionId.optional() });

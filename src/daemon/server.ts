@@ -287,6 +287,7 @@ export class Daemon {
         if (everything || request.names !== undefined) released += session.mappings.drop(request.names);
         if (everything || request.handles !== undefined) released += session.gpuIfAny?.release(request.handles) ?? 0;
         if (request.end === true) this.sessions.end(session, 'goodbye');
+        if (request.reclaim === true) requestGc(0, true);
         return { released };
       }
       case 'shutdown':
