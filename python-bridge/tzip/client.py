@@ -24,7 +24,11 @@ of GPU tensors (PyTorch's ``_share_cuda_``; see :mod:`tzip._cuda`).
   out of the arena. ``out=`` decompresses into your tensor (straight when it is in shared memory).
   The shared memory of a decompressed tensor is reused for a later result of about its size once
   every tensor over it is gone (idle segments beyond ``result_pool_keep_bytes``, 512 MiB, or idle
-  for 30 s are freed): a fresh /dev/shm file costs its page faults in the daemon and here.
+  for 30 s are freed): a fresh /dev/shm file costs its page faults in the daemon and here. Results
+  that exist when the process forks are never reused (the child shares their pages).
+* Shared-memory files reserve their pages when made (posix_fallocate). On a full /dev/shm the client
+  frees its idle segments, has the daemon unmap removed files and tries again for a second; then the
+  call raises OSError (ENOSPC) naming the size and ``docker run --shm-size``.
 
 CUDA tensors stay on their GPU (the daemon finds the GPU by UUID):
 
