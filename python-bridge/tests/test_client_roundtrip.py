@@ -336,6 +336,14 @@ def test_compressed_tensor_bytes_and_torch_save(client):
     meta_lie = CompressedTensor(ct.payload, torch.float64, ct.shape, ct.codec, ct.nbytes)
     with pytest.raises(ValueError):
         CompressedTensor.from_bytes(meta_lie.to_bytes())
+    with pytest.raises(ValueError, match="truncated CompressedTensor bytes"):
+        CompressedTensor.from_bytes(ct.to_bytes()[:-10])
+    with pytest.raises(ValueError, match="bytes follow the"):
+        CompressedTensor.from_bytes(ct.to_bytes() + b"\0")
+    with pytest.raises(TypeError, match="from_bytes"):
+        client.decompress(ct.to_bytes())
+    with pytest.raises(TypeError, match="out= of a batch is a list"):
+        client.decompress([ct], out=torch.empty(17, 5, dtype=torch.complex64))
 
 
 def test_refuses_what_it_cannot_take(client):

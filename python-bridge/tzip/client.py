@@ -402,7 +402,7 @@ class Client:
                 if self.spawn:
                     spawn_daemon(self.socket_path)
                 elif not self._tcp and not daemon_running(self.socket_path):
-                    raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path} (start one with `tzip serve`)")
+                    raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path} (start one with `npx tzip serve` in the tzip folder, or connect with spawn=True)")
                 self._hello()
             except DaemonUnavailableError as e:
                 self._last_error = e
@@ -898,11 +898,12 @@ class Client:
         ``out``: a tensor (or, for a batch, a list with tensors or None) of the same dtype and shape to
         write into; returned filled. The result lies on ``out``'s device, else on the payload's device.
         ``verify``: check every chunk's digest (docs/format.md, section 9; default True).
-        Raw frames are decoded here when the daemon cannot (CPU: always); other codecs need the daemon.
+        Frames of codec ``raw`` are decoded in this process without the daemon (always when the result goes to the
+        CPU; for a GPU result when the daemon cannot serve that GPU); other codecs need the daemon.
 
         Raises:
             ValueError: ``out`` of another dtype, shape or length than the frames. TypeError: an item that is not a
-                CompressedTensor.
+                CompressedTensor (e.g. bytes: use CompressedTensor.from_bytes), or one tensor as ``out`` of a batch.
             TzipDaemonError: a corrupt frame (``code`` TZIP_CORRUPT, TZIP_TRUNCATED, TZIP_CHECKSUM, TZIP_UNSUPPORTED)
                 or another refusal of the daemon.
             DaemonUnavailableError / DeviceUnavailableError: a non-raw frame and no daemon (or no daemon GPU) to
@@ -923,12 +924,17 @@ class Client:
 
     @staticmethod
     def _decompress_args(cts, out) -> tuple[list, list, bool]:
+        if isinstance(cts, (bytes, bytearray, memoryview)):
+            raise TypeError(f"expected a CompressedTensor or a list of them, got {type(cts).__name__} "
+                            "(bytes from CompressedTensor.to_bytes(): CompressedTensor.from_bytes(...) first)")
         single = isinstance(cts, CompressedTensor)
         items = [cts] if single else list(cts)
         if single:
             outs = [out]
         elif out is None:
             outs = [None] * len(items)
+        elif isinstance(out, torch.Tensor):
+            raise TypeError("out= of a batch is a list (a tensor or None per compressed tensor), not one tensor")
         else:
             outs = list(out)
             if len(outs) != len(items):

@@ -122,6 +122,12 @@ class CompressedTensor:
         frame = torch.frombuffer(bytearray(mv[_PREFIX.size + meta_len :]), dtype=torch.uint8) if len(mv) > _PREFIX.size + meta_len \
             else torch.empty(0, dtype=torch.uint8)
         header = read_header(frame)
+        if header.frame_bytes > frame.numel():
+            raise ValueError(f"truncated CompressedTensor bytes: the frame is {header.frame_bytes} bytes long, only "
+                             f"{frame.numel()} follow the metadata")
+        if header.frame_bytes < frame.numel():
+            raise ValueError(f"{frame.numel() - header.frame_bytes} bytes follow the {header.frame_bytes}-byte frame: "
+                             "not the bytes of one CompressedTensor")
         fdtype, fshape = frame_layout_of(dtype, shape)
         if header.frame_bytes != frame.numel() or header.nbytes != nbytes or header.codec != codec \
                 or header.dtype != fdtype or list(header.shape) != fshape:

@@ -1,6 +1,7 @@
 #include "gpu/probe.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <utility>
@@ -26,6 +27,14 @@ Probe probe() {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     p.reason = cudaGetErrorString(err);
+    // The runtime says "driver version is insufficient" also when there is no driver at all: say which it is.
+    if (err == cudaErrorInsufficientDriver) {
+      if (void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+        dlclose(lib);
+      } else {
+        p.reason = "no CUDA driver: libcuda.so.1 is not installed or not on the library path";
+      }
+    }
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
     return p;
   }
