@@ -295,8 +295,10 @@ class ResultPool:
     def lend(self, nbytes: int) -> tuple[Segment, torch.Tensor]:
         """(segment, uint8 tensor of ``nbytes`` bytes at its start). ``nbytes`` >= 1."""
         with self._lock:
-            self._collect()
+            drop = self._collect()
             seg = self._take_idle(nbytes)
+        for s in drop:
+            s.close()
         if seg is None:
             seg = self._arena.segment(nbytes, "t")
         self._lent.add(seg.name)
@@ -349,8 +351,8 @@ class ResultPool:
             s.close()
 
     def _collect(self) -> list[Segment]:
-        """(Lock held) moves returned segments to the idle list; returns those to close (lend() drops them, and a
-        segment nothing refers to any more is closed by its finalizer)."""
+        """(Lock held) moves returned segments to the idle list; returns those the caller closes (discarded, too old,
+        beyond the keep budget, or all once the pool is closed)."""
         now = time.monotonic()
         drop: list[Segment] = []
         while self._back:
