@@ -86,7 +86,7 @@ Codec resolve_auto(const uint8_t* data, uint64_t nbytes, Dtype dtype, uint32_t c
   const uint64_t n = nbytes / esize;
   if (n == 0) return Codec::FAST;
   const uint64_t n_chunks = num_chunks(nbytes, chunk_bytes);
-  const uint32_t workers = uint32_t(std::max<uint64_t>(1, std::min<uint64_t>(threads, n_chunks)));
+  const uint32_t workers = worker_count(n_chunks, threads);
   std::vector<std::vector<uint64_t>> hist(workers, std::vector<uint64_t>(256, 0));
   parallel_for(n_chunks, workers, [&](uint64_t i, uint32_t w) {
     const uint64_t begin = i * chunk_bytes, len = std::min<uint64_t>(chunk_bytes, nbytes - begin);
@@ -133,7 +133,7 @@ uint64_t encode_frame(const uint8_t* data, uint64_t nbytes, Dtype dtype, const s
   uint8_t* payload = out + hdr;
   std::vector<uint64_t> sizes(n_chunks);
   std::vector<uint32_t> digests(n_chunks);
-  std::vector<ChunkScratch> scratch(std::max<uint64_t>(1, std::min<uint64_t>(opt.threads, n_chunks)));
+  std::vector<ChunkScratch> scratch(worker_count(n_chunks, opt.threads));
   parallel_for(n_chunks, uint32_t(scratch.size()), [&](uint64_t i, uint32_t w) {
     const uint64_t begin = i * cs, len = std::min<uint64_t>(cs, nbytes - begin);
     digests[i] = chunk_digest(data + begin, len);
@@ -264,7 +264,7 @@ void decode_frame(const uint8_t* f, uint64_t len, uint8_t* out, uint64_t out_len
     invalid("output buffer is " + std::to_string(out_len) + " bytes, the frame holds " + std::to_string(h.nbytes));
   const uint8_t* table = f + chunk_table_offset(uint32_t(h.shape.size()));
   const uint8_t* payload = f + h.header_bytes;
-  std::vector<ChunkScratch> scratch(std::max<uint64_t>(1, std::min<uint64_t>(threads, h.n_chunks)));
+  std::vector<ChunkScratch> scratch(worker_count(h.n_chunks, threads));
   parallel_for(h.n_chunks, uint32_t(scratch.size()), [&](uint64_t i, uint32_t w) {
     const uint8_t* e = table + kChunkEntryBytes * i;
     const uint64_t begin = i * h.chunk_bytes, raw_len = std::min<uint64_t>(h.chunk_bytes, h.nbytes - begin);

@@ -11,10 +11,16 @@
 
 namespace tzip {
 
+/// Workers parallel_for runs `n_tasks` on with up to `threads`: between 1 and min(threads, n_tasks). Size per-worker
+/// scratch with it.
+inline uint32_t worker_count(uint64_t n_tasks, uint32_t threads) {
+  const uint64_t w = threads < n_tasks ? threads : n_tasks;
+  return w < 1 ? 1 : uint32_t(w);
+}
+
 template <typename Fn>  // Fn(uint64_t task, uint32_t worker)
 void parallel_for(uint64_t n_tasks, uint32_t threads, Fn fn) {
-  if (threads < 1) threads = 1;
-  if (uint64_t(threads) > n_tasks) threads = uint32_t(n_tasks ? n_tasks : 1);
+  threads = worker_count(n_tasks, threads);
   std::atomic<uint64_t> next{0};
   std::mutex mu;
   uint64_t failed_task = UINT64_MAX;

@@ -129,7 +129,7 @@ class CompressedTensor:
             raise ValueError(f"{frame.numel() - header.frame_bytes} bytes follow the {header.frame_bytes}-byte frame: "
                              "not the bytes of one CompressedTensor")
         fdtype, fshape = frame_layout_of(dtype, shape)
-        if header.frame_bytes != frame.numel() or header.nbytes != nbytes or header.codec != codec \
+        if header.nbytes != nbytes or header.codec != codec \
                 or header.dtype != fdtype or list(header.shape) != fshape:
             raise ValueError(f"the frame ({header.dtype} {list(header.shape)}, {header.nbytes} bytes, {header.codec}, "
                              f"{header.frame_bytes} of {frame.numel()} bytes) does not match the metadata "

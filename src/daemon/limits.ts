@@ -66,3 +66,11 @@ export function defaultLimits(): DaemonLimits {
     inlineMaxItems: 64,
   };
 }
+
+/**
+ * Whether a request of `items` tensors/frames and `bytes` (tensor bytes of a compress, decoded
+ * bytes of a decompress) runs its codec calls on the event loop: {@link DaemonLimits.inlineMaxBytes}.
+ */
+export function runsInline(limits: DaemonLimits, items: number, bytes: number): boolean {
+  return items <= limits.inlineMaxItems && bytes <= limits.inlineMaxBytes;
+}

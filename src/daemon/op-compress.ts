@@ -10,7 +10,7 @@
  */
 import type { Codec } from '../native.js';
 import { compress, maxCompressedSize, readHeader } from '../native.js';
-import type { DaemonLimits } from './limits.js';
+import { runsInline, type DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
 import { handleGpuCompress } from './op-gpu.js';
@@ -51,7 +51,7 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
   for (const p of plans) regions.push(p.input.region, p.out);
   checkOverlaps(regions);
 
-  const inline = plans.length <= limits.inlineMaxItems && plans.reduce((n, p) => n + p.input.layout.nbytes, 0) <= limits.inlineMaxBytes;
+  const inline = runsInline(limits, plans.length, plans.reduce((n, p) => n + p.input.layout.nbytes, 0));
   const settled = await Promise.allSettled(plans.map(async (p) => {
     const frame = await compress(p.input.region.bytes, {
       inline,

@@ -8,7 +8,7 @@
  */
 import { decompress, readHeader, type FrameHeader } from '../native.js';
 import type { FrameLayout } from './dtype-map.js';
-import type { DaemonLimits } from './limits.js';
+import { runsInline, type DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
 import { handleGpuDecompress } from './op-gpu.js';
@@ -79,7 +79,7 @@ export async function handleDecompress(req: DecompressRequest, session: Session,
   for (const p of plans) regions.push(p.frame, p.out.region);
   checkOverlaps(regions);
 
-  const inline = plans.length <= limits.inlineMaxItems && plans.reduce((n, p) => n + p.header.nbytes, 0) <= limits.inlineMaxBytes;
+  const inline = runsInline(limits, plans.length, plans.reduce((n, p) => n + p.header.nbytes, 0));
   const settled = await Promise.allSettled(plans.map((p) =>
     decompress(p.frame.bytes, { out: p.out.region.bytes, verify: req.verify ?? true, threads: req.threads ?? limits.threads, inline })));
   checkNotShrunk(session, regions);
