@@ -1,9 +1,12 @@
 // Native test and benchmark of the GPU codec (cuda/src/gpu/codec.h) against the CPU core (frame.cpp).
 //
 //   gpu_test [--small] [--no-bench] [--bench-only] [--bench-mib N] [--runs N] [--no-cpu-check] [--golden DIR]
-//            [--profile] [FILE[:DTYPE]...]
+//            [--profile] [--codecs LIST] [FILE[:DTYPE]...]
+//   --codecs: benchmark only these codecs (comma-separated labels, e.g. fast,raw).
 //   --profile: one encode + decode (fast and max) of a bf16 tensor, nothing else (for ncu).
 //   TZIP_GPU_DEBUG=1: the corrupt-frame decode prints (device printf) each rejected chunk and the failing check.
+//   TZIP_GPU_BF16_KERNEL=0: bf16 fast frames decode in the fp32 kernel (Tuning::bf16_kernel off), for comparisons.
+//   TZIP_GPU_RING_PAIRS=0: the bf16 kernel fills its ring one tile at a time (Tuning::ring_pairs off).
 //
 // Correctness (exits non-zero on any mismatch):
 //   * every dtype x codec (raw, fast, max, bytes, auto) x data pattern x length (empty, 1, 17 elements, chunk-1,
@@ -570,6 +573,8 @@ struct DataSrc {
   std::vector<uint8_t> bytes;
 };
 
+std::string g_bench_codecs;  // --codecs: comma-separated labels; empty = all
+
 void bench(std::vector<DataSrc>& srcs, uint64_t target, int runs, std::vector<BenchRow>& rows, bool cpu_check) {
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
@@ -591,6 +596,12 @@ void bench(std::vector<DataSrc>& srcs, uint64_t target, int runs, std::vector<Be
     const double bound = entropy_report(src.bytes.data(), unit, src.dtype).bound_bytes / double(unit);
     std::vector<int> codecs = {1, 2, 3, 0, gpu::kCodecAuto};
     if (!dtype_is_split_float(src.dtype)) codecs = {3, 0};
+    if (!g_bench_codecs.empty()) {
+      const std::string list = "," + g_bench_codecs + ",";
+      codecs.erase(std::remove_if(codecs.begin(), codecs.end(),
+                                  [&](int c) { return list.find("," + std::string(codec_label(c)) + ",") == std::string::npos; }),
+                   codecs.end());
+    }
     const double copy10 = time_ms([&] { check_status(gpu::copy_bytes(dout.p, din.p, nbytes, 10, s), "copy"); }, runs, s);
     const double copy_all = time_ms([&] { check_status(gpu::copy_bytes(dout.p, din.p, nbytes, 0, s), "copy"); }, runs, s);
     for (int codec : codecs) {
@@ -723,6 +734,7 @@ int main(int argc, char** argv) {
     else if (a == "--bench-mib" && i + 1 < argc) bench_mib = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--runs" && i + 1 < argc) runs = std::atoi(argv[++i]);
     else if (a == "--golden" && i + 1 < argc) golden = argv[++i];
+    else if (a == "--codecs" && i + 1 < argc) g_bench_codecs = argv[++i];
     else {
       std::string path = a, dt;
       const size_t colon = a.rfind(':');
@@ -747,6 +759,13 @@ int main(int argc, char** argv) {
       s.bytes.resize(s.bytes.size() / dtype_size(s.dtype) * dtype_size(s.dtype));
       files.push_back(std::move(s));
     }
+  }
+  {
+    gpu::Tuning t = gpu::get_tuning();
+    auto off = [](const char* name) { const char* e = std::getenv(name); return e && std::strcmp(e, "0") == 0; };
+    if (off("TZIP_GPU_BF16_KERNEL")) t.bf16_kernel = false;
+    if (off("TZIP_GPU_RING_PAIRS")) t.ring_pairs = false;
+    gpu::set_tuning(t);
   }
   int dev = 0;
   CK(cudaGetDevice(&dev));
@@ -830,8 +849,16 @@ int main(int argc, char** argv) {
       t.defer_all = true;
       gpu::set_tuning(t);
       run_batch(sub, "fallback-only", 0, 0, 0, 10);
+      t.defer_all = false;
+      t.ring_pairs = false;
+      gpu::set_tuning(t);
+      run_batch(sub, "ring of single tiles", 0, 0, 0, 10);
+      t.bf16_kernel = false;
+      gpu::set_tuning(t);
+      run_batch(sub, "bf16 in the fp32 kernel", 0, 0, 0, 10);
       gpu::set_tuning(gpu::Tuning{});
-      std::printf("decoder variants (no tile path, fallback only): %s\n", g_fail == before ? "all match" : "MISMATCHES");
+      std::printf("decoder variants (no tile path, fallback only, single-tile ring, bf16 in the fp32 kernel): %s\n",
+                  g_fail == before ? "all match" : "MISMATCHES");
     }
     golden_tests(golden, 10);
     // Corrupt frames from a selection of cases.

@@ -96,6 +96,13 @@ __device__ __forceinline__ void warp_sort256_desc(T (&k)[8]) {
 // ---------------------------------------------------------------- SIMD byte helpers
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) { return __byte_perm(a, b, s); }
+/// Bitwise select, (a & m) | (b & ~m), as one LOP3 (the compiler splits the C expression into two when m is a
+/// constant, since LOP3 takes one immediate).
+__device__ __forceinline__ uint32_t bitsel(uint32_t a, uint32_t b, uint32_t m) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(d) : "r"(a), "r"(b), "r"(m));
+  return d;
+}
 __device__ __forceinline__ uint32_t rep4(uint32_t byte) { return byte * 0x01010101u; }
 __device__ __forceinline__ uint32_t byte_of(uint32_t w, uint32_t q) { return (w >> (8 * q)) & 0xFFu; }
 

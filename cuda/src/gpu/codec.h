@@ -98,6 +98,8 @@ struct Tuning {
   bool use_tile_decode = true;  // vectorized decode path for float chunks without RANS streams
   bool defer_all = false;       // route every coded chunk through the general (fallback) decoder
   bool debug = false;           // decode: print (device printf) each rejected chunk and the check that failed
+  bool bf16_kernel = true;      // decode: bf16 fast frames in their own kernel (24 warps per SM); off: the fp32 one's
+  bool ring_pairs = true;       // decode: that kernel fills its ring two tiles at a time (half the bulk copies)
 };
 void set_tuning(const Tuning& t);
 Tuning get_tuning();

@@ -4,9 +4,13 @@
 // Launch sequence (one stream, grids sized by the SM budget, see codec.h):
 //   1. parse_kernel: one block per frame: fixed header, shape, chunk table (offset chain and sizes, in parallel) and
 //      frame/output lengths. A frame whose structure is invalid gets no chunk work.
-//   2. scan_kernel: prefix sums of the chunk counts (over all frames and per decoder class).
-//   3. decode kernels, one warp per chunk, persistent, atomic tickets:
-//        class 1 (fast, raw): 16 warps per block, no RANS tables;
+//   2. scan_kernel: prefix sums of the task counts per decoder class: each frame's two verification tasks (header
+//      digest, frame checksum: serial hashes, one warp each, taken first so that they run beside the chunks), then
+//      its chunks.
+//   3. decode kernels, one warp per task, persistent, atomic tickets:
+//        class 3 (bf16 fast): 24 warps per block (80 registers each), no RANS tables: the bf16 tile path's dependent
+//          chains need more warps per scheduler than the 16 that the fp32 paths' registers allow;
+//        class 1 (fp16/fp32 fast, raw): 16 warps per block, no RANS tables;
 //        class 2 (max, bytes): 16 warps per block, one RANS table and two LUT tables per warp;
 //        fallback: chunks the first two could not take (more RANS/LUT streams than their tables, misaligned frames),
 //        4 warps per block with eight of each.
@@ -23,8 +27,7 @@
 //      With verify on, each warp checks the chunk digest (format version 2: 32 lane hashes of interleaved 16-byte
 //      stripes) of the chunk it wrote: the tile path and raw copies hash the 16-byte vectors they store on the way out,
 //      other paths read the chunk back right after writing it (coalesced, from L2).
-//   4. verify_kernel: header digests and checksums (one warp per frame and hash).
-//   5. errors_kernel: the lowest-ranked error of each frame (the CPU's order of checks, then the lowest chunk) to the
+//   4. errors_kernel: the lowest-ranked error of each frame (the CPU's order of checks, then the lowest chunk) to the
 //      caller's array.
 #include <cuda_runtime.h>
 
@@ -59,20 +62,25 @@ struct DecTensor {
   uint8_t dtype, codec, ndim, header_ok, cls, pad[3];
 };
 
-constexpr uint32_t kClasses = 3;  // 0 all, 1 fast/raw, 2 max/bytes
+constexpr uint32_t kClasses = 4;  // 0 all chunks, 1 fast/raw, 2 max/bytes, 3 bf16 fast (Tuning::bf16_kernel)
+constexpr uint32_t kVerifyTasks = 2;  // per frame, in its class: header digest, frame checksum (verify_task)
+/// Ticket counter of a decode kernel (MODE = its class; 0 the fallback queue); [3] is the queue length.
+__host__ __device__ constexpr uint32_t ticket_of(int mode) { return mode == 0 ? 2 : mode == 3 ? 4 : uint32_t(mode - 1); }
 
 struct DecArgs {
   DecTensor* t;
   uint32_t n;
   uint32_t verify;
   unsigned long long* err;      // per frame: lowest error key, ~0 when none
-  uint64_t* base[kClasses];     // per class: n + 1 prefix sums of chunk counts
-  unsigned long long* tickets;  // [0] class 1, [1] class 2, [2] fallback queue, [3] queue length, [4] verify
+  uint64_t* base[kClasses];     // per class: n + 1 prefix sums of task counts (class 0: chunk counts)
+  unsigned long long* tickets;  // ticket_of(class); [3] queue length, [4] verify
   unsigned long long* queue;    // deferred chunks: frame << 32 | chunk
   unsigned long long* queue_len;
   uint64_t queue_cap;
   int32_t* errors;              // caller's array
   uint32_t debug;               // Tuning::debug: print each rejected chunk
+  uint32_t bf16_class;          // Tuning::bf16_kernel: bf16 fast frames go to class 3
+  uint32_t ring_pairs;          // Tuning::ring_pairs: class 3 fills its ring two tiles at a time
 };
 
 /// Decode kernels live in their own translation units (decode_k1.cu, decode_k2.cu, decode_k0.cu include this file
@@ -80,6 +88,7 @@ struct DecArgs {
 Status run_part0(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
 Status run_part1(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
 Status run_part2(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
+Status run_part3(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
 
 namespace {
 
@@ -189,7 +198,7 @@ __global__ void __launch_bounds__(1024, 1) parse_kernel(DecArgs a) {
         T.n_chunks = nch;
         T.header_bytes = hdr;
         T.checksum = ld_le32u(f + kOffChecksum);
-        T.cls = (c == Codec::FAST || c == Codec::RAW) ? 1 : 2;
+        T.cls = (c == Codec::FAST && Dtype(dt) == Dtype::BF16 && a.bf16_class) ? 3 : (c == Codec::FAST || c == Codec::RAW) ? 1 : 2;
         s_bad = 0;
         const uint64_t frame_bytes = hdr + payload;
         if (avail < frame_bytes) { report(a, ti, err_key(kRTruncFrame, 0, 0, kTruncated)); s_bad = 1; }
@@ -244,11 +253,12 @@ __global__ void __launch_bounds__(1024, 1) scan_kernel(DecArgs a) {
   __syncthreads();
   for (uint32_t b0 = 0; b0 < a.n; b0 += blockDim.x) {
     const uint32_t ti = b0 + tid;
-    uint64_t v[kClasses] = {0, 0, 0};
+    uint64_t v[kClasses] = {0, 0, 0, 0};
     if (ti < a.n) {
       const DecTensor& T = a.t[ti];
       v[0] = T.n_dec;
-      v[T.cls == 1 ? 1 : 2] = T.n_dec;
+      // A frame whose header parsed has its class (parse_kernel): its verification tasks, then its chunks to decode.
+      if (T.cls > 0 && T.cls < kClasses) v[T.cls] = kVerifyTasks + T.n_dec;
     }
     uint64_t incl[kClasses];
 #pragma unroll
@@ -386,6 +396,7 @@ struct Ring {
   uint64_t* bars;                            // S mbarriers, one per slot
   uint32_t* phase_word;                      // in shared memory: bit i = parity of slot i's next phase
   uint32_t slot_bytes, S, tiles, tx;         // S: slots, 2 or 4; tx: bytes of one whole tile over all ring streams
+  uint32_t rs;                               // a ring tile is 2^rs decoder tiles (kTile elements each), 0 or 1
   uint32_t phase;                            // *phase_word while the ring is in use
   uint32_t issued, waited;                   // tiles [0, issued) issued, [0, waited) landed and seen by every lane
   bool whole_last;                           // the last tile is whole too (n a multiple of the tile)
@@ -472,6 +483,14 @@ __device__ __forceinline__ const uint8_t* ring_advance(Ring& rg, const StreamSta
   ring_issue<NS>(rg, ss, t + rg.S - 1);
   ring_wait_next<WHOLE>(rg);
   return rg.base + (t & (rg.S - 1)) * rg.slot_bytes;
+}
+/// Before decoder tile t (kTile elements; ring tile t >> rs): advances the ring when t starts a ring tile not yet waited
+/// for. Returns the ring tile's slot.
+template <uint32_t NS>
+__device__ __forceinline__ const uint8_t* ring_tile(Ring& rg, const StreamState* ss, uint32_t t) {
+  const uint32_t r = t >> rg.rs;
+  if (rg.waited <= r) ring_advance<NS>(rg, ss, r);
+  return rg.base + (r & (rg.S - 1)) * rg.slot_bytes;
 }
 /// Waits for every tile issued and not yet waited for (a chunk that stops early), so no copy lands after the chunk,
 /// and keeps the slots' phase parities for the next chunk.
@@ -588,6 +607,21 @@ __device__ __forceinline__ uint32_t lut4(const uint32_t* L, uint32_t nib) {
   }
 }
 
+/// Each byte rotated right by one bit: a bf16 exponent e becomes e' = (e >> 1) | (e & 1) << 7, the two halves of e in the
+/// bit positions they take in the element's high and low byte, so the merge needs no shifts (merge4_bf16_rot).
+__device__ __forceinline__ uint32_t rotr1_bytes(uint32_t x) {
+  return ((x >> 1) & 0x7F7F7F7Fu) | ((x << 7) & 0x80808080u);
+}
+/// Fam<kFamBF16>::merge4 with the exponents rotated by rotr1_bytes: four elements from e' and the sign+mantissa bytes r.
+__device__ __forceinline__ void merge4_bf16_rot(uint32_t e, uint32_t r, uint32_t* out) {
+  const uint32_t lo = bitsel(e, r, 0x80808080u), hi = bitsel(r, e, 0x80808080u);
+  out[0] = prmt(lo, hi, 0x5140);
+  out[1] = prmt(lo, hi, 0x7362);
+}
+/// Whether the tile path of a bf16 LUT stream of k-bit codes works on rotated exponents (rotr1_bytes): its LUT and
+/// exceptions are rotated once per chunk, which saves the merge four instructions per four elements.
+__device__ __forceinline__ constexpr bool bf16_rotated(uint32_t fid, uint32_t k) { return fid == kFamBF16 && k <= 4; }
+
 /// Tile path (float families, no RANS): tiles [t, tiles_full) from the ring. Lane l handles V consecutive elements of
 /// each sub-tile and stores them as one 16-byte vector, which is also the lane's next stripe of the chunk digest
 /// (xxhash32.h, chunk_digest: a sub-tile is 512 bytes, so lane l writes exactly the stripes l, l + 32, ...); with
@@ -613,6 +647,7 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint3
   // Where escapes are patched: 8 symbols (64 bits) per lane and sub-tile go through the shared-memory stage (a byte
   // store per escape); 4 symbols stay in a register (a shift and an OR per escape; measured faster for fp32).
   constexpr bool kStaged = V == 8;
+  constexpr bool kRot = LUTE && bf16_rotated(FID, KW);  // LUT and exceptions hold rotated exponents (run_tiles)
   const uint32_t lane = lane_id();
   constexpr uint32_t w0 = F::width(0);
   const StreamState& s0 = ss[0];
@@ -620,17 +655,20 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint3
   if constexpr (kNib) {
     const uint32_t* l32 = reinterpret_cast<const uint32_t*>(lut);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) L[q] = l32[q];
+    for (int q = 0; q < 4; ++q) L[q] = kRot ? rotr1_bytes(l32[q]) : l32[q];
   }
   // Field `sub` (8 bits) of a pair of packed words: sub-tiles 0..3 in lo, 4..7 in hi.
   auto field = [](uint32_t lo, uint32_t hi, uint32_t sub) { return ((sub < 4 ? lo : hi) >> (8 * (sub & 3))) & 0xFFu; };
   for (; t < tiles_full; ++t) {
-    const uint8_t* slot = ring_advance<NS, true>(rg, ss, t);
+    // Decoder tile t is half h of its ring tile when ring tiles are pairs: a stream of w-bit symbols starts h * 128 * w
+    // bytes into its segment.
+    const uint8_t* slot = ring_tile<NS>(rg, ss, t);
+    const uint32_t h = t & ((1u << rg.rs) - 1u);
     bool bad = false;
     Sym es[NSUB];
     if constexpr (LUTE) {
       // ---- 1: LUT lookups into the stage (or registers); escapes as nibble flags (bit 4e of a sub-tile's word)
-      const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg);
+      const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg + h * (kTile / 8 * KW));
       uint32_t escw[NSUB];
       uint32_t cnt_lo = 0, cnt_hi = 0;  // packed per-sub-tile escape counts, 8 bits each
 #pragma unroll
@@ -716,9 +754,9 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint3
       } else if constexpr (KW == 0) {
         e = Sym(uint64_t(rep4(s0.param)) * 0x100000001ull);
       } else if constexpr (KW == 8) {
-        e = *reinterpret_cast<const Sym*>(slot + s0.seg + le);
+        e = *reinterpret_cast<const Sym*>(slot + s0.seg + h * kTile + le);
       } else {  // RAW exponents narrower than a byte (fp16: 5 bits)
-        const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg);
+        const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg + h * (kTile / 8 * KW));
         const uint32_t b0 = le * KW, wi = b0 >> 5, sh = b0 & 31;
         const uint32_t x0 = e_words[wi], x1 = e_words[wi + 1], x2 = e_words[wi + 2];
         const uint64_t v = uint64_t(__funnelshift_r(x0, x1, sh)) | (uint64_t(__funnelshift_r(x1, x2, sh)) << 32);
@@ -731,7 +769,7 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint3
         if (sj.mode == uint32_t(StreamMode::CONST)) {
           rs[j] = Sym(uint64_t(rep4(sj.param)) * 0x100000001ull);
         } else if (FID == kFamF16 && j == 2) {
-          const uint32_t* r_words = reinterpret_cast<const uint32_t*>(slot + sj.seg);
+          const uint32_t* r_words = reinterpret_cast<const uint32_t*>(slot + sj.seg + h * (kTile / 8 * 3));
           const uint32_t b0 = le * 3, wi = b0 >> 5, sh = b0 & 31;
           const uint64_t v = uint64_t(__funnelshift_r(r_words[wi], r_words[wi + 1], sh)) |
                              (uint64_t(__funnelshift_r(r_words[wi + 1], r_words[wi + 2], sh)) << 32);
@@ -740,12 +778,16 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint3
           for (uint32_t q = 0; q < V; ++q) r |= Sym((v >> (q * 3)) & 7u) << (8 * q);
           rs[j] = r;
         } else {
-          rs[j] = *reinterpret_cast<const Sym*>(slot + sj.seg + le);
+          rs[j] = *reinterpret_cast<const Sym*>(slot + sj.seg + h * kTile + le);
         }
       }
       uint32_t out[4];
 #pragma unroll
       for (uint32_t q = 0; q < V / 4; ++q) {
+        if constexpr (kRot) {
+          merge4_bf16_rot(uint32_t(uint64_t(e) >> (32 * q)), uint32_t(uint64_t(rs[1]) >> (32 * q)), out + q * E);
+          continue;
+        }
         uint32_t s4[NS];
         s4[0] = uint32_t(uint64_t(e) >> (32 * q));
 #pragma unroll
@@ -770,10 +812,14 @@ __device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint3
   const StreamState& s0 = ss[0];
   if (s0.mode == uint32_t(StreamMode::LUT)) {
     // The section starts 16-aligned (docs/format.md, 8.3): 16-byte loads, then the last n_exc % 16 bytes.
+    const bool rot = bf16_rotated(FID, s0.param);
     const uint32_t nv = s0.n_exc / 16;
-    for (uint32_t v = lane_id(); v < nv; v += 32)
-      reinterpret_cast<uint4*>(exc_smem)[v] = reinterpret_cast<const uint4*>(s0.exc)[v];
-    for (uint32_t b = nv * 16 + lane_id(); b < s0.n_exc; b += 32) exc_smem[b] = s0.exc[b];
+    for (uint32_t v = lane_id(); v < nv; v += 32) {
+      uint4 x = reinterpret_cast<const uint4*>(s0.exc)[v];
+      if (rot) x = make_uint4(rotr1_bytes(x.x), rotr1_bytes(x.y), rotr1_bytes(x.z), rotr1_bytes(x.w));
+      reinterpret_cast<uint4*>(exc_smem)[v] = x;
+    }
+    for (uint32_t b = nv * 16 + lane_id(); b < s0.n_exc; b += 32) exc_smem[b] = uint8_t(rot ? rotr1_bytes(s0.exc[b]) : s0.exc[b]);
     __syncwarp();
   }
 #define TZIP_TILES(KW, LUTE) \
@@ -808,7 +854,7 @@ __device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint3
 /// from global memory where they are (any alignment).
 template <uint32_t FID, uint32_t C, uint32_t L, uint32_t RING>
 __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len, uint8_t* dst, uint8_t* ws,
-                            bool tile_ok, bool verify, Xxh32& dg, uint32_t& dg_from) {
+                            bool tile_ok, bool pairs, bool verify, Xxh32& dg, uint32_t& dg_from) {
   using F = Fam<FID>;
   using WL = WarpLayout<C, L, RING>;
   constexpr bool STREAM = RING > 0;
@@ -973,22 +1019,34 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
     }
   }
 
-  // The ring: one segment per fixed-rate stream (RAW, LUT codes), one slot per tile.
+  // The ring: one segment per fixed-rate stream (RAW, LUT codes), one slot per ring tile. With `pairs`, a ring tile is
+  // two decoder tiles when two slots of them fit: half the bulk copies (and their issue) per element.
   Ring rg{};
   const uint32_t tiles = (n + kTile - 1) / kTile;
   if constexpr (STREAM) {
+    auto wbits_of = [](const StreamState& s) {
+      return s.mode == uint32_t(StreamMode::RAW) ? s.w : s.mode == uint32_t(StreamMode::LUT) ? s.param : 0u;
+    };
+    uint32_t sb2 = 0;  // slot bytes of two-tile ring tiles
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) {
+      const uint32_t wbits = wbits_of(ss[j]);
+      if (wbits) sb2 += kTile / 4 * wbits + (wbits < 8 ? 16 : 0);
+    }
+    rg.rs = pairs && RING >= 2 * sb2 ? 1u : 0u;
     uint32_t sb = 0;
 #pragma unroll
     for (uint32_t j = 0; j < NS; ++j) {
       StreamState& s = ss[j];
-      const uint32_t wbits = s.mode == uint32_t(StreamMode::RAW) ? s.w : s.mode == uint32_t(StreamMode::LUT) ? s.param : 0;
+      const uint32_t wbits = wbits_of(s);
       if (!wbits) continue;
-      s.tile_bytes = kTile / 8 * wbits;
+      s.tile_bytes = (kTile / 8 * wbits) << rg.rs;
       s.seg = sb;
       sb += s.tile_bytes + (wbits < 8 ? 16 : 0);
     }
-    if (!ring_start<NS>(rg, ss, ws + WL::kRing, reinterpret_cast<uint64_t*>(ws + WL::kBars), sb, RING, tiles,
-                        n % kTile == 0))
+    const uint32_t rt = kTile << rg.rs;
+    if (!ring_start<NS>(rg, ss, ws + WL::kRing, reinterpret_cast<uint64_t*>(ws + WL::kBars), sb, RING,
+                        (n + rt - 1) / rt, n % rt == 0))
       return kChunkDefer;
   }
 
@@ -1037,11 +1095,11 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
   bool bad = false;
   for (; t < tiles; ++t) {
     const uint8_t* slot = nullptr;
-    if constexpr (STREAM) slot = ring_advance<NS>(rg, ss, t);
+    if constexpr (STREAM) slot = ring_tile<NS>(rg, ss, t);
     const uint32_t g_end = min(steps, (t + 1) * 32);
     for (uint32_t g = t * 32; g < g_end; ++g) {
       const uint32_t i = g * 32 + lane;
-      const uint32_t il = i - t * kTile;  // element within the tile
+      const uint32_t il = i - ((t >> rg.rs) << rg.rs) * kTile;  // element within the ring tile
       const bool act = i < n;
       uint32_t sym[NS];
 #pragma unroll
@@ -1143,7 +1201,40 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
   return kChunkOk;
 }
 
-template <uint32_t C, uint32_t L, uint32_t W, uint32_t RING, int MODE>  // MODE: 1 class 1, 2 class 2, 0 fallback
+/// Verification task `which` of frame ti, one warp: 0 the header digest, 1 the frame checksum (serial XXH32 hashes; the
+/// chunk digests are checked by the decode kernels as they write each chunk). These are the first two tickets of every
+/// frame in its class's decode kernel, so the hashes of a large frame run while the other warps decode its chunks.
+__device__ void verify_task(const DecArgs& a, uint32_t ti, uint64_t which) {
+  const DecTensor& T = a.t[ti];
+  const uint8_t* f = T.frame;
+  const uint32_t lane = lane_id();
+  Xxh32 st;
+  if (which == 0) {
+    // Header digest: XXH32 of [0, header_bytes) with the digest field read as zero (header_bytes % 16 == 0).
+    warp_stripes(st, T.header_bytes / 16, [&](uint64_t i) {
+      uint4 v = ld_stripe(f + 16 * i);
+      if (i == kOffHeaderDigest / 16) v.z = 0;
+      return v;
+    });
+    if (lane == 0 && st.finish(f, 0) != ld_le32u(f + kOffHeaderDigest)) report(a, ti, err_key(kRHeaderDigest, 0, 0, kCorrupt));
+  } else {
+    // Checksum: XXH32 of the chunk digests (at +12 of each table entry) as little-endian u32s.
+    const uint8_t* table = f + chunk_table_offset(T.ndim);
+    const uint64_t nd = T.n_chunks;
+    warp_stripes(st, nd / 4, [&](uint64_t i) {
+      const uint8_t* e = table + kChunkEntryBytes * 4 * i + 12;
+      return make_uint4(ld_le32u(e), ld_le32u(e + 16), ld_le32u(e + 32), ld_le32u(e + 48));
+    });
+    if (lane == 0) {
+      uint8_t tail[16];
+      const uint64_t i0 = nd / 4 * 4;
+      for (uint64_t q = i0; q < nd; ++q) store_le32(tail + 4 * (q - i0), ld_le32u(table + kChunkEntryBytes * q + 12));
+      if (st.finish(tail, uint32_t(4 * (nd - i0))) != T.checksum) report(a, ti, err_key(kRChecksum, 0, 0, kCorrupt));
+    }
+  }
+}
+
+template <uint32_t C, uint32_t L, uint32_t W, uint32_t RING, int MODE>  // MODE: the class (1, 2, 3), 0 fallback
 __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t tile_ok, uint32_t defer_all) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using WL = WarpLayout<C, L, RING>;
@@ -1153,7 +1244,7 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
   const uint32_t nt = a.n;
   for (;;) {
     unsigned long long c = 0;
-    if (lane == 0) c = atomicAdd(a.tickets + (MODE == 0 ? 2 : MODE - 1), 1ull);
+    if (lane == 0) c = atomicAdd(a.tickets + ticket_of(MODE), 1ull);
     c = __shfl_sync(kFull, c, 0);
     uint32_t ti;
     uint64_t ci;
@@ -1165,7 +1256,12 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
     } else {
       if (c >= a.base[MODE][nt]) break;
       ti = find_frame(a.base[MODE], nt, c);
-      ci = c - a.base[MODE][ti];
+      const uint64_t task = c - a.base[MODE][ti];  // kVerifyTasks verification tasks, then the chunks
+      if (task < kVerifyTasks) {
+        verify_task(a, ti, task);
+        continue;
+      }
+      ci = task - kVerifyTasks;
     }
     const DecTensor& T = a.t[ti];
     const uint32_t cs = T.chunk_bytes;
@@ -1200,19 +1296,25 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
       r = kChunkDefer;
     } else {
       const bool tok = tile_ok && aligned16(dst);
-      switch (family_of(Dtype(T.dtype), Codec(T.codec))) {
-        case kFamBF16: r = decode_coded<kFamBF16, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
-        case kFamF16: r = decode_coded<kFamF16, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
-        case kFamF32: r = decode_coded<kFamF32, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
+      const bool pairs = MODE == 3 && a.ring_pairs;  // class 3's ring has room for two slots of tile pairs
+      const uint32_t fam = family_of(Dtype(T.dtype), Codec(T.codec));
+      if constexpr (MODE == 3) {
+        // Class 3 holds only bf16 fast frames: the other families' code would cost this kernel its registers.
+        r = fam == kFamBF16 ? decode_coded<kFamBF16, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from)
+                            : int(kChunkBad);
+      } else switch (fam) {
+        case kFamBF16: r = decode_coded<kFamBF16, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+        case kFamF16: r = decode_coded<kFamF16, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+        case kFamF32: r = decode_coded<kFamF32, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
         default:
           if constexpr (MODE == 1) {
             r = kChunkBad;  // class 1 holds only fast and raw frames, whose families are the three above
           } else {
             switch (family_of(Dtype(T.dtype), Codec(T.codec))) {
-              case kFamP1: r = decode_coded<kFamP1, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
-              case kFamP2: r = decode_coded<kFamP2, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
-              case kFamP4: r = decode_coded<kFamP4, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
-              default: r = decode_coded<kFamP8, C, L, RING>(src, size, raw_len, dst, ws, tok, vfy, dg, dg_from); break;
+              case kFamP1: r = decode_coded<kFamP1, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+              case kFamP2: r = decode_coded<kFamP2, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+              case kFamP4: r = decode_coded<kFamP4, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+              default: r = decode_coded<kFamP8, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
             }
           }
       }
@@ -1243,51 +1345,7 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
 #endif  // TZIP_DECODE_PART
 
 #if !defined(TZIP_DECODE_PART)
-// ---------------------------------------------------------------- 4. verify, 5. errors
-
-/// Header digests and checksums, one warp each (serial hashes; warps take tasks from a ticket). Chunk digests are checked
-/// by the decode kernels as they write each chunk.
-__global__ void __launch_bounds__(1024, 1) verify_kernel(DecArgs a) {
-  const uint32_t lane = lane_id();
-  const uint64_t tasks = 2ull * a.n;
-  for (;;) {
-    unsigned long long k = 0;
-    if (lane == 0) k = atomicAdd(a.tickets + 4, 1ull);
-    k = __shfl_sync(kFull, k, 0);
-    if (k >= tasks) break;
-    if (k < 2ull * a.n) {
-      const uint32_t ti = uint32_t(k % a.n);
-      const DecTensor& T = a.t[ti];
-      if (!T.header_ok) continue;
-      const uint8_t* f = T.frame;
-      Xxh32 st;
-      if (k < a.n) {
-        // Header digest: XXH32 of [0, header_bytes) with the digest field read as zero (header_bytes % 16 == 0).
-        warp_stripes(st, T.header_bytes / 16, [&](uint64_t i) {
-          uint4 v = ld_stripe(f + 16 * i);
-          if (i == kOffHeaderDigest / 16) v.z = 0;
-          return v;
-        });
-        if (lane == 0 && st.finish(f, 0) != ld_le32u(f + kOffHeaderDigest))
-          report(a, ti, err_key(kRHeaderDigest, 0, 0, kCorrupt));
-      } else {
-        // Checksum: XXH32 of the chunk digests (at +12 of each table entry) as little-endian u32s.
-        const uint8_t* table = f + chunk_table_offset(T.ndim);
-        const uint64_t nd = T.n_chunks;
-        warp_stripes(st, nd / 4, [&](uint64_t i) {
-          const uint8_t* e = table + kChunkEntryBytes * 4 * i + 12;
-          return make_uint4(ld_le32u(e), ld_le32u(e + 16), ld_le32u(e + 32), ld_le32u(e + 48));
-        });
-        if (lane == 0) {
-          uint8_t tail[16];
-          const uint64_t i0 = nd / 4 * 4;
-          for (uint64_t q = i0; q < nd; ++q) store_le32(tail + 4 * (q - i0), ld_le32u(table + kChunkEntryBytes * q + 12));
-          if (st.finish(tail, uint32_t(4 * (nd - i0))) != T.checksum) report(a, ti, err_key(kRChecksum, 0, 0, kCorrupt));
-        }
-      }
-    }
-  }
-}
+// ---------------------------------------------------------------- 4. errors
 
 __global__ void errors_kernel(DecArgs a) {
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += gridDim.x * blockDim.x) {
@@ -1301,8 +1359,15 @@ __global__ void errors_kernel(DecArgs a) {
 }  // namespace
 
 #if defined(TZIP_DECODE_PART)
-// Part 1: fast and raw frames. Part 2: max and bytes frames. Part 0: the fallback queue.
-#if TZIP_DECODE_PART == 1
+// Part 1: fast and raw frames. Part 2: max and bytes frames. Part 3: bf16 fast frames. Part 0: the fallback queue.
+#if TZIP_DECODE_PART == 3
+// 24 warps x 80 registers (ptxas: 16 bytes spilled, outside the tile loop) and 24 x 9680 bytes of shared memory (of
+// 232448): the ring holds 4 one-tile slots of 3-bit codes and RAW mantissas (2 of anything wider), or 2 slots of tile
+// pairs (ring_pairs).
+#define TZIP_PART_FN run_part3
+constexpr uint32_t kC = 0, kL = 1, kW = 24, kRingBytes = 5920;
+constexpr int kMode = 3;
+#elif TZIP_DECODE_PART == 1
 #define TZIP_PART_FN run_part1
 constexpr uint32_t kC = 0, kL = 1, kW = 16, kRingBytes = 8192;
 constexpr int kMode = 1;
@@ -1395,6 +1460,8 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
   a.verify = opt.verify ? 1 : 0;
   a.errors = d_errors;
   a.debug = tune.debug ? 1 : 0;
+  a.bf16_class = tune.bf16_kernel ? 1 : 0;
+  a.ring_pairs = tune.ring_pairs ? 1 : 0;
 
   auto fail = [&](Status s) {
     free_async(ws, stream);
@@ -1419,13 +1486,8 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
   const uint32_t tile_ok = tune.use_tile_decode ? 1 : 0, defer_all = tune.defer_all ? 1 : 0;
   if (!(st = run_part1(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return fail(st);
   if (!(st = run_part2(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return fail(st);
+  if (a.bf16_class && !(st = run_part3(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return fail(st);
   if (!(st = run_part0(a, opt.sm_budget, sms, s, 0, 0)).ok()) return fail(st);
-  smem = 0;
-  if (!(st = persistent_grid(reinterpret_cast<const void*>(verify_kernel), 1024, &smem, opt.sm_budget, sms, ~0ull,
-                             &grid)).ok())
-    return fail(st);
-  verify_kernel<<<grid, 1024, smem, s>>>(a);
-  if (!(st = check_launch("verify_kernel")).ok()) return fail(st);
   errors_kernel<<<(unsigned)std::min<size_t>((count + 255) / 256, 1024), 256, 0, s>>>(a);
   if (!(st = check_launch("errors_kernel")).ok()) return fail(st);
   free_async(ws, stream);
