@@ -565,24 +565,26 @@ __device__ void ring_copy(uint8_t* dst, const uint8_t* src, uint32_t n, uint8_t*
   from = (nv + 31) & ~31u;
 }
 
-/// V codes of KW (1..3) bits, packed LSB-first in the low V * KW bits of x, spread to one code per nibble (code e in
-/// bits [4e, 4e + 4)): the selector of __byte_perm, which then looks up four codes in an 8-entry LUT at once.
+/// V codes of KW (1..3) bits, packed LSB-first from bit 0 of y (the bits above them are ignored), spread to one code per
+/// nibble (code e in bits [4e, 4e + KW), the other bits of the V nibbles zero, nibbles past V zero): the selector of
+/// PRMT, which then looks up four codes in an 8-entry LUT at once (lut4). Each step moves the upper half of every
+/// group up by one bit select; the bits it leaves outside the groups are cleared once at the end.
 template <uint32_t KW, uint32_t V>
 __device__ __forceinline__ uint32_t spread_nibbles(uint32_t y) {
   static_assert(KW >= 1 && KW <= 3 && (V == 4 || V == 8), "nibble spread of 1..3-bit codes, 4 or 8 of them");
   if constexpr (V == 8) {  // two groups of four codes -> 16-bit halves
     constexpr uint32_t m = (1u << (4 * KW)) - 1u;
-    y = (y & m) | ((y << (16 - 4 * KW)) & (m << 16));
+    y = bitsel(y << (16 - 4 * KW), y, m << 16);
   }
   {  // pairs -> bytes
     constexpr uint32_t m = (1u << (2 * KW)) - 1u;
-    y = (y & (m * 0x00010001u)) | ((y << (8 - 2 * KW)) & ((m << 8) * 0x00010001u));
+    y = bitsel(y << (8 - 2 * KW), y, (m << 8) * 0x00010001u);
   }
   {  // codes -> nibbles
     constexpr uint32_t m = (1u << KW) - 1u;
-    y = (y & (m * 0x01010101u)) | ((y << (4 - KW)) & ((m << 4) * 0x01010101u));
+    y = bitsel(y << (4 - KW), y, (m << 4) * 0x01010101u);
   }
-  return y;
+  return y & (((1u << KW) - 1u) * (V == 8 ? 0x11111111u : 0x1111u));
 }
 
 /// Bit 4e set where nibble e holds the escape code 2^KW - 1.
@@ -599,7 +601,11 @@ __device__ __forceinline__ uint32_t escape_nibbles(uint32_t nib) {
 template <uint32_t KW>
 __device__ __forceinline__ uint32_t lut4(const uint32_t* L, uint32_t nib) {
   if constexpr (KW <= 3) {
-    return prmt(L[0], L[1], nib);
+    // PRMT itself, not __byte_perm (which masks each selector to 3 bits first): spread_nibbles leaves bit 3 of every
+    // nibble zero, so no byte is sign-replicated.
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(L[0]), "r"(L[1]), "r"(nib));
+    return d;
   } else {
     const uint32_t n = nib & 0x7777u;
     const uint32_t a = prmt(L[0], L[1], n), b = prmt(L[2], L[3], n);
@@ -671,17 +677,20 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint3
       const uint32_t* e_words = reinterpret_cast<const uint32_t*>(slot + s0.seg + h * (kTile / 8 * KW));
       uint32_t escw[NSUB];
       uint32_t cnt_lo = 0, cnt_hi = 0;  // packed per-sub-tile escape counts, 8 bits each
+      // A sub-tile's codes are SUB * KW bits, a whole number of words: the lane's word and shift are the same in each.
+      static_assert(SUB * KW % 32 == 0, "sub-tiles of whole code words");
+      const uint32_t lb = lane * V * KW, sh = lb & 31;
 #pragma unroll
       for (uint32_t sub = 0; sub < NSUB; ++sub) {
         const uint32_t le = sub * SUB + lane * V;
-        const uint32_t b0 = le * KW, wi = b0 >> 5, sh = b0 & 31;
+        const uint32_t wi = sub * (SUB * KW / 32) + (lb >> 5);
         const uint32_t x0 = e_words[wi], x1 = e_words[wi + 1];
         Sym e = 0;
         uint32_t escn = 0;
         if constexpr (kNib) {
           uint32_t v = __funnelshift_r(x0, x1, sh);  // V * KW <= 32 bits; the rest belongs to the next lane
-          // The bits past the lane's V codes: the 8-code spread drops them itself; four codes need the mask.
-          if constexpr (V == 4) v &= (1u << (V * KW)) - 1u;
+          // The bits past the lane's V codes: the spread drops them itself; four 4-bit codes need the mask.
+          if constexpr (V == 4 && KW == 4) v &= (1u << (V * KW)) - 1u;
           const uint32_t nib = KW == 4 ? v : spread_nibbles<(KW < 4 ? KW : 1), V>(v);
           e = lut4<KW>(L, nib);
           if constexpr (V == 8) e |= uint64_t(lut4<KW>(L, nib >> 16)) << 32;
