@@ -12,7 +12,7 @@
 //          chains need more warps per scheduler than the 16 that the fp32 paths' registers allow;
 //        class 1 (fp16/fp32 fast, raw): 16 warps per block, no RANS tables;
 //        class 2 (max, bytes): 16 warps per block, one RANS table and two LUT tables per warp;
-//        fallback: chunks the first two could not take (more RANS/LUT streams than their tables, misaligned frames),
+//        fallback: chunks the class kernels could not take (more RANS/LUT streams than their tables, misaligned frames),
 //        4 warps per block with eight of each.
 //      The fixed-rate streams (RAW symbols, LUT codes) reach shared memory through a per-warp ring of 1024-element
 //      tiles: bulk copies (cp.async.bulk, issued by one lane) that complete on the slot's mbarrier, one to three tiles
@@ -73,7 +73,7 @@ struct DecArgs {
   uint32_t verify;
   unsigned long long* err;      // per frame: lowest error key, ~0 when none
   uint64_t* base[kClasses];     // per class: n + 1 prefix sums of task counts (class 0: chunk counts)
-  unsigned long long* tickets;  // ticket_of(class); [3] queue length, [4] verify
+  unsigned long long* tickets;  // ticket_of(class); [3] queue length
   unsigned long long* queue;    // deferred chunks: frame << 32 | chunk
   unsigned long long* queue_len;
   uint64_t queue_cap;
