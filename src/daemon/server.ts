@@ -31,6 +31,9 @@ import { DaemonStats } from './stats.js';
 import { encodeMessage as encodeReply } from './wire.js';
 
 /** libzmq's ZMQ_ROUTER_NOTIFY option and its flags (connect | disconnect). */
+/** TZIP_TRACE in the environment: each request's time from arrival to reply goes to the log (and the addon prints
+ * its GPU calls' stage times to stderr). */
+const TRACE = process.env.TZIP_TRACE !== undefined;
 const ZMQ_ROUTER_NOTIFY = 97;
 const ZMQ_NOTIFY_CONNECT_AND_DISCONNECT = 3;
 
@@ -201,6 +204,7 @@ export class Daemon {
       return;
     }
     this.lastActivity = Date.now();
+    const arrived = TRACE ? process.hrtime.bigint() : 0n;
     // A REQ socket puts an empty delimiter before the body; the reply must carry it too.
     const prefix = rest.length === 2 && (rest[0] as Buffer).length === 0 ? [routing, rest[0] as Buffer] : [routing];
     if (rest.length !== prefix.length) {
@@ -219,6 +223,7 @@ export class Daemon {
       (result) => this.countAndReply(router, prefix, request.id, request.op, undefined, result),
       (err: unknown) => this.countAndReply(router, prefix, request.id, request.op, err),
     ).finally(() => {
+      if (TRACE) this.log(`trace: ${request.op} answered ${(Number(process.hrtime.bigint() - arrived) / 1e3).toFixed(1)} us after it arrived`);
       this.inflight--;
       if (request.op === 'shutdown') void this.stop('shutdown requested by a client');
     });

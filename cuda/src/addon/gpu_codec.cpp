@@ -8,7 +8,11 @@
 // [record options.recordEvent] -> record an event of the addon, which the worker then waits for. The promise settles
 // in OnOK on the JavaScript thread, which never waits for the GPU. Scratch memory comes from the stream's cache
 // (gpu/scratch.h), so a call allocates no device memory once the cache holds blocks of its sizes.
+// With TZIP_TRACE set in the environment, each call prints where its time went to stderr (see GpuWorker::OnOK).
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -88,12 +92,23 @@ CodedError status_error(const gpu::Status& st, const char* fn) {
 
 cudaEvent_t event_of(uint64_t v) { return reinterpret_cast<cudaEvent_t>(static_cast<uintptr_t>(v)); }
 
+using Clock = std::chrono::steady_clock;
+/// TZIP_TRACE in the environment (read once): calls print their stage times.
+bool trace_on() {
+  static const bool on = std::getenv("TZIP_TRACE") != nullptr;
+  return on;
+}
+/// When a call's work was on the stream, and when the worker saw it finish (TZIP_TRACE).
+struct StageTimes {
+  Clock::time_point enqueued, finished;
+};
+
 /// Enqueues one call on the device's stream and waits for it in the calling (worker) thread:
 /// [wait o.wait_event] enqueue(stream, d_result) [copy result_bytes of d_result to the host] [record o.record_event].
 /// d_result is stream-ordered scratch of result_bytes (the stream's cached scratch memory) for the per-item results;
 /// host_result receives them.
 void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
-                   const std::function<void(cudaStream_t, void*)>& enqueue) {
+                   const std::function<void(cudaStream_t, void*)>& enqueue, StageTimes* times) {
   const cudaStream_t s = device_stream(o.device);
   PinnedBuffer pinned(result_bytes);
   CompletionEvent done(o.device);
@@ -131,7 +146,9 @@ void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
     }
     throw;
   }
+  if (times) times->enqueued = Clock::now();
   const cudaError_t e = cudaEventSynchronize(done.get());
+  if (times) times->finished = Clock::now();
   if (e != cudaSuccess) {
     pinned.poison();
     cuda_check(e, "the GPU work of this call failed (cudaEventSynchronize)");
@@ -142,11 +159,12 @@ void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
 /// Base of the two workers: a promise, the run options, and an error caught in Execute.
 class GpuWorker : public Napi::AsyncWorker {
  public:
-  GpuWorker(Napi::Env env, const RunOptions& o)
-      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), opt_(o) {}
+  GpuWorker(Napi::Env env, const RunOptions& o, const char* name)
+      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), opt_(o), name_(name) {}
   Napi::Promise Promise() { return deferred_.Promise(); }
 
   void Execute() override {
+    started_ = Clock::now();
     try {
       DeviceScope scope(opt_.device);
       Run();
@@ -161,6 +179,17 @@ class GpuWorker : public Napi::AsyncWorker {
     }
   }
   void OnOK() override {
+    if (trace_on()) {
+      // Stages of the call: in the libuv pool's queue, pointer checks and enqueue (worker), GPU work as the worker saw
+      // it (cudaEventSynchronize of a blocking-sync event), and back on the JavaScript thread.
+      const auto us = [](Clock::time_point a, Clock::time_point b) {
+        return std::chrono::duration<double, std::micro>(b - a).count();
+      };
+      const Clock::time_point now = Clock::now();
+      std::fprintf(stderr, "tzip addon trace: %s device %d: queue %.1f us, checks+enqueue %.1f us, GPU %.1f us, to JS %.1f us\n",
+                   name_, opt_.device, us(queued_, started_), us(started_, times_.enqueued),
+                   us(times_.enqueued, times_.finished), us(times_.finished, now));
+    }
     Napi::Env env = Env();
     if (error_) deferred_.Reject(make_error(env, *error_).Value());
     else deferred_.Resolve(Result(env));
@@ -172,6 +201,9 @@ class GpuWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
   RunOptions opt_;
   std::unique_ptr<CodedError> error_;
+  const char* name_;
+  Clock::time_point queued_ = Clock::now(), started_;
+  StageTimes times_;  // filled by run_on_stream (TZIP_TRACE)
 };
 
 /// A promise rejected with the error that `f` throws, or `f`'s promise.
@@ -255,7 +287,7 @@ uint8_t host_known_codec(const EncodeSpec& s) {
 class GpuCompressWorker : public GpuWorker {
  public:
   GpuCompressWorker(Napi::Env env, const RunOptions& o, std::vector<EncodeSpec> specs)
-      : GpuWorker(env, o), specs_(std::move(specs)) {}
+      : GpuWorker(env, o, "gpuCompress"), specs_(std::move(specs)) {}
 
  protected:
   void Run() override {
@@ -298,7 +330,7 @@ class GpuCompressWorker : public GpuWorker {
       st = gpu::gather_frame_bytes(spans.data(), spans.size(), kOffCodec, 1,
                                    static_cast<uint8_t*>(d_results) + sizes_bytes, opt_.sm_budget, stream);
       if (!st.ok()) throw status_error(st, "gpuCompress: reading back the codecs of the frames");
-    });
+    }, trace_on() ? &times_ : nullptr);
     sizes_.assign(n, 0);
     if (n) std::memcpy(sizes_.data(), results.data(), sizes_bytes);
     for (size_t k = 0; k < on_device.size(); ++k) {
@@ -384,7 +416,7 @@ const char* decode_error_text(const std::string& code) {
 class GpuDecompressWorker : public GpuWorker {
  public:
   GpuDecompressWorker(Napi::Env env, const RunOptions& o, std::vector<DecodeSpec> specs)
-      : GpuWorker(env, o), specs_(std::move(specs)) {}
+      : GpuWorker(env, o, "gpuDecompress"), specs_(std::move(specs)) {}
 
  protected:
   void Run() override {
@@ -423,7 +455,7 @@ class GpuDecompressWorker : public GpuWorker {
       st = gpu::gather_frame_bytes(spans.data(), n, 0, uint32_t(kPrefix), static_cast<uint8_t*>(d_results) + prefix_off,
                                    opt_.sm_budget, stream);
       if (!st.ok()) throw status_error(st, "gpuDecompress: reading back the headers of the frames");
-    });
+    }, trace_on() ? &times_ : nullptr);
     std::vector<int32_t> codes(n, 0);
     if (n) std::memcpy(codes.data(), results.data(), 4 * n);
     std::vector<std::string> names(n);
