@@ -179,8 +179,8 @@ class GpuWorker : public Napi::AsyncWorker {
     }
   }
   void OnOK() override {
-    if (trace_on()) {
-      // Stages of the call: in the libuv pool's queue, pointer checks and enqueue (worker), GPU work as the worker saw
+    if (trace_on() && times_.finished != Clock::time_point{}) {
+      // Stages of the call (a call that failed before its GPU work prints nothing): in the libuv pool's queue, pointer checks and enqueue (worker), GPU work as the worker saw
       // it (cudaEventSynchronize of a blocking-sync event), and back on the JavaScript thread.
       const auto us = [](Clock::time_point a, Clock::time_point b) {
         return std::chrono::duration<double, std::micro>(b - a).count();
