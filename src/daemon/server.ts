@@ -30,10 +30,10 @@ import { scheduleOrphanCleanup } from './shm-cleanup.js';
 import { DaemonStats } from './stats.js';
 import { encodeMessage as encodeReply } from './wire.js';
 
-/** libzmq's ZMQ_ROUTER_NOTIFY option and its flags (connect | disconnect). */
 /** TZIP_TRACE in the environment: each request's time from arrival to reply goes to the log (and the addon prints
  * its GPU calls' stage times to stderr). */
 const TRACE = process.env.TZIP_TRACE !== undefined;
+/** libzmq's ZMQ_ROUTER_NOTIFY option and its flags (connect | disconnect). */
 const ZMQ_ROUTER_NOTIFY = 97;
 const ZMQ_NOTIFY_CONNECT_AND_DISCONNECT = 3;
 
@@ -223,7 +223,10 @@ export class Daemon {
       (result) => this.countAndReply(router, prefix, request.id, request.op, undefined, result),
       (err: unknown) => this.countAndReply(router, prefix, request.id, request.op, err),
     ).finally(() => {
-      if (TRACE) this.log(`trace: ${request.op} answered ${(Number(process.hrtime.bigint() - arrived) / 1e3).toFixed(1)} us after it arrived`);
+      if (TRACE) {
+        const us = Number(process.hrtime.bigint() - arrived) / 1e3;
+        this.log(`trace: ${request.op} answered ${us.toFixed(1)} us after it arrived`);
+      }
       this.inflight--;
       if (request.op === 'shutdown') void this.stop('shutdown requested by a client');
     });

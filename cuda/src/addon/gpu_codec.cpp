@@ -180,13 +180,15 @@ class GpuWorker : public Napi::AsyncWorker {
   }
   void OnOK() override {
     if (trace_on() && times_.finished != Clock::time_point{}) {
-      // Stages of the call (a call that failed before its GPU work prints nothing): in the libuv pool's queue, pointer checks and enqueue (worker), GPU work as the worker saw
-      // it (cudaEventSynchronize of a blocking-sync event), and back on the JavaScript thread.
+      // Stages of the call (a call that failed before its GPU work prints nothing): in the libuv pool's queue, pointer
+      // checks and enqueue (worker), GPU work as the worker saw it (cudaEventSynchronize of a blocking-sync event), and
+      // back on the JavaScript thread.
       const auto us = [](Clock::time_point a, Clock::time_point b) {
         return std::chrono::duration<double, std::micro>(b - a).count();
       };
       const Clock::time_point now = Clock::now();
-      std::fprintf(stderr, "tzip addon trace: %s device %d: queue %.1f us, checks+enqueue %.1f us, GPU %.1f us, to JS %.1f us\n",
+      std::fprintf(stderr,
+                   "tzip addon trace: %s device %d: queue %.1f us, checks+enqueue %.1f us, GPU %.1f us, to JS %.1f us\n",
                    name_, opt_.device, us(queued_, started_), us(started_, times_.enqueued),
                    us(times_.enqueued, times_.finished), us(times_.finished, now));
     }

@@ -462,11 +462,10 @@ __device__ __forceinline__ void ring_issue(Ring& rg, const StreamState* ss, uint
   }
   cp_commit();
 }
-/// Waits (every lane) until tile `waited` has landed. WHOLE: the caller knows the tile is whole.
-template <bool WHOLE = false>
+/// Waits (every lane) until tile `waited` has landed.
 __device__ __forceinline__ void ring_wait_next(Ring& rg) {
   const uint32_t t = rg.waited++;
-  if (WHOLE || t + 1 < rg.tiles || rg.whole_last) {
+  if (t + 1 < rg.tiles || rg.whole_last) {
     const uint32_t si = t & (rg.S - 1);
     while (!mbar_try_wait(rg.bars + si, (rg.phase >> si) & 1u)) {
     }
@@ -478,10 +477,10 @@ __device__ __forceinline__ void ring_wait_next(Ring& rg) {
   __syncwarp();
 }
 /// Before tile t: issue tile t + S - 1, wait until tile t has landed. Returns tile t's slot.
-template <uint32_t NS, bool WHOLE = false>
+template <uint32_t NS>
 __device__ __forceinline__ const uint8_t* ring_advance(Ring& rg, const StreamState* ss, uint32_t t) {
   ring_issue<NS>(rg, ss, t + rg.S - 1);
-  ring_wait_next<WHOLE>(rg);
+  ring_wait_next(rg);
   return rg.base + (t & (rg.S - 1)) * rg.slot_bytes;
 }
 /// Before decoder tile t (kTile elements; ring tile t >> rs): advances the ring when t starts a ring tile not yet waited
