@@ -852,18 +852,20 @@ class Client:
         return out
 
     def _compress_gpu_batch(self, g: _Gpu, batch: list[_GpuItem], codec: str, stream, stage: int) -> list[CompressedTensor]:
-        results: list[CompressedTensor] = []
+        from ._cuda import gpu_bytes_of, gpu_copy_many, regions_of
+
         with self._staging(g, stage, stream) as buf:
             off = 0
             entries = []
+            staged: list[tuple[int, int]] = []  # arena regions the staged tensors are copied into
+            staged_src: list[torch.Tensor] = []
             for it in batch:
                 if it.share is not None:
                     data = it.share.wire(g.uuid, g.index)
                     byte_offset = it.tensor.storage_offset() * it.tensor.element_size()
                 else:
-                    from ._cuda import gpu_copy_into_bytes
-
-                    gpu_copy_into_bytes(buf.u8[off : off + it.nbytes], it.tensor)
+                    staged.append((off, it.nbytes))
+                    staged_src.append(gpu_bytes_of(it.tensor))
                     data = buf.share.wire(g.uuid, g.index)
                     byte_offset = off
                     off += _align(it.nbytes)
@@ -874,16 +876,21 @@ class Client:
                                "shape": list(it.wshape), "byte_offset": byte_offset, "data": data},
                     "out": buf.share.wire(g.uuid, g.index, it.out_off, it.capacity),
                 })
+            gpu_copy_many(regions_of(buf.u8, staged), staged_src)
             reply = self._gpu_request(g, "compress", {"codec": codec, "tensors": entries}, stream, buf,
                                       [it.share for it in batch if it.share is not None])
-            for it, fr in zip(batch, reply["frames"]):
+            frames = reply["frames"]
+            sizes = []
+            for it, fr in zip(batch, frames):
                 n = int(fr["bytes"])
                 if not 0 < n <= it.capacity:
                     raise TzipDaemonError("TZIP_CORRUPT", f"the daemon reported a frame of {n} bytes (capacity {it.capacity})")
-                payload = torch.empty(n, dtype=torch.uint8, device=g.device)
-                payload.copy_(buf.u8[it.out_off : it.out_off + n])
-                results.append(CompressedTensor(payload, it.tensor.dtype, it.tensor.shape, str(fr["codec"]), it.nbytes))
-        return results
+                sizes.append(n)
+            # Each payload is an allocation of its own (a view of a shared one would make torch.save write them all).
+            payloads = [torch.empty(n, dtype=torch.uint8, device=g.device) for n in sizes]
+            gpu_copy_many(payloads, regions_of(buf.u8, [(it.out_off, n) for it, n in zip(batch, sizes)]))
+            return [CompressedTensor(payload, it.tensor.dtype, it.tensor.shape, str(fr["codec"]), it.nbytes)
+                    for it, fr, payload in zip(batch, frames, payloads)]
 
     def _compress_gpu_fallback(self, g: _Gpu, tensors: list[torch.Tensor], reason: str) -> list[CompressedTensor]:
         if self.strict:
@@ -1149,19 +1156,22 @@ class Client:
         return d
 
     def _decompress_gpu_batch(self, g: _Gpu, batch: list[_GpuFrame], verify: bool, stream, stage: int, results: list) -> None:
-        from ._cuda import gpu_copy_from_bytes
+        from ._cuda import gpu_copy_from_bytes, gpu_copy_many, regions_of
 
         with self._staging(g, stage, stream) as buf:
             off = 0
             entries = []
             shares = []
+            staged: list[tuple[int, int]] = []  # arena regions the frames not handed over are copied into
+            staged_src: list[torch.Tensor] = []
             for d in batch:
                 n = d.frame.numel()
                 if d.fshare is not None:
                     fh = d.fshare.wire(g.uuid, g.index, d.frame.storage_offset(), n)
                     shares.append(d.fshare)
                 else:
-                    buf.u8[off : off + n].copy_(d.frame)
+                    staged.append((off, n))
+                    staged_src.append(d.frame)
                     fh = buf.share.wire(g.uuid, g.index, off, n)
                     off += _align(n)
                 if d.dshare is not None:
@@ -1177,22 +1187,25 @@ class Client:
                     "out": {"device": {"type": DL_CUDA, "id": g.index}, "dtype": {"code": d.dl[0], "bits": d.dl[1], "lanes": d.dl[2]},
                             "shape": list(d.wshape), "byte_offset": byte_offset, "data": data},
                 })
+            gpu_copy_many(regions_of(buf.u8, staged), staged_src)
             reply = self._gpu_request(g, "decompress", {"frames": entries, "verify": verify}, stream, buf, shares)
+            fresh: list[torch.Tensor] = []  # new tensors the results in the arena are copied into, with their regions
+            fresh_regions: list[tuple[int, int]] = []
             for d, info in zip(batch, reply["tensors"]):
                 n = d.ct.nbytes
                 if int(info["nbytes"]) != n:
                     raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {info['nbytes']} bytes, the CompressedTensor says {n}")
                 if d.dshare is not None:
                     results[d.k] = d.out if d.out is not None else d.result
-                    continue
-                src = buf.u8[d.out_off : d.out_off + n]
-                if d.out is not None:
-                    gpu_copy_from_bytes(d.out, src)
+                elif d.out is not None:
+                    gpu_copy_from_bytes(d.out, buf.u8[d.out_off : d.out_off + n])  # any layout: a copy of its own
                     results[d.k] = d.out
                 else:
                     flat = torch.empty(n, dtype=torch.uint8, device=g.device)
-                    flat.copy_(src)
+                    fresh.append(flat)
+                    fresh_regions.append((d.out_off, n))
                     results[d.k] = from_bytes(flat, d.ct.dtype, d.ct.shape)
+            gpu_copy_many(fresh, regions_of(buf.u8, fresh_regions))
 
     def _decompress_gpu_via_cpu(self, g: _Gpu, cts: list[CompressedTensor], outs: list, verify: bool, reason: str) -> list[torch.Tensor]:
         """The daemon cannot reach this GPU: frames are decoded through the CPU path and copied back."""
