@@ -69,6 +69,19 @@ export interface GpuTensor {
   extent: Extent;
 }
 
+/** An opened allocation of a request: its key and base pointer, and how messages name it. */
+interface Resolved {
+  key: string;
+  base: bigint;
+  place: string;
+}
+
+/** Whether two byte strings (or two nulls) are equal. */
+function sameBytes(a: Uint8Array | null, b: Uint8Array | null): boolean {
+  if (a === null || b === null) return a === b;
+  return Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(b);
+}
+
 /** The handles of one GPU request, resolved against one session's GPU state. */
 export class GpuRequest {
   /** The daemon's ordinal of the request's GPU (set by the first handle). */
@@ -76,6 +89,8 @@ export class GpuRequest {
   /** Keys of every allocation the request names. */
   readonly keys = new Set<string>();
   readonly state: GpuSession;
+  /** The last handle resolved (see {@link resolve}). */
+  private previous: { uuid: string; handle: Uint8Array; refCounter: Uint8Array | null; resolved: Resolved } | undefined;
 
   constructor(private readonly session: Session) {
     this.state = session.gpu();
@@ -90,6 +105,30 @@ export class GpuRequest {
   handle(h: MemoryHandle, writable: boolean, what: string, index: number): GpuRegion {
     if (h.kind !== 'cuda_ipc') throw new ReplyError('TZIP_INVALID_ARGUMENT', `${what}: ${MIXED_REQUEST}`, { index });
     const c: CudaIpcHandle = h;
+    if (!Number.isSafeInteger(c.offset + c.size)) {
+      throw new ReplyError('TZIP_TOO_LARGE', `${what}: offset ${c.offset} + size ${c.size} is beyond 2^53`, { index });
+    }
+    const opened = this.resolve(c, what, index);
+    return {
+      key: opened.key,
+      ptr: opened.base + BigInt(c.offset),
+      size: c.size,
+      extent: { name: opened.key, start: c.offset, length: c.size, writable, what, index, place: opened.place },
+    };
+  }
+
+  /**
+   * The allocation of a `cuda_ipc` handle after its checks (kind, whose memory, which GPU), opened.
+   * A batch names the same few allocations again and again (every staged tensor is in the client's
+   * one staging buffer): a handle equal to the previous one, byte for byte, with the same ref
+   * counter and GPU, has passed the same checks and gets the same answer without them.
+   */
+  private resolve(c: CudaIpcHandle, what: string, index: number): Resolved {
+    const prev = this.previous;
+    if (prev !== undefined && prev.uuid === c.device_uuid && sameBytes(prev.handle, c.handle) &&
+        sameBytes(prev.refCounter, c.ref_counter_handle ?? null)) {
+      return prev.resolved;
+    }
     if (c.handle[1] === SHAREABLE_CUDA_EXPANDABLE_SEGMENT) {
       throw new ReplyError('TZIP_UNSUPPORTED', `${what}: ${EXPANDABLE_SEGMENTS_REFUSED}`, { index });
     }
@@ -100,9 +139,6 @@ export class GpuRequest {
           `${what}: CUDA memory shared by another process (PyTorch ref counter ${name}) is not this session's memory ` +
           `(the session's process is pid ${this.session.pid})`, { index });
       }
-    }
-    if (!Number.isSafeInteger(c.offset + c.size)) {
-      throw new ReplyError('TZIP_TOO_LARGE', `${what}: offset ${c.offset} + size ${c.size} is beyond 2^53`, { index });
     }
     const device = ordinalOf(c.device_uuid, what, index);
     if (this.device === undefined) this.device = device;
@@ -117,13 +153,10 @@ export class GpuRequest {
       throw err;
     }
     this.keys.add(opened.key);
-    const place = `the CUDA allocation ${opened.key.slice(opened.key.indexOf(':') + 1, opened.key.indexOf(':') + 17)}... on GPU ${c.device_uuid}`;
-    return {
-      key: opened.key,
-      ptr: opened.base + BigInt(c.offset),
-      size: c.size,
-      extent: { name: opened.key, start: c.offset, length: c.size, writable, what, index, place },
-    };
+    const hex = opened.key.slice(opened.key.indexOf(':') + 1);
+    const resolved = { ...opened, place: `the CUDA allocation ${hex.slice(0, 16)}... on GPU ${c.device_uuid}` };
+    this.previous = { uuid: c.device_uuid, handle: c.handle, refCounter: c.ref_counter_handle ?? null, resolved };
+    return resolved;
   }
 
   /**

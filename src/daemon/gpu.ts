@@ -54,7 +54,7 @@ export function gpuApi(): GpuApi | null {
  */
 export function useGpuApiForTests(api: GpuApi | null | undefined): void {
   override = api;
-  inventory = undefined;
+  resetGpuInventory();
 }
 
 /** The GPUs this daemon serves, found once. */
@@ -65,6 +65,8 @@ export interface GpuInventory {
 }
 
 let inventory: GpuInventory | undefined;
+/** Ordinals of the UUID strings requests have named (as sent), filled by {@link ordinalOf}: one lookup per tensor. */
+const ordinals = new Map<string, number>();
 
 /** Lower-case UUID without its 'GPU-' / 'MIG-' prefix: how UUIDs are compared. */
 export function normalizeUuid(uuid: string): string {
@@ -91,6 +93,7 @@ export function gpuInventory(): GpuInventory {
 /** For tests: forget the inventory (the next call asks the addon again). */
 export function resetGpuInventory(): void {
   inventory = undefined;
+  ordinals.clear();
 }
 
 /**
@@ -98,6 +101,8 @@ export function resetGpuInventory(): void {
  * @throws ReplyError TZIP_NO_DEVICE when the daemon has no GPU or does not see this one.
  */
 export function ordinalOf(uuid: string, what: string, index: number): number {
+  const known = ordinals.get(uuid);
+  if (known !== undefined) return known;
   const inv = gpuInventory();
   if (inv.devices.length === 0) {
     throw new ReplyError('TZIP_NO_DEVICE', `${what}: this tzip daemon has no usable GPU (${inv.reason}); GPU tensors cannot be served`, { index });
@@ -109,6 +114,7 @@ export function ordinalOf(uuid: string, what: string, index: number): number {
       `${what}: GPU ${uuid} is not visible to this tzip daemon (it sees ${inv.devices.map((d) => d.uuid).join(', ')}); ` +
       'start the daemon where that GPU is visible (CUDA_VISIBLE_DEVICES)', { index });
   }
+  if (ordinals.size < 64) ordinals.set(uuid, found.ordinal);
   return found.ordinal;
 }
 

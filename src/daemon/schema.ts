@@ -73,8 +73,20 @@ export const ShareableHandle = bytes.superRefine((b, ctx) => {
 export const EventHandle = bytes.refine((b) => b.byteLength === CUDA_IPC_HANDLE_BYTES, 'a CUDA IPC event handle is 64 bytes (cudaIpcEventHandle_t)');
 
 /** PyTorch's IPC ref-counter file of a share (`/torch_<pid>_...`), as `_share_cuda_()` gives it. */
-export const RefCounterName = bytes.refine((b) => b.byteLength >= 1 && b.byteLength <= 255 && /^\/?[A-Za-z0-9._-]+$/.test(Buffer.from(b).toString('latin1')),
-  'ref_counter_handle is a /dev/shm name ("/torch_<pid>_...")');
+export const RefCounterName = bytes.refine(isShmFileName, 'ref_counter_handle is a /dev/shm name ("/torch_<pid>_...")');
+
+/** 1 to 255 bytes of [A-Za-z0-9._-], after an optional leading '/' (a loop over the bytes: one per tensor per request). */
+function isShmFileName(b: Uint8Array): boolean {
+  if (b.byteLength < 1 || b.byteLength > 255) return false;
+  const start = b[0] === 0x2f ? 1 : 0;
+  if (start === b.byteLength) return false;
+  for (let i = start; i < b.byteLength; i++) {
+    const c = b[i] as number;
+    const ok = (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5a) || (c >= 0x61 && c <= 0x7a) || c === 0x2e || c === 0x5f || c === 0x2d;
+    if (!ok) return false;
+  }
+  return true;
+}
 
 /**
  * A CUDA allocation shared by PyTorch (`UntypedStorage._share_cuda_()`): the shareable handle of
