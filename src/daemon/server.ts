@@ -224,8 +224,9 @@ export class Daemon {
       (err: unknown) => this.countAndReply(router, prefix, request.id, request.op, err),
     ).finally(() => {
       if (TRACE) {
-        const us = Number(process.hrtime.bigint() - arrived) / 1e3;
-        this.log(`trace: ${request.op} answered ${us.toFixed(1)} us after it arrived`);
+        // Absolute times on the monotonic clock, the clock of the addon's trace lines ("called at").
+        const now = process.hrtime.bigint();
+        this.log(`trace: ${request.op} answered ${(Number(now - arrived) / 1e3).toFixed(1)} us after it arrived (arrived at ${arrived} ns, answered at ${now} ns)`);
       }
       this.inflight--;
       if (request.op === 'shutdown') void this.stop('shutdown requested by a client');

@@ -61,18 +61,26 @@ inline Bytes bytes_of(const Napi::Value& v, const char* what) {
   return {a.Data(), a.ByteLength()};
 }
 
-/// A non-negative integer from a number (a safe integer) or a bigint (up to 2^64 - 1).
-inline uint64_t u64_of(const Napi::Value& v, const std::string& what) {
+/// `v` as a non-negative integer (a number that is a safe integer, or a bigint up to 2^64 - 1) into *out; false when
+/// it is not one. For loops over batch items, where u64_of's message would be built for every field.
+inline bool try_u64(const Napi::Value& v, uint64_t* out) {
   if (v.IsBigInt()) {
     bool lossless = true;
-    uint64_t x = v.As<Napi::BigInt>().Uint64Value(&lossless);
-    if (!lossless) invalid(what + " is out of range");
-    return x;
+    *out = v.As<Napi::BigInt>().Uint64Value(&lossless);
+    return lossless;
   }
-  if (!v.IsNumber()) invalid(what + " must be a non-negative integer");
+  if (!v.IsNumber()) return false;
   const double d = v.As<Napi::Number>().DoubleValue();
-  if (!(d >= 0) || d > 9007199254740991.0 || d != double(uint64_t(d))) invalid(what + " must be a non-negative integer");
-  return uint64_t(d);
+  if (!(d >= 0) || d > 9007199254740991.0 || d != double(uint64_t(d))) return false;
+  *out = uint64_t(d);
+  return true;
+}
+
+/// A non-negative integer from a number (a safe integer) or a bigint (up to 2^64 - 1).
+inline uint64_t u64_of(const Napi::Value& v, const std::string& what) {
+  uint64_t x = 0;
+  if (try_u64(v, &x)) return x;
+  invalid(what + (v.IsBigInt() ? " is out of range" : " must be a non-negative integer"));
 }
 
 /// Argument i as u64_of; TZIP_INVALID_ARGUMENT when it is missing.
@@ -96,11 +104,10 @@ inline Napi::Object options_of(const Napi::CallbackInfo& info, size_t i) {
   return info[i].As<Napi::Object>();
 }
 
+/// Whether `v` (a property read with Get) is there: neither undefined nor null.
+inline bool present(const Napi::Value& v) { return !v.IsUndefined() && !v.IsNull(); }
+
 /// Whether `o.key` is present and neither undefined nor null.
-inline bool has_opt(const Napi::Object& o, const char* key) {
-  if (!o.Has(key)) return false;
-  const Napi::Value v = o.Get(key);
-  return !v.IsUndefined() && !v.IsNull();
-}
+inline bool has_opt(const Napi::Object& o, const char* key) { return present(o.Get(key)); }
 
 }  // namespace tzip::addon

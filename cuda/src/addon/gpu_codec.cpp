@@ -5,9 +5,10 @@
 // [wait options.waitEvent] -> tzip::gpu::encode/decode -> gather of the frames' bytes the host needs (gpu/gather.h:
 // the codec byte of each frame whose "auto" the device resolved; the fixed header and shape of each decoded frame) ->
 // one copy of all per-item results (frame sizes and codecs / error codes and headers) to pinned host memory ->
-// [record options.recordEvent] -> record an event of the addon, which the worker then waits for. The promise settles
-// in OnOK on the JavaScript thread, which never waits for the GPU. Scratch memory comes from the stream's cache
-// (gpu/scratch.h), so a call allocates no device memory once the cache holds blocks of its sizes.
+// [record options.recordEvent] -> record an event of the addon, which the worker then waits for (polling, then
+// asleep: spin_us). The promise settles in OnOK on the JavaScript thread, which never waits for the GPU. Scratch memory
+// comes from the stream's cache (gpu/scratch.h), so a call allocates no device memory once the cache holds blocks of
+// its sizes.
 // With TZIP_TRACE set in the environment, each call prints where its time went to stderr (see GpuWorker::OnOK).
 #include <algorithm>
 #include <chrono>
@@ -77,8 +78,10 @@ Napi::Object item_object(const Napi::Array& items, uint32_t i) {
 }
 
 uint64_t field_u64(const Napi::Object& o, const char* key, const std::string& who) {
-  if (!has_opt(o, key)) invalid(who + key + " is required");
-  return u64_of(o.Get(key), who + key);
+  const Napi::Value v = o.Get(key);
+  if (!present(v)) invalid(who + key + " is required");
+  uint64_t x = 0;
+  return try_u64(v, &x) ? x : u64_of(v, who + key);
 }
 
 /// A gpu::Status error as an addon error; CUDA failures get the CUDA error name where the text identifies it.
@@ -98,6 +101,31 @@ bool trace_on() {
   static const bool on = std::getenv("TZIP_TRACE") != nullptr;
   return on;
 }
+/// Microseconds a worker polls its call's completion event (cudaEventQuery) before it sleeps in cudaEventSynchronize:
+/// TZIP_GPU_SPIN_US in the environment (read once; 0: sleep at once), default 2000. A thread asleep on a blocking-sync
+/// event wakes through the driver's interrupt: on an H200 (VM) a one-element compress through the daemon saw its GPU
+/// stage at 199 us sleeping and 129 us polling (TZIP_TRACE medians, docs/benchmarks.md). 2 ms covers the calls where
+/// that matters (small ones and 25 MB buckets); longer calls sleep, so a pool thread spins at most 2 ms per call.
+long spin_us() {
+  static const long us = [] {
+    const char* v = std::getenv("TZIP_GPU_SPIN_US");
+    return v ? std::max(0L, std::strtol(v, nullptr, 10)) : 2000L;
+  }();
+  return us;
+}
+
+/// Waits for `ev`: polls it for spin_us() first, then sleeps in cudaEventSynchronize.
+cudaError_t wait_event_done(cudaEvent_t ev) {
+  if (const long us = spin_us()) {
+    const auto until = Clock::now() + std::chrono::microseconds(us);
+    do {
+      const cudaError_t e = cudaEventQuery(ev);
+      if (e != cudaErrorNotReady) return e;
+    } while (Clock::now() < until);
+  }
+  return cudaEventSynchronize(ev);
+}
+
 /// When a call's work was on the stream, and when the worker saw it finish (TZIP_TRACE).
 struct StageTimes {
   Clock::time_point enqueued, finished;
@@ -147,7 +175,7 @@ void run_on_stream(const RunOptions& o, size_t result_bytes, void* host_result,
     throw;
   }
   if (times) times->enqueued = Clock::now();
-  const cudaError_t e = cudaEventSynchronize(done.get());
+  const cudaError_t e = wait_event_done(done.get());
   if (times) times->finished = Clock::now();
   if (e != cudaSuccess) {
     pinned.poison();
@@ -188,9 +216,11 @@ class GpuWorker : public Napi::AsyncWorker {
       };
       const Clock::time_point now = Clock::now();
       std::fprintf(stderr,
-                   "tzip addon trace: %s device %d: queue %.1f us, checks+enqueue %.1f us, GPU %.1f us, to JS %.1f us\n",
+                   "tzip addon trace: %s device %d: queue %.1f us, checks+enqueue %.1f us, GPU %.1f us, to JS %.1f us "
+                   "(called at %lld ns)\n",
                    name_, opt_.device, us(queued_, started_), us(started_, times_.enqueued),
-                   us(times_.enqueued, times_.finished), us(times_.finished, now));
+                   us(times_.enqueued, times_.finished), us(times_.finished, now),
+                   static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(queued_.time_since_epoch()).count()));
     }
     Napi::Env env = Env();
     if (error_) deferred_.Reject(make_error(env, *error_).Value());
@@ -238,24 +268,30 @@ EncodeSpec encode_spec(const Napi::Object& o, uint32_t i, uint32_t chunk) {
   EncodeSpec s;
   s.data = field_u64(o, "data", who);
   s.nbytes = field_u64(o, "nbytes", who);
-  if (!has_opt(o, "dtype") || !o.Get("dtype").IsString()) invalid(who + "dtype must be a safetensors dtype name");
-  const std::string dname = o.Get("dtype").As<Napi::String>().Utf8Value();
+  const Napi::Value dv = o.Get("dtype");
+  if (!dv.IsString()) invalid(who + "dtype must be a safetensors dtype name");
+  const std::string dname = dv.As<Napi::String>().Utf8Value();
   if (!parse_dtype_name(dname, &s.dtype)) invalid(who + "unknown dtype '" + dname + "' (pass U8 for opaque bytes)");
-  if (has_opt(o, "codec")) {
-    const std::string cname = o.Get("codec").ToString().Utf8Value();
+  if (const Napi::Value cv = o.Get("codec"); present(cv)) {
+    const std::string cname = cv.ToString().Utf8Value();
     Codec c = Codec::RAW;
     bool is_auto = false;
     if (!parse_codec_name(cname, &c, &is_auto)) invalid(who + "unknown codec '" + cname + "' (auto, fast, max, bytes, raw)");
     s.codec = is_auto ? gpu::kCodecAuto : uint8_t(c);
   }
-  if (!has_opt(o, "shape") || !o.Get("shape").IsArray()) invalid(who + "shape must be an array of dimensions");
-  const Napi::Array sa = o.Get("shape").As<Napi::Array>();
+  const Napi::Value shv = o.Get("shape");
+  if (!shv.IsArray()) invalid(who + "shape must be an array of dimensions");
+  const Napi::Array sa = shv.As<Napi::Array>();
   if (sa.Length() > kMaxNdim) invalid(who + "at most 32 dimensions are supported");
   using u128 = unsigned __int128;
   const u128 kTooBig = u128(~uint64_t(0)) + 1;  // saturated product: can never match nbytes
   u128 expect = dtype_size(s.dtype);
-  for (uint32_t k = 0; k < sa.Length(); ++k) {
-    s.shape.push_back(u64_of(sa.Get(k), who + "shape entries"));
+  const uint32_t ndim = sa.Length();
+  s.shape.reserve(ndim);
+  for (uint32_t k = 0; k < ndim; ++k) {
+    const Napi::Value d = sa.Get(k);
+    uint64_t x = 0;
+    s.shape.push_back(try_u64(d, &x) ? x : u64_of(d, who + "shape entries"));
     expect = std::min<u128>(expect * s.shape.back(), kTooBig);
   }
   if (expect != s.nbytes)
