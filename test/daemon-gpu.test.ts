@@ -405,6 +405,17 @@ describe('GPU requests (fake GPU)', () => {
       e = await code({ wait_event: Buffer.alloc(64, 1), tensors: [{ tensor: t, out: out(8192, 4096) }] });
       expect(e.code).toBe('TZIP_HANDLE');
       expect(e.message).toContain('wait_event');
+      // the same allocation handle again later in a batch is checked again when its ref counter or GPU differs
+      // (the daemon reuses the answer for a handle equal to the previous one only with both equal)
+      const two = (second: Record<string, unknown>) => ({ tensors: [
+        { tensor: t, out: out(8192, 4096) },
+        { tensor: bf16({ ...ipc(c, base, 16384, 2000), ...second }, [1000]), out: out(24576, 4096) }] });
+      e = await code(two({ ref_counter_handle: Buffer.from('/torch_1_42_0') }));
+      expect([e.code, e.index]).toEqual(['TZIP_HANDLE', 1]);
+      expect(e.message).toContain('another process');
+      e = await code(two({ device_uuid: 'GPU-99999999-0000-0000-0000-000000000000' }));
+      expect([e.code, e.index]).toEqual(['TZIP_NO_DEVICE', 1]);
+      expect((await c.call('compress', two({}))).ok).toBe(true);
       // a frame that is not a frame
       e = await code({ frames: [{ frame: out(8192, 300), out: bf16(ipc(c, base, 65536, 2000), [1000]) }] }, 'decompress');
       expect(['TZIP_CORRUPT', 'TZIP_TRUNCATED', 'TZIP_INVALID_ARGUMENT']).toContain(e.code);

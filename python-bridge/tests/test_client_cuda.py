@@ -162,7 +162,8 @@ def test_arange_view_at_a_storage_offset(client, sharing_client, share_everythin
 @needs_cuda
 def test_non_contiguous_tensors_as_on_the_cpu(client):
     base = random_cuda(torch.float32, (64, 96), seed=1)
-    views = {"transpose": base.t(), "columns": base[:, 3:50], "step": base[::3, ::2], "element": base[7, 9],
+    views = {"transpose": base.t(), "columns": base[:, 3:50], "step": base[::3, ::2], "1-D step": base.view(-1)[5::7],
+             "column of one": base[:, 4], "element": base[7, 9],
              "expanded": base[0:1].expand(10, 96), "channels_last": random_cuda(torch.float16, (2, 3, 8, 8), seed=4)
              .to(memory_format=torch.channels_last)}
     for name, v in views.items():

@@ -365,7 +365,7 @@ def gpu_copy_from_bytes(out: torch.Tensor, src_u8: torch.Tensor) -> None:
 def gpu_bytes_of(t: torch.Tensor) -> torch.Tensor:
     """The values of CUDA tensor ``t`` in C order as a 1-D uint8 tensor of its nbytes: a view when ``t`` is
     contiguous, else a copy queued on the current stream (through the integer alias: bits move exactly)."""
-    return _int_alias(t.detach()).reshape(-1).view(torch.uint8)
+    return _int_alias(t.detach()).contiguous().view(-1).view(torch.uint8)
 
 
 def regions_of(u8: torch.Tensor, regions: list[tuple[int, int]]) -> list[torch.Tensor]:
