@@ -275,6 +275,69 @@ describe('GPU requests (fake GPU)', () => {
     }
   });
 
+  it('takes a handle table (protocol version 2): references expand to the regions they name, checked as full handles', async () => {
+    const c = new Conn(daemon.endpoint);
+    try {
+      const hello = await c.req({ op: 'hello', versions: [1, 2], pid: c.pid, shm_prefix: c.prefix });
+      expect(hello.version).toBe(2);
+      c.sid = hello.sid;
+      const a = bf16Weights(3000, 5);
+      const base = gpu.alloc(1 << 20);
+      const mem = gpu.memory.get(base) as Buffer;
+      const storage = 8192; // the storage the table's entry describes starts here in the allocation
+      a.copy(mem, storage + 64);
+      const cap = maxCompressedSize(a.length, 1);
+      const ref = (offset: number, size: number, index = 0) => ({ kind: 'ref', index, offset, size });
+      const handles = [ipc(c, base, storage, 200_000)];
+      const r = await c.call('compress', { handles, tensors: [
+        { tensor: bf16(ref(64, a.length), [3000]), out: ref(16384, cap) },
+        { tensor: bf16(ref(0, a.length + 64), [3000], 64), out: ref(32768, cap), codec: 'raw' },
+      ] });
+      expect(r.ok).toBe(true);
+      const want = await compress(a, { dtype: 'BF16', shape: [3000] });
+      expect(mem.subarray(storage + 16384, storage + 16384 + r.frames[0].bytes).equals(want)).toBe(true);
+      const d = await c.call('decompress', { handles, frames: [{ frame: ref(16384, r.frames[0].bytes), out: bf16(ref(65536, a.length), [3000]) }] });
+      expect(d.ok).toBe(true);
+      expect(mem.subarray(storage + 65536, storage + 65536 + a.length).equals(a)).toBe(true);
+      // the same request with full handles writes the same bytes
+      const full = await c.call('compress', { tensors: [{ tensor: bf16(ipc(c, base, storage + 64, a.length), [3000]), out: ipc(c, base, storage + 98304, cap) }] });
+      expect(full.frames[0].bytes).toBe(r.frames[0].bytes);
+      expect(mem.subarray(storage + 98304, storage + 98304 + full.frames[0].bytes).equals(want)).toBe(true);
+
+      const code = async (op: string, body: Record<string, unknown>) => {
+        const e = await c.call(op, body);
+        expect(e.ok).toBe(false);
+        return e.error as { code: string; message: string; index?: number };
+      };
+      const one = (tensor: unknown, out: unknown, table: unknown = handles) => ({ handles: table, tensors: [{ tensor: bf16(ipc(c, base, storage, 8), [4]), out: ref(16384, cap) }, { tensor, out }] });
+      let e = await code('compress', one(bf16(ref(0, 8, 1), [4]), ref(16384 + cap, cap)));
+      expect([e.code, e.index]).toEqual(['TZIP_PROTOCOL', 1]);
+      expect(e.message).toContain('handles[1]');
+      e = await code('compress', { tensors: [{ tensor: bf16(ref(0, 8), [4]), out: ipc(c, base, 16384, cap) }] });
+      expect([e.code, e.index]).toEqual(['TZIP_PROTOCOL', 0]);
+      expect(e.message).toContain('no "handles"');
+      e = await code('compress', one(bf16(ref(199_999, 8), [4]), ref(16384 + cap, cap)));
+      expect([e.code, e.index]).toEqual(['TZIP_HANDLE', 1]);
+      expect(e.message).toContain('beyond its 200000 bytes');
+      e = await code('compress', one(bf16(ref(0, 8), [4]), ref(Number.MAX_SAFE_INTEGER, 2)));
+      expect([e.code, e.index]).toEqual(['TZIP_HANDLE', 1]);
+      // an entry's checks are the full handle's: another process's ref counter
+      e = await code('compress', one(bf16(ref(0, 8, 1), [4]), ref(16384 + cap, cap), [...handles, ipc(c, base, 0, 1000, { ref_counter_handle: Buffer.from('/torch_1_42_0') })]));
+      expect([e.code, e.index]).toEqual(['TZIP_HANDLE', 1]);
+      expect(e.message).toContain('another process');
+      // a table entry is a full handle, never a reference; a reference has exactly its four fields
+      e = await code('compress', one(bf16(ref(0, 8), [4]), ref(16384 + cap, cap), [ref(0, 8)]));
+      expect(e.code).toBe('TZIP_PROTOCOL');
+      e = await code('compress', one(bf16({ ...ref(0, 8), name: 'x' }, [4]), ref(16384 + cap, cap)));
+      expect(e.code).toBe('TZIP_PROTOCOL');
+      e = await code('decompress', { handles, frames: [{ frame: ref(16384, r.frames[0].bytes, 7), out: bf16(ref(65536, a.length), [3000]) }] });
+      expect([e.code, e.index]).toEqual(['TZIP_PROTOCOL', 0]);
+      expect((await c.call('heartbeat')).ok).toBe(true);
+    } finally {
+      c.close();
+    }
+  });
+
   it('one addon call per request; the codecs and headers the addon reports are used and checked', async () => {
     const c = new Conn(daemon.endpoint);
     try {

@@ -120,6 +120,15 @@ describe('daemon in-process', () => {
       const file = readFileSync(path);
       expect(file.subarray(backBase, backBase + a.length).equals(a)).toBe(true);
       expect(file.subarray(backBase + a.length, backBase + a.length + b.length).equals(b)).toBe(true);
+      // the same decompress through a handle table (protocol version 2): one shm entry, regions named by reference
+      const back2 = backBase + (512 << 10);
+      const ref = (offset: number, size: number) => ({ kind: 'ref', index: 0, offset, size });
+      const d2 = await c.call('decompress', { handles: [{ kind: 'shm', name, offset: outBase, size: 3 << 20 }], frames: [
+        { frame: ref(0, r.frames[0].bytes),
+          out: { device: { type: 1, id: 0 }, dtype: { code: 4, bits: 16, lanes: 1 }, shape: [100_000], byte_offset: 0, data: ref(back2 - outBase, a.length) } },
+      ] });
+      expect(d2.ok).toBe(true);
+      expect(readFileSync(path).subarray(back2, back2 + a.length).equals(a)).toBe(true);
       const st = await c.call('stats', {});
       expect(st.session.mapped.files).toBe(1);
       const rel = await c.call('release', { names: [name] });

@@ -54,6 +54,7 @@ __all__ = [
     "gpu_bytes_of",
     "gpu_copy_many",
     "regions_of",
+    "StagingRegions",
 ]
 
 #: Kind bytes of PyTorch's shareable handle (c10/cuda/CUDACachingAllocator.cpp, ShareableHandleType).
@@ -185,6 +186,32 @@ class ShareCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+
+
+class StagingRegions:
+    """How one GPU request names regions of its staging buffer: by reference into the request's handle table
+    (``table=True``, protocol version 2: the buffer's CUDA IPC handle and ref counter are sent once per request, not
+    in each of a batch's handles; docs/protocol.md "Handle tables"), or as full ``cuda_ipc`` handles (version 1)."""
+
+    __slots__ = ("share", "uuid", "index", "table")
+
+    def __init__(self, share: Share, uuid: str, index: int, table: bool):
+        self.share = share
+        self.uuid = uuid
+        self.index = index
+        self.table = table
+
+    def region(self, offset: int, size: int) -> dict:
+        """The handle of bytes [offset, offset + size) of the buffer."""
+        if self.table:
+            return {"kind": "ref", "index": 0, "offset": offset, "size": size}
+        return self.share.wire(self.uuid, self.index, offset, size)
+
+    def body(self, body: dict) -> dict:
+        """The request ``body`` with the handle table its references name (itself when there is none)."""
+        if self.table:
+            body["handles"] = [self.share.wire(self.uuid, self.index)]
+        return body
 
 
 class GpuBuffer:

@@ -120,7 +120,7 @@ _log = logging.getLogger("tzip")
 #: Codecs a compress call accepts.
 CODECS = ("auto", "fast", "max", "bytes", "raw")
 #: Protocol versions this client speaks.
-PROTOCOL_VERSIONS = [1]
+PROTOCOL_VERSIONS = [1, 2]
 #: Seconds between reconnection attempts while the daemon is away.
 RETRY_INTERVAL_S = 1.0
 #: Decompressed tensors of at least this many bytes get their own shared-memory segment (no copy).
@@ -329,6 +329,7 @@ class Client:
         self._daemon_pid: int | None = None
         self._socket_ino: int | None = None
         self._limits: dict[str, Any] = {}
+        self._version = 1  # the protocol version of the session (hello)
         self._heartbeat_s = 3.0
         self._next_attempt = 0.0
         self._last_error: Exception | None = None
@@ -432,6 +433,7 @@ class Client:
                 raise DaemonUnavailableError(f"the tzip daemon at {self.socket_path} does not take clients now: {err.get('message')}")
             raise TzipDaemonError(str(err.get("code")), str(err.get("message")))
         self._daemon = dict(reply.get("daemon") or {})
+        self._version = int(reply.get("version", 1))
         self._limits = dict(reply.get("limits") or {})
         self._heartbeat_s = max(0.05, int(reply.get("heartbeat_ms", 3000)) / 1000)
         # Liveness is judged by the lock file's pid (as seen from this pid namespace), when it was alive at hello.
@@ -852,9 +854,10 @@ class Client:
         return out
 
     def _compress_gpu_batch(self, g: _Gpu, batch: list[_GpuItem], codec: str, stream, stage: int) -> list[CompressedTensor]:
-        from ._cuda import gpu_bytes_of, gpu_copy_many, regions_of
+        from ._cuda import StagingRegions, gpu_bytes_of, gpu_copy_many, regions_of
 
         with self._staging(g, stage, stream) as buf:
+            arena = StagingRegions(buf.share, g.uuid, g.index, self._version >= 2)
             off = 0
             entries = []
             staged: list[tuple[int, int]] = []  # arena regions the staged tensors are copied into
@@ -866,18 +869,18 @@ class Client:
                 else:
                     staged.append((off, it.nbytes))
                     staged_src.append(gpu_bytes_of(it.tensor))
-                    data = buf.share.wire(g.uuid, g.index)
-                    byte_offset = off
+                    data = arena.region(off, it.nbytes)
+                    byte_offset = 0
                     off += _align(it.nbytes)
                 it.out_off = off
                 off += _align(it.capacity)
                 entries.append({
                     "tensor": {"device": {"type": DL_CUDA, "id": g.index}, "dtype": {"code": it.dl[0], "bits": it.dl[1], "lanes": it.dl[2]},
                                "shape": list(it.wshape), "byte_offset": byte_offset, "data": data},
-                    "out": buf.share.wire(g.uuid, g.index, it.out_off, it.capacity),
+                    "out": arena.region(it.out_off, it.capacity),
                 })
             gpu_copy_many(regions_of(buf.u8, staged), staged_src)
-            reply = self._gpu_request(g, "compress", {"codec": codec, "tensors": entries}, stream, buf,
+            reply = self._gpu_request(g, "compress", arena.body({"codec": codec, "tensors": entries}), stream, buf,
                                       [it.share for it in batch if it.share is not None])
             frames = reply["frames"]
             sizes = []
@@ -1156,9 +1159,10 @@ class Client:
         return d
 
     def _decompress_gpu_batch(self, g: _Gpu, batch: list[_GpuFrame], verify: bool, stream, stage: int, results: list) -> None:
-        from ._cuda import gpu_copy_from_bytes, gpu_copy_many, regions_of
+        from ._cuda import StagingRegions, gpu_copy_from_bytes, gpu_copy_many, regions_of
 
         with self._staging(g, stage, stream) as buf:
+            arena = StagingRegions(buf.share, g.uuid, g.index, self._version >= 2)
             off = 0
             entries = []
             shares = []
@@ -1172,15 +1176,16 @@ class Client:
                 else:
                     staged.append((off, n))
                     staged_src.append(d.frame)
-                    fh = buf.share.wire(g.uuid, g.index, off, n)
+                    fh = arena.region(off, n)
                     off += _align(n)
                 if d.dshare is not None:
                     data = d.dshare.wire(g.uuid, g.index)
                     byte_offset = d.dest_offset
                     shares.append(d.dshare)
                 else:
-                    data = buf.share.wire(g.uuid, g.index)
-                    byte_offset = d.out_off = off
+                    d.out_off = off
+                    data = arena.region(off, d.ct.nbytes)
+                    byte_offset = 0
                     off += _align(d.ct.nbytes)
                 entries.append({
                     "frame": fh,
@@ -1188,7 +1193,7 @@ class Client:
                             "shape": list(d.wshape), "byte_offset": byte_offset, "data": data},
                 })
             gpu_copy_many(regions_of(buf.u8, staged), staged_src)
-            reply = self._gpu_request(g, "decompress", {"frames": entries, "verify": verify}, stream, buf, shares)
+            reply = self._gpu_request(g, "decompress", arena.body({"frames": entries, "verify": verify}), stream, buf, shares)
             fresh: list[torch.Tensor] = []  # new tensors the results in the arena are copied into, with their regions
             fresh_regions: list[tuple[int, int]] = []
             for d, info in zip(batch, reply["tensors"]):

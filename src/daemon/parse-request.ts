@@ -4,8 +4,9 @@
  */
 import type { z } from 'zod';
 import type { DaemonLimits } from './limits.js';
+import { expandCompress, expandDecompress } from './handle-refs.js';
 import { ReplyError } from './reply-error.js';
-import { Envelope, OPS, REQUESTS, RequestId, type Op, type Request } from './schema.js';
+import { Envelope, OPS, REQUESTS, RequestId, type Op, type Request, type WireCompressRequest, type WireDecompressRequest } from './schema.js';
 import { decodeMessage } from './wire.js';
 
 /** What {@link parseRequest} found: the id to echo (null when there is none) and the request or the error. */
@@ -54,6 +55,15 @@ export function parseRequest(bytes: Uint8Array, limits: Pick<DaemonLimits, 'maxM
   const parsed = REQUESTS[op as Op].safeParse(value);
   if (!parsed.success) {
     return { id, error: new ReplyError('TZIP_PROTOCOL', `bad ${op} request: ${describeIssues(parsed.error)}`) };
+  }
+  if (op === 'compress' || op === 'decompress') {
+    try {
+      const request = op === 'compress' ? expandCompress(parsed.data as WireCompressRequest) : expandDecompress(parsed.data as WireDecompressRequest);
+      return { id, request };
+    } catch (err) {
+      if (err instanceof ReplyError) return { id, error: err };
+      throw err;
+    }
   }
   return { id, request: parsed.data as Request };
 }

@@ -128,18 +128,45 @@ export const DataType = z.strictObject({
 });
 export type DataType = z.infer<typeof DataType>;
 
-/** A tensor: DLTensor with a memory handle in place of the data pointer. */
-export const Tensor = z.strictObject({
-  device: Device,
-  dtype: DataType,
-  shape: z.array(uint).max(64),
-  /** In elements, as in DLPack; null/absent for compact C order (the only layout served). */
-  strides: z.array(z.number().int()).max(64).nullable().optional(),
-  /** Offset of the first element from the start of the handle's region, bytes. */
-  byte_offset: uint,
-  data: MemoryHandle,
+/** Entries of a request's `handles` table at most (protocol version 2). */
+export const MAX_REQUEST_HANDLES = 4096;
+
+/**
+ * Protocol version 2: bytes [offset, offset + size) of the region of entry `index` of the
+ * request's `handles` table. A batch whose tensors lie in a few allocations (a client's staging
+ * buffer) sends each allocation's handle once; the daemon expands references right after
+ * validation (handle-refs.ts), so everything after sees plain handles.
+ */
+export const HandleRef = z.strictObject({
+  kind: z.literal('ref'),
+  index: z.number().int().min(0).max(MAX_REQUEST_HANDLES - 1),
+  offset: uint,
+  size: uint,
 });
+export type HandleRef = z.infer<typeof HandleRef>;
+
+/** A memory handle as a request may send it: in full, or a reference into the request's `handles`. */
+const WireHandle = z.discriminatedUnion('kind', [ShmHandle, CudaIpcHandle, HandleRef]);
+
+/** The fields of a tensor: DLTensor with a memory handle (`data`) in place of the data pointer. */
+function tensorSchema<H extends z.ZodType>(data: H) {
+  return z.strictObject({
+    device: Device,
+    dtype: DataType,
+    shape: z.array(uint).max(64),
+    /** In elements, as in DLPack; null/absent for compact C order (the only layout served). */
+    strides: z.array(z.number().int()).max(64).nullable().optional(),
+    /** Offset of the first element from the start of the handle's region, bytes. */
+    byte_offset: uint,
+    data,
+  });
+}
+
+/** A tensor: DLTensor with a memory handle in place of the data pointer. */
+export const Tensor = tensorSchema(MemoryHandle);
 export type Tensor = z.infer<typeof Tensor>;
+/** A tensor as a request may send it (`data` may be a {@link HandleRef}). */
+const WireTensor = tensorSchema(WireHandle);
 
 const CodecName = z.enum(CODECS as unknown as [string, ...string[]]);
 const Threads = z.number().int().min(1).max(1024);
@@ -158,41 +185,61 @@ export const HelloRequest = z.strictObject({
 
 export const HeartbeatRequest = z.strictObject({ id: RequestId, op: z.literal('heartbeat'), sid: SessionId });
 
-export const CompressRequest = z.strictObject({
-  id: RequestId,
-  op: z.literal('compress'),
-  sid: SessionId,
-  /** Default codec of the batch (auto). */
-  codec: CodecName.optional(),
-  threads: Threads.optional(),
-  /** Bytes of input per chunk (default the codec's, 65536). */
-  chunk_size: z.number().int().min(4096).max(65536).optional(),
-  /** GPU requests: the client's interprocess event, recorded after its inputs were written; the daemon's stream waits on it. */
-  wait_event: EventHandle.nullable().optional(),
-  tensors: z.array(z.strictObject({
-    tensor: Tensor,
-    /** Where the frame goes; its size is the capacity (at least maxCompressedSize). */
-    out: MemoryHandle,
+function compressSchema<H extends z.ZodType, T extends z.ZodType>(handle: H, tensor: T) {
+  return z.strictObject({
+    id: RequestId,
+    op: z.literal('compress'),
+    sid: SessionId,
+    /** Default codec of the batch (auto). */
     codec: CodecName.optional(),
-  })),
-});
+    threads: Threads.optional(),
+    /** Bytes of input per chunk (default the codec's, 65536). */
+    chunk_size: z.number().int().min(4096).max(65536).optional(),
+    /** GPU requests: the client's interprocess event, recorded after its inputs were written; the daemon's stream waits on it. */
+    wait_event: EventHandle.nullable().optional(),
+    /** Protocol version 2: handles the request's {@link HandleRef}s name by index. */
+    handles: z.array(MemoryHandle).max(MAX_REQUEST_HANDLES).optional(),
+    tensors: z.array(z.strictObject({
+      tensor,
+      /** Where the frame goes; its size is the capacity (at least maxCompressedSize). */
+      out: handle,
+      codec: CodecName.optional(),
+    })),
+  });
+}
 
-export const DecompressRequest = z.strictObject({
-  id: RequestId,
-  op: z.literal('decompress'),
-  sid: SessionId,
-  /** Check every chunk's digest (default true). */
-  verify: z.boolean().optional(),
-  threads: Threads.optional(),
-  /** GPU requests: as in compress. */
-  wait_event: EventHandle.nullable().optional(),
-  frames: z.array(z.strictObject({
-    /** The frame: exactly its bytes. */
-    frame: MemoryHandle,
-    /** Where the tensor goes: its dtype and shape must be those of the frame. */
-    out: Tensor,
-  })),
-});
+function decompressSchema<H extends z.ZodType, T extends z.ZodType>(handle: H, tensor: T) {
+  return z.strictObject({
+    id: RequestId,
+    op: z.literal('decompress'),
+    sid: SessionId,
+    /** Check every chunk's digest (default true). */
+    verify: z.boolean().optional(),
+    threads: Threads.optional(),
+    /** GPU requests: as in compress. */
+    wait_event: EventHandle.nullable().optional(),
+    /** Protocol version 2: as in compress. */
+    handles: z.array(MemoryHandle).max(MAX_REQUEST_HANDLES).optional(),
+    frames: z.array(z.strictObject({
+      /** The frame: exactly its bytes. */
+      frame: handle,
+      /** Where the tensor goes: its dtype and shape must be those of the frame. */
+      out: tensor,
+    })),
+  });
+}
+
+/** A compress request as the daemon handles it: every handle in full (references expanded). */
+export const CompressRequest = compressSchema(MemoryHandle, Tensor);
+/** A compress request as a client may send it (handles may be {@link HandleRef}s). */
+export const WireCompressRequest = compressSchema(WireHandle, WireTensor);
+export type WireCompressRequest = z.infer<typeof WireCompressRequest>;
+
+/** A decompress request as the daemon handles it: every handle in full (references expanded). */
+export const DecompressRequest = decompressSchema(MemoryHandle, Tensor);
+/** A decompress request as a client may send it (handles may be {@link HandleRef}s). */
+export const WireDecompressRequest = decompressSchema(WireHandle, WireTensor);
+export type WireDecompressRequest = z.infer<typeof WireDecompressRequest>;
 
 export const ReleaseRequest = z.strictObject({
   id: RequestId,
@@ -216,8 +263,8 @@ export const ShutdownRequest = z.strictObject({ id: RequestId, op: z.literal('sh
 export const REQUESTS = {
   hello: HelloRequest,
   heartbeat: HeartbeatRequest,
-  compress: CompressRequest,
-  decompress: DecompressRequest,
+  compress: WireCompressRequest,
+  decompress: WireDecompressRequest,
   release: ReleaseRequest,
   stats: StatsRequest,
   shutdown: ShutdownRequest,
