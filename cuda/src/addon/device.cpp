@@ -268,4 +268,40 @@ void check_device_range(uint64_t ptr, uint64_t nbytes, int device, const std::st
   if (nbytes > 1) check_one(ptr + nbytes - 1);
 }
 
+namespace {
+
+/// cuMemGetAddressRange through the runtime's driver entry points (as context_api); null when unavailable.
+using AddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
+AddressRangeFn address_range_fn() {
+  static const AddressRangeFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    const bool ok = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 3020, cudaEnableDefault, &q) == cudaSuccess &&
+                    q == cudaDriverEntryPointSuccess && f;
+    cudaGetLastError();
+    return ok ? reinterpret_cast<AddressRangeFn>(f) : nullptr;
+  }();
+  return fn;
+}
+
+/// Allocations a checker remembers at most (a batch over more of them checks the rest pointer by pointer).
+constexpr size_t kMaxKnownAllocations = 64;
+
+}  // namespace
+
+void DeviceRangeChecker::check(uint64_t ptr, uint64_t nbytes, const std::string& who, const char* field) {
+  const uint64_t end = ptr + (nbytes ? nbytes : 1);
+  if (ptr != 0 && end > ptr) {
+    for (const auto& [base, stop] : known_)
+      if (base <= ptr && end <= stop) return;
+  }
+  check_device_range(ptr, nbytes, device_, who + field);  // throws unless the range passes
+  const AddressRangeFn range = address_range_fn();
+  if (!range || known_.size() >= kMaxKnownAllocations) return;
+  unsigned long long base = 0;
+  size_t size = 0;
+  if (range(&base, &size, ptr) != 0) return;  // CUDA_SUCCESS is 0; anything else: nothing remembered
+  if (base <= ptr && end <= base + size) known_.emplace_back(base, base + size);
+}
+
 }  // namespace tzip::addon

@@ -335,11 +335,12 @@ class GpuCompressWorker : public GpuWorker {
     // Frames whose codec the device picks: their codec byte (header offset 7) is gathered after the encode.
     std::vector<size_t> on_device;
     std::vector<gpu::FrameSpan> spans;
+    DeviceRangeChecker checker(opt_.device);
     for (size_t i = 0; i < n; ++i) {
       const EncodeSpec& s = specs_[i];
       const std::string who = "gpuCompress: item " + std::to_string(i) + ": ";
-      if (s.nbytes) check_device_range(s.data, s.nbytes, opt_.device, who + "data");
-      check_device_range(s.frame, s.capacity, opt_.device, who + "frame");
+      if (s.nbytes) checker.check(s.data, s.nbytes, who, "data");
+      checker.check(s.frame, s.capacity, who, "frame");
       gpu::EncodeItem& it = items[i];
       it.data = reinterpret_cast<const void*>(static_cast<uintptr_t>(s.data));
       it.nbytes = s.nbytes;
@@ -460,11 +461,12 @@ class GpuDecompressWorker : public GpuWorker {
   void Run() override {
     const size_t n = specs_.size();
     std::vector<gpu::DecodeItem> items(n);
+    DeviceRangeChecker checker(opt_.device);
     for (size_t i = 0; i < n; ++i) {
       const DecodeSpec& s = specs_[i];
       const std::string who = "gpuDecompress: item " + std::to_string(i) + ": ";
-      check_device_range(s.frame, s.frame_bytes, opt_.device, who + "frame");
-      if (s.out_bytes) check_device_range(s.out, s.out_bytes, opt_.device, who + "out");
+      checker.check(s.frame, s.frame_bytes, who, "frame");
+      if (s.out_bytes) checker.check(s.out, s.out_bytes, who, "out");
       gpu::DecodeItem& it = items[i];
       it.frame = reinterpret_cast<const void*>(static_cast<uintptr_t>(s.frame));
       it.frame_bytes = s.frame_bytes;
@@ -523,7 +525,8 @@ class GpuDecompressWorker : public GpuWorker {
   }
   Napi::Value Result(Napi::Env env) override {
     Napi::Array out = Napi::Array::New(env, headers_.size());
-    for (uint32_t i = 0; i < headers_.size(); ++i) out.Set(i, frame_header_object(env, headers_[i]));
+    const FrameHeaderKeys keys(env);
+    for (uint32_t i = 0; i < headers_.size(); ++i) out.Set(i, frame_header_object(env, headers_[i], keys));
     return out;
   }
 
