@@ -398,6 +398,9 @@ def gpu_bytes_of(t: torch.Tensor) -> torch.Tensor:
 def regions_of(u8: torch.Tensor, regions: list[tuple[int, int]]) -> list[torch.Tensor]:
     """Views of the contiguous uint8 tensor ``u8`` at ``regions``, (offset, size) pairs in bytes, in increasing and
     non-overlapping order: one ``split`` for the lot, where a slice per region costs a Python indexing call each."""
+    if len(regions) == 1:  # a single tensor's request: a slice is cheaper than Tensor.split
+        off, n = regions[0]
+        return [u8[off : off + n]]
     sizes: list[int] = []
     end = 0
     for off, n in regions:
@@ -411,5 +414,7 @@ def gpu_copy_many(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
     """``dsts[i].copy_(srcs[i])`` for every i (uint8 tensors of equal sizes on one device), queued on the current
     stream by one ``torch._foreach_copy_``: a few kernel launches for the whole list, where a ``copy_`` per pair costs
     a launch and ~7 µs of host time each (cProfile of the 200-parameter batch on the H200 host, docs/benchmarks.md)."""
-    if dsts:
+    if len(dsts) == 1:
+        dsts[0].copy_(srcs[0])
+    elif dsts:
         torch._foreach_copy_(dsts, srcs)
