@@ -110,6 +110,29 @@ def test_every_dtype_round_trips_bit_exact_on_the_gpu(client, sharing_client, dt
 
 
 @needs_cuda
+def test_a_protocol_version_1_session_names_the_staging_buffer_in_full(shared_daemon, client, monkeypatch):
+    """A client that speaks only version 1 (no handle tables) stages a batch with a full handle per region, and gets
+    the same frames and tensors back as a version-2 client, which names the buffer once (docs/protocol.md)."""
+    import tzip.client as client_module
+
+    monkeypatch.setattr(client_module, "PROTOCOL_VERSIONS", [1])
+    old = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+    try:
+        old._call("heartbeat", {})
+        assert old._version == 1 and client._version == 2
+        batch = [random_cuda(torch.bfloat16, (37 + i, 5), seed=i) for i in range(12)] + [random_cuda(torch.int8, (1000,), seed=99)]
+        v1, v2 = old.compress(batch), client.compress(batch)
+        for a, b in zip(v1, v2):
+            assert a.codec == b.codec and torch.equal(a.payload, b.payload)
+        for back, t in zip(old.decompress(v2), batch):
+            assert same_bits(back, t)
+        for back, t in zip(client.decompress(v1), batch):
+            assert same_bits(back, t)
+    finally:
+        old.close()
+
+
+@needs_cuda
 def test_frames_match_the_cpu_path_byte_for_byte(client):
     for dtype, codec in [(torch.bfloat16, "auto"), (torch.bfloat16, "max"), (torch.float32, "fast"), (torch.int32, "auto"),
                          (torch.float16, "raw"), (torch.float64, "bytes")]:
