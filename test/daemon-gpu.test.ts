@@ -332,6 +332,20 @@ describe('GPU requests (fake GPU)', () => {
       expect(e.code).toBe('TZIP_PROTOCOL');
       e = await code('decompress', { handles, frames: [{ frame: ref(16384, r.frames[0].bytes, 7), out: bf16(ref(65536, a.length), [3000]) }] });
       expect([e.code, e.index]).toEqual(['TZIP_PROTOCOL', 0]);
+      // a region whose end in the allocation lies beyond 2^53
+      const far = [ipc(c, base, Number.MAX_SAFE_INTEGER - 1, Number.MAX_SAFE_INTEGER - 1)];
+      e = await code('compress', { handles: far, tensors: [{ tensor: bf16(ref(0, 8), [4]), out: ipc(c, base, 16384, cap) }] });
+      expect([e.code, e.index]).toEqual(['TZIP_TOO_LARGE', 0]);
+      // a session of protocol version 1 sends no handle tables
+      const old = new Conn(daemon.endpoint);
+      try {
+        await old.hello();
+        const v1 = await old.call('compress', { handles: [ipc(old, base, storage, 200_000)], tensors: [{ tensor: bf16(ref(64, a.length), [3000]), out: ref(16384, cap) }] });
+        expect(v1.error.code).toBe('TZIP_PROTOCOL');
+        expect(v1.error.message).toContain('version 2');
+      } finally {
+        old.close();
+      }
       expect((await c.call('heartbeat')).ok).toBe(true);
     } finally {
       c.close();

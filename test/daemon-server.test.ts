@@ -123,10 +123,19 @@ describe('daemon in-process', () => {
       // the same decompress through a handle table (protocol version 2): one shm entry, regions named by reference
       const back2 = backBase + (512 << 10);
       const ref = (offset: number, size: number) => ({ kind: 'ref', index: 0, offset, size });
-      const d2 = await c.call('decompress', { handles: [{ kind: 'shm', name, offset: outBase, size: 3 << 20 }], frames: [
+      const viaTable = { handles: [{ kind: 'shm', name, offset: outBase, size: 3 << 20 }], frames: [
         { frame: ref(0, r.frames[0].bytes),
           out: { device: { type: 1, id: 0 }, dtype: { code: 4, bits: 16, lanes: 1 }, shape: [100_000], byte_offset: 0, data: ref(back2 - outBase, a.length) } },
-      ] });
+      ] };
+      // not in this version-1 session
+      const v1 = await c.call('decompress', viaTable);
+      expect(v1.error.code).toBe('TZIP_PROTOCOL');
+      expect(v1.error.message).toContain('version 2');
+      // the same process says hello again with version 2 (its session is replaced)
+      const h2 = await c.req({ op: 'hello', versions: [1, 2], pid: process.pid, shm_prefix: c.prefix, name: 'vitest' });
+      expect(h2.version).toBe(2);
+      c.sid = h2.sid;
+      const d2 = await c.call('decompress', viaTable);
       expect(d2.ok).toBe(true);
       expect(readFileSync(path).subarray(back2, back2 + a.length).equals(a)).toBe(true);
       const st = await c.call('stats', {});

@@ -24,7 +24,8 @@ class HandleTable {
   /**
    * `h` in full: itself, or the region `ref` names of its table entry.
    * @throws ReplyError TZIP_PROTOCOL (no table, or no such entry), TZIP_HANDLE (the region is not
-   *   inside the entry's), both with `index` = the item's.
+   *   inside the entry's), TZIP_TOO_LARGE (the region's end in its file or allocation is beyond 2^53),
+   *   all with `index` = the item's.
    */
   expand(h: WireHandle, what: string, index: number): MemoryHandle {
     if (h.kind !== 'ref') return h;
@@ -37,6 +38,10 @@ class HandleTable {
     if (!Number.isSafeInteger(h.offset + h.size) || h.offset + h.size > entry.size) {
       throw new ReplyError('TZIP_HANDLE',
         `${what}: bytes [${h.offset}, ${h.offset + h.size}) of handles[${h.index}] are beyond its ${entry.size} bytes`, { index });
+    }
+    if (!Number.isSafeInteger(entry.offset + h.offset + h.size)) {
+      throw new ReplyError('TZIP_TOO_LARGE',
+        `${what}: handles[${h.index}] at offset ${entry.offset} + ${h.offset} + size ${h.size} is beyond 2^53`, { index });
     }
     return { ...entry, offset: entry.offset + h.offset, size: h.size };
   }

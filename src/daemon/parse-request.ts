@@ -11,7 +11,9 @@ import { decodeMessage } from './wire.js';
 
 /** What {@link parseRequest} found: the id to echo (null when there is none) and the request or the error. */
 export type Parsed =
-  | { id: number | null; request: Request; error?: undefined }
+  | { id: number | null; request: Request; error?: undefined;
+      /** The request carried a handle table (protocol version 2; its references are expanded in `request`). */
+      handleTable?: boolean }
   | { id: number | null; request?: undefined; error: ReplyError };
 
 /** At most this many characters of zod's description of what is wrong. */
@@ -58,8 +60,9 @@ export function parseRequest(bytes: Uint8Array, limits: Pick<DaemonLimits, 'maxM
   }
   if (op === 'compress' || op === 'decompress') {
     try {
-      const request = op === 'compress' ? expandCompress(parsed.data as WireCompressRequest) : expandDecompress(parsed.data as WireDecompressRequest);
-      return { id, request };
+      const wire = parsed.data as WireCompressRequest | WireDecompressRequest;
+      const request = wire.op === 'compress' ? expandCompress(wire) : expandDecompress(wire);
+      return { id, request, handleTable: wire.handles !== undefined };
     } catch (err) {
       if (err instanceof ReplyError) return { id, error: err };
       throw err;

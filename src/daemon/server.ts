@@ -219,7 +219,7 @@ export class Daemon {
     }
     const request = parsed.request;
     this.inflight++;
-    this.dispatch(request, key).then(
+    this.dispatch(request, key, parsed.handleTable === true).then(
       (result) => this.countAndReply(router, prefix, request.id, request.op, undefined, result),
       (err: unknown) => this.countAndReply(router, prefix, request.id, request.op, err),
     ).finally(() => {
@@ -276,7 +276,7 @@ export class Daemon {
     }
   }
 
-  private async dispatch(request: Request, routingKey: string): Promise<object> {
+  private async dispatch(request: Request, routingKey: string, handleTable: boolean): Promise<object> {
     switch (request.op) {
       case 'hello':
         return this.hello(request, routingKey);
@@ -304,6 +304,9 @@ export class Daemon {
         return {};
       default:
         break;
+    }
+    if (handleTable && session.version < 2) {
+      throw new ReplyError('TZIP_PROTOCOL', `handle tables ("handles" and {kind: "ref"} handles) are protocol version 2; this session said hello with version ${session.version}`);
     }
     if (session.inflight >= this.limits.maxInflightPerSession) {
       throw new ReplyError('TZIP_BUSY', `this session has ${session.inflight} requests in flight (the cap is ${this.limits.maxInflightPerSession})`);
