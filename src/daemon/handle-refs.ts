@@ -53,20 +53,13 @@ class HandleTable {
 }
 
 /**
- * The request with every {@link HandleRef} replaced by the region it names, and without `handles`.
+ * The request with every {@link HandleRef} replaced by the region it names, and without `handles`
+ * (a request without a table is walked the same way: a reference in it is refused).
  * @throws ReplyError as {@link HandleTable.expand}.
  */
 export function expandCompress(req: WireCompressRequest): CompressRequest {
   const { handles, ...rest } = req;
   const table = new HandleTable(handles);
-  if (handles === undefined) {
-    // Nothing to expand (a reference without a table is refused).
-    req.tensors.forEach((item, i) => {
-      table.tensor(item.tensor, `tensor ${i}`, i);
-      table.expand(item.out, `output of tensor ${i}`, i);
-    });
-    return req as CompressRequest;
-  }
   return {
     ...rest,
     tensors: req.tensors.map((item, i) => ({
@@ -81,13 +74,6 @@ export function expandCompress(req: WireCompressRequest): CompressRequest {
 export function expandDecompress(req: WireDecompressRequest): DecompressRequest {
   const { handles, ...rest } = req;
   const table = new HandleTable(handles);
-  if (handles === undefined) {
-    req.frames.forEach((item, i) => {
-      table.expand(item.frame, `frame ${i}`, i);
-      table.tensor(item.out, `destination of frame ${i}`, i);
-    });
-    return req as DecompressRequest;
-  }
   return {
     ...rest,
     frames: req.frames.map((item, i) => ({
