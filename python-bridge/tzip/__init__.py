@@ -21,3 +21,19 @@ __version__ = "0.1.0"
 
 __all__ = ["Client", "CompressedTensor", "DaemonUnavailableError", "DeviceUnavailableError", "TzipDaemonError", "connect",
            "__version__"]
+
+# Names loaded on first use, so `import tzip` stays light (torch.distributed and DCP are imported only by what needs
+# them): tzip.save / tzip.load come from tzip.saving; the integrations are submodules (tzip.distributed, tzip.ddp,
+# tzip.fsdp, tzip.optim, tzip.checkpoint), imported as usual.
+_LAZY = {"save": "saving", "load": "saving"}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'tzip' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
