@@ -17,6 +17,10 @@ module only places them, and checks each frame's header against its entry when w
   partial file under the target's name.
 * :class:`ContainerReader` opens a file reading only the prefix, trailer, index and header (checked as the TS
   reader checks them), then reads any one entry's frame with one positioned read.
+* :func:`write_tensors` and :func:`decode_entries` are the two ends that touch tensors: torch tensors (CPU or CUDA)
+  compressed by the daemon into a new container file, and entries of an open container decoded by the daemon
+  (onto the CPU or a GPU), in batches of about :data:`BATCH_BYTES`, the next batch coded while the current one is
+  written or read.
 
 Errors are :class:`ContainerError` with the TS codes: ``TZIP_CORRUPT``, ``TZIP_TRUNCATED``, ``TZIP_UNSUPPORTED``,
 ``TZIP_CHECKSUM`` (a chunk digest did not match while decoding), ``TZIP_USAGE`` (no such tensor); each names the file
@@ -25,6 +29,7 @@ and, where it applies, the tensor.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import math
@@ -32,18 +37,27 @@ import os
 import secrets
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
-from ._frame import FrameHeader, read_header
+from ._default import resolve_client
+from ._dlpack import copy_from_bytes, from_bytes, int_alias
+from ._errors import TzipDaemonError
+from ._frame import FrameHeader, decode_raw, read_header
 from ._xxh32 import xxh32
+from .compressed import CompressedTensor
+
+if TYPE_CHECKING:
+    from .client import Client
 
 __all__ = [
     "MAGIC", "TRAILER_MAGIC", "CONTAINER_VERSION", "PREFIX_BYTES", "ALIGNMENT", "INDEX_ENTRY_BYTES", "TRAILER_BYTES",
     "MAX_HEADER_BYTES", "CODEC_MAX_DIMS", "CODEC_DTYPE_BYTES", "ContainerError", "HeaderTensor", "SafetensorsHeader",
     "Entry", "align16", "codec_layout", "parse_header_length", "parse_safetensors_header", "plan_entries",
     "encode_safetensors_header", "ContainerWriter", "ContainerReader", "atomic_file", "fsync_dir",
+    "SAFETENSORS_DTYPES", "torch_dtype_of", "safetensors_layout", "codec_view", "TensorItem", "write_tensors",
+    "decode_entries", "BATCH_BYTES",
 ]
 
 #: The 8 magic bytes at offset 0: "\x89TZIP\r\n\x1a".
@@ -600,3 +614,221 @@ class ContainerReader:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+# --------------------------------------------------------------------------------------------- tensors
+
+
+def _dt(name: str) -> torch.dtype | None:
+    value = getattr(torch, name, None)
+    return value if isinstance(value, torch.dtype) else None
+
+
+#: torch dtype -> the safetensors dtype name it is stored under: those the ``safetensors`` package reads back as that
+#: torch dtype. Every other dtype is stored as its bytes, ``U8 [nbytes]`` (see :func:`safetensors_layout`).
+SAFETENSORS_DTYPES: dict[torch.dtype, str] = {d: n for d, n in [
+    (torch.bool, "BOOL"), (torch.uint8, "U8"), (torch.int8, "I8"), (torch.int16, "I16"), (_dt("uint16"), "U16"),
+    (torch.int32, "I32"), (_dt("uint32"), "U32"), (torch.int64, "I64"), (_dt("uint64"), "U64"),
+    (torch.float16, "F16"), (torch.bfloat16, "BF16"), (torch.float32, "F32"), (torch.float64, "F64"),
+    (_dt("float8_e4m3fn"), "F8_E4M3"), (_dt("float8_e5m2"), "F8_E5M2"), (_dt("float8_e4m3fnuz"), "F8_E4M3FNUZ"),
+    (_dt("float8_e5m2fnuz"), "F8_E5M2FNUZ"), (torch.complex64, "C64"),
+] if d is not None}
+_TORCH_OF_NAME = {n: d for d, n in SAFETENSORS_DTYPES.items()}
+
+#: Bytes of tensor data per compress or decompress request. Two requests are in flight: one being coded by the
+#: daemon while the other's frames are written (or read).
+BATCH_BYTES = 64 << 20
+
+
+def torch_dtype_of(name: str) -> torch.dtype | None:
+    """The torch dtype of a safetensors dtype name (None when there is none here)."""
+    return _TORCH_OF_NAME.get(name)
+
+
+def safetensors_layout(dtype: torch.dtype, shape: Sequence[int]) -> tuple[str, tuple[int, ...], int]:
+    """(safetensors dtype, shape, bytes) under which a tensor of ``dtype`` and ``shape`` is stored: its own dtype
+    name and shape when :data:`SAFETENSORS_DTYPES` has it, else ``U8 [nbytes]``."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    st = SAFETENSORS_DTYPES.get(dtype)
+    return (st, tuple(int(d) for d in shape), nbytes) if st else ("U8", (nbytes,), nbytes)
+
+
+def codec_view(t: torch.Tensor, codec_dtype: str, codec_shape: Sequence[int]) -> torch.Tensor:
+    """``t`` as the daemon must see it so that its frame has the entry's codec layout: ``t`` itself when its dtype
+    is the codec dtype and its shape the codec shape, else its bytes in C order as a 1-D uint8 tensor (same
+    device; a copy when ``t`` is not contiguous)."""
+    if SAFETENSORS_DTYPES.get(t.dtype) == codec_dtype and tuple(t.shape) == tuple(codec_shape):
+        return t
+    src = int_alias(t.detach().resolve_conj().resolve_neg())
+    return src.contiguous().view(torch.uint8).reshape(-1)
+
+
+def _batches(entries: Sequence[Entry], limit: int = BATCH_BYTES) -> list[list[Entry]]:
+    out: list[list[Entry]] = []
+    cur: list[Entry] = []
+    size = 0
+    for e in entries:
+        if cur and size + e.nbytes > limit:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(e)
+        size += e.nbytes
+    if cur:
+        out.append(cur)
+    return out
+
+
+@dataclass(frozen=True)
+class TensorItem:
+    """One tensor to write: its name in the safetensors header, the tensor (any device, dtype and layout; stored as
+    its values in C order), and its codec (None: the call's)."""
+
+    name: str
+    tensor: torch.Tensor
+    codec: str | None = None
+
+
+def write_tensors(path: str | os.PathLike, items: Sequence[TensorItem], metadata: dict[str, str] | None = None,
+                  codec: str = "auto", client: "Client | None" = None, strict: bool = False) -> list[Entry]:
+    """Writes ``items`` as the ``.tzip`` file ``path`` (atomically, :func:`atomic_file`): a safetensors file of these
+    tensors (largest elements first, then in the given order; ``metadata`` as its ``__metadata__``), each tensor one
+    frame compressed by the daemon with its own dtype (a CUDA tensor on its GPU; its frame is then copied to the
+    host). While the daemon codes one batch, the previous batch's frames are written and flushed to disk.
+
+    Returns the container's entries with their frame offsets and sizes (``entries[-1].frame_offset +
+    entries[-1].frame_bytes`` plus the index and trailer is the file size; see :attr:`ContainerWriter.position`).
+
+    Raises:
+        ValueError: a duplicate name, an unknown codec. OSError: writing failed (``path`` untouched).
+        DaemonUnavailableError / DeviceUnavailableError: ``strict`` and the default client, no daemon (otherwise raw
+            frames and one warning). TzipDaemonError: the daemon refused a tensor.
+    """
+    by_name: dict[str, TensorItem] = {}
+    layouts = []
+    for it in items:
+        if it.name in by_name:
+            raise ValueError(f"tensor name {it.name!r} is used twice")
+        by_name[it.name] = it
+        layouts.append(safetensors_layout(it.tensor.dtype, tuple(it.tensor.shape)))
+    # Biggest elements first, as the safetensors package orders them, so every tensor starts at a multiple of its
+    # element size (the data section starts at a multiple of 8). sorted() is stable: given order otherwise.
+    order = sorted(range(len(items)), key=lambda i: -min(8, items[i].tensor.element_size() if layouts[i][0] != "U8" else 1))
+    header_bytes, _ = encode_safetensors_header([(items[i].name, *layouts[i]) for i in order], metadata)
+    data_length = sum(layouts[i][2] for i in order)
+    c = resolve_client(client, strict) if items else None
+    flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tzip-fdatasync")
+    with atomic_file(path) as fd:
+        writer = ContainerWriter(fd, header_bytes, data_length, path)
+        flushing: concurrent.futures.Future | None = None
+        try:
+            def submit(batch: list[Entry]) -> list[tuple[concurrent.futures.Future, list[int]]]:
+                groups: dict[str, list[int]] = {}
+                for k, e in enumerate(batch):
+                    groups.setdefault(by_name[e.name].codec or codec, []).append(k)
+                return [(c.compress_async([codec_view(by_name[batch[k].name].tensor, batch[k].dtype, batch[k].shape)
+                                           for k in ks], codec=cd), ks) for cd, ks in groups.items()]
+
+            batches = _batches(writer.entries)
+            pending = submit(batches[0]) if batches else []
+            for b in range(len(batches)):
+                frames: list[CompressedTensor | None] = [None] * len(batches[b])
+                for fut, ks in pending:
+                    for k, ct in zip(ks, fut.result()):
+                        frames[k] = ct
+                pending = submit(batches[b + 1]) if b + 1 < len(batches) else []
+                for ct in frames:
+                    writer.write_frame(ct.payload if ct.payload.device.type == "cpu" else ct.payload.cpu())
+                # Start writing back what is written so far while the next batch is coded, so the final fsync has
+                # little left to do. One flush at a time.
+                if flushing is None or flushing.done():
+                    if flushing is not None:
+                        flushing.result()
+                    flushing = flusher.submit(os.fdatasync, fd)
+            writer.finish()
+        finally:
+            if flushing is not None:
+                concurrent.futures.wait([flushing])
+            flusher.shutdown(wait=True)
+    return writer._written  # noqa: SLF001
+
+
+def _daemon_error(e: BaseException, reader: "ContainerReader", batch: Sequence[Entry], positions: Sequence[int]) -> BaseException:
+    """A decoding failure as a ContainerError naming the file and tensor (other errors as they are)."""
+    if isinstance(e, TzipDaemonError) and e.code in ("TZIP_CORRUPT", "TZIP_TRUNCATED", "TZIP_CHECKSUM", "TZIP_UNSUPPORTED"):
+        at = batch[positions[e.index]] if e.index is not None and 0 <= e.index < len(positions) else None
+        return ContainerError(e.code, e.detail, reader.path, at.name if at is not None and at.kind == "tensor" else None)
+    if isinstance(e, ValueError) and "invalid tzip frame" in str(e):  # a raw frame, checked in this process
+        code = "TZIP_CHECKSUM" if ("digest" in str(e) or "checksum" in str(e)) else "TZIP_CORRUPT"
+        return ContainerError(code, str(e), reader.path, batch[positions[0]].name if len(positions) == 1 else None)
+    return e
+
+
+def _decode_raw_here(ct: CompressedTensor, out: torch.Tensor | None) -> torch.Tensor:
+    """A raw frame decoded in this process, its digests checked (no daemon needed), onto the payload's device or
+    into ``out``."""
+    frame = ct.payload.detach().cpu().contiguous()
+    body = decode_raw(frame, read_header(frame), True)
+    flat = body.clone()
+    if out is not None:
+        if out.device.type == "cpu":
+            copy_from_bytes(out, flat)
+        elif flat.numel():
+            int_alias(out).copy_(int_alias(from_bytes(flat, out.dtype, out.shape)).to(out.device))
+        return out
+    host = from_bytes(flat, ct.dtype, ct.shape)
+    return host if ct.payload.device.type == "cpu" else host.to(ct.payload.device)
+
+
+def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "Client | None" = None,
+                   device: Callable[[Entry], torch.device] | None = None,
+                   out: Callable[[Entry], torch.Tensor | None] | None = None,
+                   strict: bool = False) -> Iterator[tuple[Entry, torch.Tensor]]:
+    """Decodes ``entries`` of ``reader``, yielding ``(entry, tensor)`` in the given order. Each tensor has the
+    entry's codec dtype and shape (``entry.dtype``, ``entry.shape``) and lies on ``device(entry)`` (default: the
+    CPU; a GPU entry's frame is copied to the GPU and decoded there), or is ``out(entry)`` filled, when that
+    returns a tensor of that dtype and shape. CPU results are ordinary (private) memory, not shared memory. Every
+    chunk digest is checked. Frames of codec ``raw`` need no daemon.
+
+    Raises ContainerError (TZIP_CORRUPT, TZIP_TRUNCATED, TZIP_CHECKSUM, TZIP_UNSUPPORTED) naming the file and
+    tensor; DaemonUnavailableError when compressed frames must be decoded and no daemon can be reached.
+    """
+    batches = _batches(entries)
+    c = client
+
+    def submit(batch: list[Entry]):
+        nonlocal c
+        cts, outs = [], []
+        for e in batch:
+            frame = reader.read_frame(e)
+            h = read_header(frame)
+            dtype = torch_dtype_of(e.dtype)
+            dev = device(e) if device is not None else torch.device("cpu")
+            o = out(e) if out is not None else None
+            if o is not None:
+                dev = o.device
+            elif dev.type == "cpu":
+                # Decoding into private memory: a result in shared memory would hold /dev/shm for as long as the
+                # caller keeps the tensor (a whole checkpoint's worth).
+                o = torch.empty(e.shape, dtype=dtype)
+            cts.append(CompressedTensor(frame if dev.type == "cpu" else frame.to(dev), dtype, e.shape, h.codec, h.nbytes))
+            outs.append(o)
+        if c is None and any(ct.codec != "raw" for ct in cts):
+            c = resolve_client(None, strict)
+        if c is None:  # raw frames only and no client given: decoded here
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                fut.set_result([_decode_raw_here(ct, o) for ct, o in zip(cts, outs)])
+            except Exception as err:  # noqa: BLE001 (raised by fut.result())
+                fut.set_exception(err)
+            return fut, batch
+        return c.decompress_async(cts, out=outs), batch
+
+    pending = submit(batches[0]) if batches else None
+    for b in range(len(batches)):
+        fut, batch = pending
+        try:
+            tensors = fut.result()
+        except (TzipDaemonError, ValueError) as err:
+            raise _daemon_error(err, reader, batch, list(range(len(batch)))) from None
+        pending = submit(batches[b + 1]) if b + 1 < len(batches) else None
+        yield from zip(batch, tensors)

@@ -48,20 +48,24 @@ import math
 import os
 import pickle
 import struct
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import xxhash
 
-from ._container import ContainerError, ContainerReader, ContainerWriter, Entry, atomic_file, encode_safetensors_header
-from ._default import resolve_client
+from ._container import (
+    ContainerError,
+    ContainerReader,
+    TensorItem,
+    decode_entries,
+    safetensors_layout,
+    torch_dtype_of,
+    write_tensors,
+)
 from ._dlpack import check_supported, int_alias
 from .client import Client
-from .compressed import CompressedTensor
 
-__all__ = ["save", "load", "TREE_KEY", "TREE_DIGEST_KEY", "FORMAT_KEY", "FORMAT_VERSION", "SAFETENSORS_DTYPES",
-           "torch_dtype_of", "codec_view", "decode_entries"]
+__all__ = ["save", "load", "TREE_KEY", "TREE_DIGEST_KEY", "FORMAT_KEY", "FORMAT_VERSION"]
 
 #: ``__metadata__`` key of the JSON object tree.
 TREE_KEY = "tzip.tree"
@@ -70,34 +74,11 @@ TREE_DIGEST_KEY = "tzip.tree_xxh64"
 #: ``__metadata__`` key of the layout version of files written by :func:`save`.
 FORMAT_KEY = "tzip.save"
 FORMAT_VERSION = "1"
-#: Bytes of input per compress or decompress request; two requests are in flight (one being coded, one written).
-BATCH_BYTES = 64 << 20
-
-
-def _dt(name: str) -> torch.dtype | None:
-    value = getattr(torch, name, None)
-    return value if isinstance(value, torch.dtype) else None
-
-
-#: torch dtype -> the safetensors dtype name it is stored under (those the ``safetensors`` package reads back).
-SAFETENSORS_DTYPES: dict[torch.dtype, str] = {d: n for d, n in [
-    (torch.bool, "BOOL"), (torch.uint8, "U8"), (torch.int8, "I8"), (torch.int16, "I16"), (_dt("uint16"), "U16"),
-    (torch.int32, "I32"), (_dt("uint32"), "U32"), (torch.int64, "I64"), (_dt("uint64"), "U64"),
-    (torch.float16, "F16"), (torch.bfloat16, "BF16"), (torch.float32, "F32"), (torch.float64, "F64"),
-    (_dt("float8_e4m3fn"), "F8_E4M3"), (_dt("float8_e5m2"), "F8_E5M2"), (_dt("float8_e4m3fnuz"), "F8_E4M3FNUZ"),
-    (_dt("float8_e5m2fnuz"), "F8_E5M2FNUZ"), (torch.complex64, "C64"),
-] if d is not None}
-_TORCH_OF_NAME = {n: d for d, n in SAFETENSORS_DTYPES.items()}
-
-
-def torch_dtype_of(name: str) -> torch.dtype | None:
-    """The torch dtype of a safetensors dtype name (None when torch or this module has no such dtype)."""
-    return _TORCH_OF_NAME.get(name)
 
 
 def _dtype_from_str(name: str) -> torch.dtype:
-    d = _dt(str(name).removeprefix("torch."))
-    if d is None:
+    d = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(d, torch.dtype):
         raise ValueError(f"unknown torch dtype {name!r}")
     return d
 
@@ -106,28 +87,7 @@ def _dtype_str(d: torch.dtype) -> str:
     return str(d).removeprefix("torch.")
 
 
-def codec_view(t: torch.Tensor, codec_dtype: str, codec_shape: tuple[int, ...]) -> torch.Tensor:
-    """``t`` as the daemon must see it so that its frame has the container's codec layout (docs/container.md,
-    "Entries"): ``t`` itself when its dtype is the codec dtype and its shape the codec shape, else its bytes in C
-    order as a 1-D uint8 tensor (same device)."""
-    if SAFETENSORS_DTYPES.get(t.dtype) == codec_dtype and tuple(t.shape) == tuple(codec_shape):
-        return t
-    src = int_alias(t.detach().resolve_conj().resolve_neg())
-    return src.contiguous().view(torch.uint8).reshape(-1)
-
-
 # --------------------------------------------------------------------------------------------- the object tree
-
-
-@dataclass
-class _Stored:
-    """One tensor of the safetensors file."""
-
-    name: str
-    tensor: torch.Tensor
-    st_dtype: str
-    file_shape: tuple[int, ...]
-    nbytes: int
 
 
 def _storage_key(t: torch.Tensor) -> tuple | None:
@@ -143,7 +103,7 @@ class _Encoder:
 
     def __init__(self, allow_pickle: bool):
         self.allow_pickle = allow_pickle
-        self.stored: list[_Stored] = []
+        self.stored: list[TensorItem] = []
         self._names: set[str] = {"__metadata__"}
         self._by_object: dict[int, tuple[str, int]] = {}  # id(tensor) -> (name, identity id)
         self._by_view: dict[tuple, str] = {}
@@ -173,9 +133,7 @@ class _Encoder:
             name = self._by_view.get(key) if key is not None else None
             if name is None:
                 name = self._name(path)
-                st = SAFETENSORS_DTYPES.get(t.dtype)
-                nbytes = t.numel() * t.element_size()
-                self.stored.append(_Stored(name, t, st or "U8", tuple(t.shape) if st else (nbytes,), nbytes))
+                self.stored.append(TensorItem(name, t))
                 if key is not None:
                     self._by_view[key] = name
             ident = self._next_id
@@ -236,27 +194,6 @@ class _Encoder:
                         "bytes, torch.dtype/device/Size are); pass allow_pickle=True to pickle it")
 
 
-def _alignment_rank(s: _Stored) -> int:
-    # Biggest elements first, as the safetensors package orders them: every tensor starts at a multiple of its
-    # element size (the data section starts at a multiple of 8).
-    return -min(8, s.tensor.element_size() if s.st_dtype != "U8" else 1)
-
-
-def _batches(entries: list[Entry], limit: int = BATCH_BYTES) -> list[list[Entry]]:
-    out: list[list[Entry]] = []
-    cur: list[Entry] = []
-    size = 0
-    for e in entries:
-        if cur and size + e.nbytes > limit:
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(e)
-        size += e.nbytes
-    if cur:
-        out.append(cur)
-    return out
-
-
 def save(obj: Any, path: str | os.PathLike, codec: str = "auto", client: Client | None = None, strict: bool = False,
          *, allow_pickle: bool = False) -> int:
     """Saves ``obj`` (a state dict: tensors in nested dicts, OrderedDicts, lists and tuples, with other values; see
@@ -286,124 +223,11 @@ def save(obj: Any, path: str | os.PathLike, codec: str = "auto", client: Client 
     tree_text = json.dumps(tree, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     metadata = {"format": "pt", FORMAT_KEY: FORMAT_VERSION, TREE_KEY: tree_text,
                 TREE_DIGEST_KEY: xxhash.xxh64_hexdigest(tree_text.encode("ascii"))}
-    stored = sorted(enc.stored, key=_alignment_rank)  # stable: tree order within one element size
-    header_bytes, _ = encode_safetensors_header([(s.name, s.st_dtype, s.file_shape, s.nbytes) for s in stored], metadata)
-    by_name = {s.name: s for s in stored}
-    data_length = sum(s.nbytes for s in stored)
-    c = resolve_client(client, strict) if stored else None
-    with atomic_file(path) as fd:
-        writer = ContainerWriter(fd, header_bytes, data_length, path)
-
-        def submit(batch: list[Entry]):
-            views = [codec_view(by_name[e.name].tensor, e.dtype, e.shape) for e in batch]
-            return c.compress_async(views, codec=codec), views
-
-        batches = _batches(writer.entries)
-        pending = submit(batches[0]) if batches else None
-        for k in range(len(batches)):
-            fut, _views = pending
-            cts = fut.result()
-            pending = submit(batches[k + 1]) if k + 1 < len(batches) else None
-            for ct in cts:
-                writer.write_frame(ct.payload if ct.payload.device.type == "cpu" else ct.payload.cpu())
-        return writer.finish()
+    write_tensors(path, enc.stored, metadata, codec=codec, client=client, strict=strict)
+    return os.path.getsize(path)
 
 
 # --------------------------------------------------------------------------------------------- loading
-
-
-def _compressed(entry: Entry, frame: torch.Tensor) -> CompressedTensor:
-    from ._frame import read_header
-
-    h = read_header(frame)
-    dtype = torch_dtype_of(entry.dtype)
-    assert dtype is not None  # every codec dtype has a torch twin
-    return CompressedTensor(frame, dtype, entry.shape, h.codec, h.nbytes)
-
-
-def _daemon_error(e: Exception, reader: ContainerReader, entries: list[Entry]) -> Exception:
-    from ._errors import TzipDaemonError
-
-    if isinstance(e, TzipDaemonError) and e.code in ("TZIP_CORRUPT", "TZIP_TRUNCATED", "TZIP_CHECKSUM", "TZIP_UNSUPPORTED"):
-        e_at = entries[e.index] if e.index is not None and 0 <= e.index < len(entries) else None
-        return ContainerError(e.code, e.detail, reader.path, e_at.name if e_at is not None else None)
-    if isinstance(e, ValueError) and "invalid tzip frame" in str(e):  # raw frames are checked here, not by the daemon
-        return ContainerError("TZIP_CHECKSUM" if "digest" in str(e) or "checksum" in str(e) else "TZIP_CORRUPT", str(e),
-                              reader.path, entries[0].name if len(entries) == 1 else None)
-    return e
-
-
-def decode_entries(reader: ContainerReader, entries: list[Entry], client: Client | None,
-                   devices: Callable[[Entry], torch.device] | None = None,
-                   outs: Callable[[Entry], torch.Tensor | None] | None = None,
-                   strict: bool = False) -> Iterator[tuple[Entry, torch.Tensor]]:
-    """Decodes ``entries`` of ``reader``, yielding ``(entry, tensor)`` in order; each tensor has the entry's codec
-    dtype and shape (decode into ``outs(entry)`` when that gives a tensor of that dtype and shape), on
-    ``devices(entry)`` (default CPU). Frames are read in batches of about 64 MiB, the next batch read while the
-    daemon decodes the current one; every chunk digest is checked.
-
-    Raises ContainerError (TZIP_CORRUPT, TZIP_TRUNCATED, TZIP_CHECKSUM, TZIP_UNSUPPORTED) naming the file and
-    tensor; DaemonUnavailableError for compressed frames when no daemon can decode them.
-    """
-    batches = _batches(entries)
-    if not batches:
-        return
-    c = None
-
-    def submit(batch: list[Entry]):
-        nonlocal c
-        cts = []
-        targets = []
-        for e in batch:
-            frame = reader.read_frame(e)
-            ct = _compressed(e, frame)
-            dev = devices(e) if devices is not None else torch.device("cpu")
-            if dev.type != "cpu":
-                ct = CompressedTensor(frame.to(dev), ct.dtype, ct.shape, ct.codec, ct.nbytes)
-            cts.append(ct)
-            o = outs(e) if outs is not None else None
-            targets.append(o)
-        if c is None:
-            c = resolve_client(client, strict) if any(ct.codec != "raw" for ct in cts) or client is not None else None
-        if c is None:  # raw frames only: decoded here, no daemon needed
-            from concurrent.futures import Future
-
-            fut: Future = Future()
-            try:
-                fut.set_result([_decode_raw_here(ct, o) for ct, o in zip(cts, targets)])
-            except Exception as e:  # noqa: BLE001 (re-raised by result())
-                fut.set_exception(e)
-            return fut, batch
-        return c.decompress_async(cts, out=targets), batch
-
-    pending = submit(batches[0])
-    for k in range(len(batches)):
-        fut, batch = pending
-        try:
-            tensors = fut.result()
-        except Exception as e:
-            raise _daemon_error(e, reader, batch) from None
-        pending = submit(batches[k + 1]) if k + 1 < len(batches) else None
-        yield from zip(batch, tensors)
-
-
-def _decode_raw_here(ct: CompressedTensor, out: torch.Tensor | None) -> torch.Tensor:
-    """A raw frame decoded in this process (checked), without a daemon (the Client's own raw path)."""
-    from ._dlpack import copy_from_bytes, from_bytes
-    from ._frame import decode_raw, read_header
-
-    frame = ct.payload.detach().cpu().contiguous()
-    body = decode_raw(frame, read_header(frame), True)
-    flat = body.clone() if body.numel() else torch.empty(0, dtype=torch.uint8)
-    host = from_bytes(flat, ct.dtype, ct.shape)
-    if out is not None:
-        if out.device.type == "cpu":
-            copy_from_bytes(out, flat)
-        else:
-            out.copy_(host.to(out.device)) if host.numel() else None
-        return out
-    dev = ct.payload.device
-    return host if dev.type == "cpu" else host.to(dev)
 
 
 def _target_device(location: str, map_location) -> torch.device | None:
@@ -523,9 +347,8 @@ def _tensor_nodes(node: Any, out: list[dict]) -> None:
 def _expected_layout(node: dict) -> tuple[torch.dtype, tuple[int, ...], str, tuple[int, ...]]:
     dtype = _dtype_from_str(node["dtype"])
     shape = tuple(int(d) for d in node["shape"])
-    st = SAFETENSORS_DTYPES.get(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    return dtype, shape, st or "U8", shape if st else (nbytes,)
+    st, fshape, _ = safetensors_layout(dtype, shape)
+    return dtype, shape, st, fshape
 
 
 def _as_tensor(flat: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -606,8 +429,8 @@ def load(path: str | os.PathLike, map_location=None, client: Client | None = Non
 
         devices = {name: _target_device(loc, map_location) for name, (_, _, loc) in layout.items()}
         decoded: dict[str, torch.Tensor] = {}
-        for e, flat in decode_entries(reader, entries, client,
-                                      devices=lambda e: devices[e.name] or torch.device("cpu"), strict=strict):
+        for e, flat in decode_entries(reader, entries, client, device=lambda e: devices[e.name] or torch.device("cpu"),
+                                      strict=strict):
             dtype, shape, loc = layout[e.name]
             t = _as_tensor(flat, dtype, shape)
             if devices[e.name] is None:  # a callable map_location
