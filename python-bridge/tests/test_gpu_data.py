@@ -282,6 +282,8 @@ def test_crepe_blocks_are_the_shipped_weights(crepe):
         want = as_bits(sd[name].reshape(-1)[off : off + K])
         assert np.array_equal(f32[i], want), i
         assert (f32[i] & 0x7FFFFFFF).any(), i
+    assert ((f32 & 0x7F) == 0).all()  # the manifest's note: 16 significant mantissa bits as shipped
+    assert "7 lowest mantissa bits zero" in files["F32"]["note"]
     t = torch.from_numpy(f32.reshape(-1).view(np.float32).copy())
     bf16 = words(out / files["BF16"]["file"], "BF16")
     f16 = words(out / files["F16"]["file"], "F16")
