@@ -173,6 +173,33 @@ class WorkerPool:
         return results
 
 
+class Pools:
+    """Worker pools of a test module, one per world size, made on first use with ``env`` and closed together."""
+
+    def __init__(self, env: dict[str, str] | None = None, **kwargs):
+        self.env = dict(env or {})
+        self.kwargs = kwargs
+        self._pools: dict[int, WorkerPool] = {}
+
+    def __call__(self, world_size: int) -> WorkerPool:
+        pool = self._pools.get(world_size)
+        if pool is None:
+            pool = self._pools[world_size] = WorkerPool(world_size, self.env, **self.kwargs)
+        return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+def bits(t) -> "object":
+    """``t``'s values as an integer tensor of the same width, on the CPU (for bit-exact comparisons)."""
+    from tzip._dlpack import int_alias
+
+    return int_alias(t.detach().cpu().contiguous()).clone()
+
+
 def _worker(address: str, rank: int, world: int, store_path: str, pg_timeout_s: float) -> None:
     import datetime
 
@@ -207,6 +234,9 @@ def _worker(address: str, rank: int, world: int, store_path: str, pg_timeout_s: 
                 conn.send_bytes(pickle.dumps(("err", traceback.format_exc())))
     finally:
         dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # skip the interpreter's teardown (seconds with torch loaded); nothing is left to flush
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ uncompressed reference, and every codec's result is bit-identical to it. Where t
 ``dist.all_reduce`` reduces in the backend's own order (gloo's ring) and may differ from both in the last bits.
 
 Ops (``ReduceOp``): SUM, PRODUCT, MIN, MAX (torch's ``add_``, ``mul_``, ``minimum``, ``maximum``: a NaN wins MIN and
-MAX; bool SUM is logical or, bool PRODUCT logical and) for every dtype torch has those ops for; AVG for floating and
+MAX; bool SUM is logical or, bool PRODUCT logical and; a complex product's last bit depends on whether torch
+multiplies the element in a vector lane or the scalar tail, so it follows the shard boundaries, the same on every
+rank and for every codec) for every dtype torch has those ops for; AVG for floating and
 complex dtypes only, defined as the SUM in rank order, then one ``div_(world_size)`` in the tensor's dtype (NCCL's
 AVG divides in its own way: use SUM and divide yourself for NCCL's result). BAND, BOR, BXOR and PREMUL_SUM raise
 ValueError; an op the dtype lacks (e.g. MIN of complex, SUM of uint32, anything of float8) raises TypeError; both
@@ -234,6 +236,8 @@ def _header(kind: str, status: int, world: int, desc: Sequence[int] | None, aux0
 
 
 def _header_len(slots: int) -> int:
+    """Ints in a header of ``slots`` frame slots: 1 for send/recv, the world size for every collective (so that ranks
+    in different collectives still exchange rows of one length, and learn it from the kind)."""
     return _H_FRAMES + 2 * slots
 
 
@@ -362,8 +366,6 @@ class _Call:
         if not dist.is_initialized():
             raise RuntimeError(f"tzip.distributed.{kind}: torch.distributed is not initialised "
                                "(call torch.distributed.init_process_group first)")
-        if codec not in CODECS:
-            raise ValueError(f"unknown codec {codec!r}; one of {', '.join(CODECS)}")
         self.kind = kind
         self.group = group if group is not None else dist.group.WORLD
         self.me = dist.get_rank(self.group)
@@ -378,6 +380,11 @@ class _Call:
     @property
     def member(self) -> bool:
         return self.me >= 0
+
+    def check_codec(self) -> None:
+        """ValueError for an unknown codec (called while preparing, so the other ranks hear of it)."""
+        if self.codec not in CODECS:
+            raise ValueError(f"unknown codec {self.codec!r}; one of {', '.join(CODECS)}")
 
     def client(self) -> Client:
         if self._client is None:
@@ -455,7 +462,7 @@ class _Call:
                                 "call (a plain torch.distributed call on one rank?)")
         kinds = {r: _KIND_NAMES.get(h.kind, f"#{h.kind}") for r, h in enumerate(heads)}
         if len(set(kinds.values())) > 1:
-            raise MismatchError(f"{name}: the ranks are in different calls: " +
+            raise MismatchError("tzip.distributed: the ranks are in different calls: " +
                                 ", ".join(f"rank {r}: {k}" for r, k in kinds.items()))
 
     def raise_failed(self, heads: list[_Head], err: BaseException | None) -> None:
@@ -605,6 +612,7 @@ def _send(call: _Call, tensor: torch.Tensor, dst: int, seq: int) -> None:
     pending = dist.irecv(reply, src=dst, group=call.group, tag=_tag(seq, 1))
 
     def prepare():
+        call.check_codec()
         _check_tensor(tensor, "tensor")
         return call.encode([tensor])[0]
 
@@ -711,6 +719,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str = "auto", c
         return tensor
 
     def prepare():
+        call.check_codec()
         _check_tensor(tensor, "tensor")
         g_src = dist.get_group_rank(call.group, src)
         return g_src, (call.encode([tensor])[0] if g_src == call.me else None)
@@ -719,7 +728,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str = "auto", c
     g_src, w = got if got is not None else (-1, None)
     frames = [(w.data.numel(), w.codec)] if w is not None else []
     heads = call.exchange(_header("broadcast", _FAILED if err else _OK, call.n, _desc_or_none(tensor), src, 0,
-                                  frames, 1))
+                                  frames, call.n))
     call.raise_failed(heads, err)
     srcs = {h.aux0 for h in heads}
     if len(srcs) > 1:
@@ -776,6 +785,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
         return tensor_list
 
     def prepare():
+        call.check_codec()
         _check_tensor(tensor, "tensor")
         for i, t in enumerate(tensor_list):
             _check_tensor(t, f"tensor_list[{i}]")
@@ -786,7 +796,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
     layout, w = got if got is not None else (0, None)
     frames = [(w.data.numel(), w.codec)] if w is not None else []
     heads = call.exchange(_header("all_gather", _FAILED if err else _OK, call.n, _desc_or_none(tensor), 0, layout,
-                                  frames, 1))
+                                  frames, call.n))
     call.raise_failed(heads, err)
     want = _digest([x for h in heads for x in _key(h.desc)] + [call.n])
     odd = [r for r, h in enumerate(heads) if h.aux1 != want]
@@ -841,6 +851,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op=Redu
         return output
 
     def prepare():
+        call.check_codec()
         code = _op_code(op)
         _check_tensor(output, "output")
         if len(input_list) != call.n:
@@ -923,6 +934,7 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | No
 
     def prepare():
         nonlocal flat
+        call.check_codec()
         code = _op_code(op)
         _check_tensor(tensor, "tensor")
         _check_op(code, tensor.dtype, tensor.device)

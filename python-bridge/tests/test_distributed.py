@@ -1,0 +1,506 @@
+"""tzip.distributed over real gloo process groups of 2 and 4 worker processes and a real daemon (one per module).
+
+Every call, for every dtype, with empty, 1-element, 0-dim and non-contiguous tensors, compared bit for bit (integer
+views) with tensors the test rebuilds itself; all_reduce compared with the same algorithm at codec="raw", with a
+reduction in rank order computed here, and (two ranks) with dist.all_reduce; mismatches raising on every rank; the
+counters; the daemon away (raw frames and one warning; strict raises). GPU variants at the end (skipped without one).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import tzip.client as tz
+import tzip.distributed as tzd
+from tzip.distributed import ReduceOp
+
+from dist_support import Pools, bits
+from test_client_support import shared_daemon  # noqa: F401
+
+FLOATS = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
+INTS = [torch.uint8, torch.int8, torch.int32, torch.int64]
+DTYPES = [*FLOATS, *INTS, torch.bool, torch.complex64]
+SHAPES = [(), (0,), (1,), (3,), (2, 0, 5), (37, 11), (70001,)]
+OPS = {"SUM": ReduceOp.SUM, "AVG": ReduceOp.AVG, "PRODUCT": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX}
+
+
+def ops_for(dtype: torch.dtype) -> list[str]:
+    if dtype.is_complex:
+        return ["SUM", "AVG", "PRODUCT"]
+    if dtype.is_floating_point:
+        return list(OPS)
+    return ["SUM", "PRODUCT", "MIN", "MAX"]
+
+
+_NAN_BITS = {torch.bfloat16: 0x7FC1, torch.float16: 0x7E01, torch.float32: 0x7FC0_0001, torch.float64: 0x7FF8_0000_0000_0001}
+
+
+def data(rank: int, shape, dtype: torch.dtype, seed: int, special: bool = True) -> torch.Tensor:
+    """Rank ``rank``'s input: gradient-like floats (with -0.0, a subnormal, inf and a NaN with a payload when
+    ``special``), small integers, random bools. The same on every process."""
+    g = torch.Generator().manual_seed(seed * 7919 + rank)
+    if dtype.is_complex:
+        return (torch.randn(shape, dtype=torch.complex128, generator=g) * 0.02).to(dtype)
+    if dtype.is_floating_point:
+        t = (torch.randn(shape, dtype=torch.float64, generator=g) * 0.02).to(dtype)
+        if special and t.numel() >= 8:
+            flat = t.view(-1)
+            n = flat.numel()
+            flat[(3 + rank) % n] = -0.0
+            flat[(5 + 2 * rank) % n] = torch.finfo(dtype).smallest_normal / 4  # a subnormal
+            flat[(7 * rank + 1) % n] = float("inf") if rank % 2 else float("-inf")
+            nan = torch.tensor(_NAN_BITS[dtype] + rank, dtype=bits(flat[:1]).dtype)
+            bits_view = flat.view(nan.dtype)
+            bits_view[(11 + 3 * rank) % n] = nan
+        return t
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    lo, hi = (0, 4) if dtype == torch.uint8 else (-3, 4)
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def _reduce(op: str, xs: list[torch.Tensor]) -> torch.Tensor:
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        if op in ("SUM", "AVG"):
+            acc = acc + x
+        elif op == "PRODUCT":
+            acc = acc * x
+        elif op == "MIN":
+            acc = torch.minimum(acc, x)
+        else:
+            acc = torch.maximum(acc, x)
+    if op == "AVG":
+        acc = acc / len(xs)
+    return acc
+
+
+def reference(op: str, xs: list[torch.Tensor]) -> torch.Tensor:
+    """x0 op x1 op ... in rank order, out of place (AVG: the sum, then / n), in the dtype of the inputs, shard by
+    shard as all_reduce splits the flat tensor (world-size shards, the first numel % n one element longer): a complex
+    product's last bit depends on whether torch multiplies an element in a vector lane or in the scalar tail."""
+    n = len(xs)
+    flats = [x.reshape(-1) for x in xs]
+    q, r = divmod(flats[0].numel(), n)
+    pieces, start = [], 0
+    for k in range(n):
+        end = start + q + (1 if k < r else 0)
+        pieces.append(_reduce(op, [f[start:end] for f in flats]))
+        start = end
+    return torch.cat(pieces).reshape(xs[0].shape)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+@pytest.fixture(scope="module")
+def pools(shared_daemon):  # noqa: F811
+    p = Pools({"TZIP_SOCKET": shared_daemon.socket})
+    yield p
+    p.close()
+
+
+# --- worker functions (run on every rank: fn(rank, world_size, **kwargs)) --------------------------------------------
+
+
+def _dtypes(names):
+    return [getattr(torch, n) for n in names] if names else DTYPES
+
+
+def w_all_reduce_matrix(rank, world, codecs, dtypes=None, shapes=None, extras=True):
+    checked = 0
+    for di, dtype in enumerate(_dtypes(dtypes)):
+        for si, shape in enumerate(shapes or SHAPES):
+            for oi, op in enumerate(ops_for(dtype)):
+                seed = (di * 100 + si) * 10 + oi
+                xs = [data(r, shape, dtype, seed) for r in range(world)]
+                want = reference(op, xs)
+                for codec in codecs:
+                    t = xs[rank].clone()
+                    out = tzd.all_reduce(t, op=OPS[op], codec=codec)
+                    assert out is t
+                    assert same(t, want), (str(dtype), shape, op, codec)
+                    checked += 1
+    if not extras:
+        return checked
+    # non-contiguous tensors (results written back through the view), and one large tensor (shards of >= 1 MiB)
+    for dtype in (torch.bfloat16, torch.float32, torch.int64):
+        xs = [data(r, (33, 70), dtype, 999).t() for r in range(world)]
+        want = reference("SUM", xs)
+        for codec in codecs:
+            t = xs[rank].clone().t().contiguous().t()  # the same strides as xs[rank]
+            assert not t.is_contiguous()
+            tzd.all_reduce(t, codec=codec)
+            assert same(t, want), (str(dtype), "transposed", codec)
+            checked += 1
+    xs = [data(r, (1 << 20) + 3, torch.float32, 1000) for r in range(world)]
+    want = reference("SUM", xs)
+    for codec in codecs:
+        t = xs[rank].clone()
+        tzd.all_reduce(t, codec=codec)
+        assert same(t, want), ("large", codec)
+        checked += 1
+    return checked
+
+
+def w_all_reduce_vs_dist(rank, world):
+    """Two ranks: every op where the order cannot matter, against dist.all_reduce (gloo)."""
+    assert world == 2
+    checked = 0
+    for di, dtype in enumerate([*FLOATS, *INTS, torch.complex64]):
+        for si, shape in enumerate([(), (0,), (1,), (37, 11), (70001,)]):
+            ops = ["SUM"] if dtype.is_complex else ["SUM", "PRODUCT", "MIN", "MAX"]
+            for op in ops:
+                # no NaN (which of two NaNs survives depends on the order) and no +-0 ties for MIN/MAX
+                x = data(rank, shape, dtype, di * 10 + si, special=False)
+                plain = x.clone()
+                dist.all_reduce(plain, op=OPS[op])
+                for codec in ("auto", "raw"):
+                    t = x.clone()
+                    tzd.all_reduce(t, op=OPS[op], codec=codec)
+                    assert same(t, plain), (str(dtype), shape, op, codec)
+                    checked += 1
+            if dtype.is_floating_point:  # AVG: the SUM, then one division in the dtype
+                x = data(rank, shape, dtype, di * 10 + si, special=False)
+                plain = x.clone()
+                dist.all_reduce(plain)
+                plain = plain / 2
+                t = x.clone()
+                tzd.all_reduce(t, op=ReduceOp.AVG)
+                assert same(t, plain), (str(dtype), shape, "AVG")
+                checked += 1
+    # bool: gloo adds the bytes (True + True stores 2); tzip's SUM is logical or: the same truth values
+    x = data(rank, (1000,), torch.bool, 5)
+    plain = x.clone()
+    dist.all_reduce(plain)
+    t = x.clone()
+    tzd.all_reduce(t)
+    assert torch.equal(t, plain.view(torch.uint8) != 0) and bits(t).max() <= 1
+    return checked + 1
+
+
+def w_collectives(rank, world, codecs, dtypes=None, shapes=None):
+    """send/recv (pairs, a ring of isend/irecv, several messages in flight), broadcast from every rank, all_gather
+    (ranks of different shapes too), reduce_scatter, for every dtype and shape."""
+    checked = 0
+    for di, dtype in enumerate(_dtypes(dtypes)):
+        for si, shape in enumerate(shapes or SHAPES):
+            seed = di * 100 + si
+            for codec in codecs:
+                # ring: every rank sends to the next and receives from the previous, both in flight at once
+                nxt, prv = (rank + 1) % world, (rank - 1) % world
+                mine = data(rank, shape, dtype, seed)
+                out = torch.empty(shape, dtype=dtype)
+                ws = tzd.isend(mine, nxt, codec=codec)
+                wr = tzd.irecv(out, prv)
+                assert ws.wait(timeout=60) is None
+                assert wr.wait(timeout=60) is out and ws.is_completed() and wr.is_completed()
+                assert same(out, data(prv, shape, dtype, seed)), ("ring", str(dtype), shape, codec)
+                # blocking pairs: even ranks send to the odd next one
+                peer = rank ^ 1
+                if rank % 2 == 0:
+                    tzd.send(mine, peer, codec=codec)
+                else:
+                    got = tzd.recv(torch.empty(shape, dtype=dtype), peer)
+                    assert same(got, data(peer, shape, dtype, seed)), ("pair", str(dtype), shape, codec)
+                for src in range(world):
+                    t = data(src, shape, dtype, seed) if rank == src else torch.zeros(shape, dtype=dtype)
+                    assert tzd.broadcast(t, src=src, codec=codec) is t
+                    assert same(t, data(src, shape, dtype, seed)), ("broadcast", str(dtype), shape, src, codec)
+                outs = [torch.empty(shape, dtype=dtype) for _ in range(world)]
+                assert tzd.all_gather(outs, mine, codec=codec) is outs
+                for r in range(world):
+                    assert same(outs[r], data(r, shape, dtype, seed)), ("all_gather", str(dtype), shape, codec)
+                for op in ops_for(dtype):
+                    ins = [data(rank, shape, dtype, seed * world + j) for j in range(world)]
+                    o = torch.empty(shape, dtype=dtype)
+                    assert tzd.reduce_scatter(o, ins, op=OPS[op], codec=codec) is o
+                    want = _reduce(op, [data(r, shape, dtype, seed * world + rank) for r in range(world)])
+                    assert same(o, want), ("reduce_scatter", str(dtype), shape, op, codec)
+                checked += 1
+    # several messages in flight to one peer arrive in order; a non-contiguous tensor is sent and received
+    for codec in codecs:
+        peer = rank ^ 1
+        if rank % 2 == 0:
+            works = [tzd.isend(data(rank, (50, 3), torch.bfloat16, k).t(), peer, codec=codec) for k in range(5)]
+            for w in works:
+                w.wait(timeout=60)
+        else:
+            outs = [torch.empty(50, 3, dtype=torch.bfloat16).t() for _ in range(5)]
+            works = [tzd.irecv(o, peer) for o in outs]
+            for k, (w, o) in enumerate(zip(works, outs)):
+                assert w.wait(timeout=60) is o
+                assert same(o, data(peer, (50, 3), torch.bfloat16, k).t()), ("in order", k, codec)
+    # all_gather of tensors whose shapes differ between the ranks
+    mine = data(rank, (rank + 1, 4), torch.float16, 77)
+    outs = [torch.empty(r + 1, 4, dtype=torch.float16) for r in range(world)]
+    tzd.all_gather(outs, mine)
+    assert all(same(outs[r], data(r, (r + 1, 4), torch.float16, 77)) for r in range(world))
+    return checked
+
+
+def w_mismatches(rank, world):
+    """Each case: what this rank raised (type name, message, seconds), or None."""
+    seen = {}
+
+    def case(name, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            seen[name] = (None, "", time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            seen[name] = (type(e).__name__, str(e), time.monotonic() - t0)
+
+    def p2p(sent, into):  # even ranks send to the next odd one
+        if rank % 2 == 0:
+            tzd.send(sent, rank + 1)
+        else:
+            tzd.recv(into, rank - 1)
+
+    last = world - 1  # the odd one out in the collectives
+    case("p2p size", lambda: p2p(torch.zeros(10), torch.zeros(11)))
+    case("p2p dtype", lambda: p2p(torch.zeros(10), torch.zeros(10, dtype=torch.float64)))
+    case("p2p shape", lambda: p2p(torch.zeros(2, 5), torch.zeros(5, 2)))
+    case("p2p dims past the 8th", lambda: p2p(torch.zeros([1] * 8 + [2, 3]), torch.zeros([1] * 8 + [3, 2])))
+    case("p2p empty vs 0-dim", lambda: p2p(torch.zeros(0), torch.zeros(())))
+    case("broadcast shape", lambda: tzd.broadcast(torch.zeros(5 if rank == last else 4), src=0))
+    case("broadcast src", lambda: tzd.broadcast(torch.zeros(4), src=1 if rank == last else 0))
+    case("all_reduce dtype", lambda: tzd.all_reduce(torch.zeros(4, dtype=torch.bfloat16 if rank == last else torch.float32)))
+    case("all_reduce shape", lambda: tzd.all_reduce(torch.zeros(2, 3) if rank == last else torch.zeros(3, 2)))
+    case("all_reduce op", lambda: tzd.all_reduce(torch.zeros(4), op=ReduceOp.MAX if rank == last else ReduceOp.SUM))
+    case("all_gather list", lambda: tzd.all_gather([torch.zeros(3 if rank == last and r == 0 else 4)
+                                                    for r in range(world)], torch.zeros(4)))
+    case("all_gather list length", lambda: tzd.all_gather([torch.zeros(4)] * (world + (rank == last)), torch.zeros(4)))
+    case("reduce_scatter output", lambda: tzd.reduce_scatter(torch.zeros(3 if rank == last else 4),
+                                                             [torch.zeros(4)] * world))
+    case("different calls", lambda: tzd.broadcast(torch.zeros(4), src=0) if rank == last else tzd.all_reduce(torch.zeros(4)))
+    # one rank fails before the exchange: its own error there, RuntimeError on the others
+    case("one rank's bad op", lambda: tzd.all_reduce(torch.zeros(4), op=ReduceOp.BAND if rank == last else ReduceOp.SUM))
+    case("one rank's bad codec", lambda: tzd.broadcast(torch.zeros(4), src=0, codec="zstd" if rank == last else "auto"))
+    case("receiver's sparse tensor", lambda: p2p(torch.zeros(4), torch.zeros(4).to_sparse()))
+    # everyone wrong: the same error everywhere
+    case("BAND", lambda: tzd.all_reduce(torch.zeros(4, dtype=torch.int32), op=ReduceOp.BAND))
+    case("MIN of complex", lambda: tzd.all_reduce(torch.zeros(4, dtype=torch.complex64), op=ReduceOp.MIN))
+    case("AVG of int", lambda: tzd.all_reduce(torch.zeros(4, dtype=torch.int32), op=ReduceOp.AVG))
+    case("SUM of float8", lambda: tzd.all_reduce(torch.zeros(4).to(torch.float8_e4m3fn)))
+    # the group is still in step
+    t = torch.full((3,), float(rank))
+    tzd.all_reduce(t)
+    return seen, t.tolist()
+
+
+def w_counters(rank, world):
+    tzd.counters(reset=True)
+    n = 1001
+    t = torch.ones(n)
+    tzd.all_reduce(t, codec="raw")
+    c = tzd.counters(reset=True)["all_reduce"]
+    q, r = divmod(n, world)
+    shard = q + (1 if rank < r else 0)
+    header = (tzd._header_len(world)) * 8
+    want_raw = (n - shard) * 4 + shard * 4 * (world - 1)
+    widest = (q + (1 if r else 0)) * 4
+    want_sent = (n - shard) * 4 + widest * (world - 1) + header * (world - 1)
+    assert (c.calls, c.bytes_raw, c.bytes_sent) == (1, want_raw, want_sent), (c, want_raw, want_sent)
+    assert tzd.counters() == {}
+    g = data(rank, (1 << 18,), torch.bfloat16, 3, special=False)
+    tzd.all_reduce(g)
+    tzd.broadcast(g, src=0)
+    peer = rank ^ 1
+    if rank % 2 == 0:
+        tzd.send(g, peer)
+    else:
+        tzd.recv(g, peer)
+    snap = tzd.counters()
+    kinds = {"all_reduce", "broadcast", "send" if rank % 2 == 0 else "recv"}
+    assert set(snap) == kinds, snap
+    assert snap["all_reduce"].bytes_sent < 0.9 * snap["all_reduce"].bytes_raw, snap  # gradient-like bf16 compresses
+    p2p = snap["send" if rank % 2 == 0 else "recv"]
+    assert p2p.bytes_raw == g.numel() * 2 and p2p.bytes_sent < p2p.bytes_raw
+    return {k: (v.calls, v.bytes_raw, v.bytes_sent) for k, v in snap.items()}
+
+
+def w_daemon_away(rank, world):
+    """$TZIP_SOCKET names no daemon and none can be started: raw frames, one warning; strict raises."""
+    peer = rank ^ 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k, dtype in enumerate((torch.bfloat16, torch.float32, torch.int32)):
+            xs = [data(r, (3000,), dtype, k, special=False) for r in range(world)]
+            t = xs[rank].clone()
+            tzd.all_reduce(t)
+            assert same(t, reference("SUM", xs)), str(dtype)
+            b = xs[rank].clone()
+            tzd.broadcast(b, src=0)
+            assert same(b, xs[0])
+            if rank % 2 == 0:
+                tzd.send(xs[rank], peer)
+            else:
+                assert same(tzd.recv(torch.empty(3000, dtype=dtype), peer), xs[peer])
+    ours = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "tzip" in str(w.message)]
+    # an explicit lenient client without a daemon behaves the same (it warns once, when made)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = tz.connect(os.environ["TZIP_SOCKET"], spawn=False)
+    t = xs[rank].clone()
+    tzd.all_reduce(t, client=c)
+    assert same(t, reference("SUM", xs))
+    c.close()
+    snap = tzd.counters()["all_reduce"]
+    assert snap.bytes_sent > snap.bytes_raw  # raw frames: headers on top of every byte
+    strict = {}
+    for name, fn in (("all_reduce", lambda: tzd.all_reduce(torch.ones(10), strict=True)),
+                     ("broadcast", lambda: tzd.broadcast(torch.ones(10), src=0, strict=True)),
+                     ("send/recv", lambda: tzd.send(torch.ones(10), peer, strict=True) if rank % 2 == 0
+                      else tzd.recv(torch.ones(10), peer, strict=True))):
+        try:
+            fn()
+            strict[name] = None
+        except tz.DaemonUnavailableError:
+            strict[name] = "DaemonUnavailableError"  # (or its subclass DaemonSpawnError: no daemon could be started)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            strict[name] = type(e).__name__
+    t = torch.ones(4)
+    tzd.all_reduce(t, codec="raw")  # still in step
+    return ours, strict, t.tolist()
+
+
+# --- tests ----------------------------------------------------------------------------------------------------------
+
+
+SHAPES_4 = [(), (0,), (1,), (37, 11)]  # four processes share two cores here: fewer shapes (70001 on two ranks)
+
+
+def test_all_reduce_four_ranks_equals_raw_and_rank_order(pools):
+    n = pools(4).run(w_all_reduce_matrix, timeout=600, codecs=["raw", "auto"], shapes=SHAPES_4)
+    assert n[0] > 300 and len(set(n)) == 1
+
+
+def test_all_reduce_fast_and_max_codecs_equal_raw(pools):
+    pools(4).run(w_all_reduce_matrix, timeout=600, codecs=["fast", "max"], extras=False,
+                 dtypes=["bfloat16", "float16", "float32", "float64"], shapes=[(1,), (37, 11), (70001,)])
+
+
+def test_all_reduce_two_ranks_equals_dist_all_reduce(pools):
+    n = pools(2).run(w_all_reduce_vs_dist, timeout=600)
+    assert n[0] > 200
+
+
+def test_every_call_every_dtype_two_ranks(pools):
+    pools(2).run(w_collectives, timeout=600, codecs=["auto", "raw"])
+
+
+def test_every_call_four_ranks(pools):
+    pools(4).run(w_collectives, timeout=600, codecs=["auto", "raw"], dtypes=["bfloat16", "float32", "int64", "bool"],
+                 shapes=[(), (0,), (1,), (37, 11)])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_mismatch_raises_on_every_rank(pools, world):
+    results = pools(world).run(w_mismatches, timeout=300)
+    last = world - 1
+    expect = {
+        "p2p size": "MismatchError", "p2p dtype": "MismatchError", "p2p shape": "MismatchError",
+        "p2p dims past the 8th": "MismatchError", "p2p empty vs 0-dim": "MismatchError",
+        "broadcast shape": "MismatchError", "broadcast src": "MismatchError", "all_reduce dtype": "MismatchError",
+        "all_reduce shape": "MismatchError", "all_reduce op": "MismatchError", "all_gather list": "MismatchError",
+        "all_gather list length": "MismatchError", "reduce_scatter output": "MismatchError",
+        "different calls": "MismatchError", "BAND": "ValueError", "MIN of complex": "TypeError",
+        "AVG of int": "TypeError", "SUM of float8": "TypeError",
+    }
+    for rank, (seen, after) in enumerate(results):
+        assert after == [float(sum(range(world)))] * 3
+        for name, want in expect.items():
+            got, msg, seconds = seen[name]
+            assert got == want, (rank, name, got, msg)
+            assert seconds < 10, (rank, name, seconds)  # an error, not the process group's 30 s timeout
+        # one rank's own error there; the others are told which rank failed
+        assert seen["one rank's bad op"][0] == ("ValueError" if rank == last else "RuntimeError"), seen["one rank's bad op"]
+        assert seen["one rank's bad codec"][0] == ("ValueError" if rank == last else "RuntimeError")
+        assert f"rank(s) [{last}]" in seen["one rank's bad op"][1] or rank == last
+        assert seen["receiver's sparse tensor"][0] == ("TypeError" if rank % 2 else "RuntimeError"), seen["receiver's sparse tensor"]
+    # both sides of a pair, and every rank of a collective, see the same message, naming both descriptions
+    for name in expect:
+        msgs = {seen[name][1] for seen, _ in results}
+        if name.startswith("p2p"):
+            msgs = {results[0][0][name][1], results[1][0][name][1]}
+        assert len(msgs) == 1, (name, msgs)
+    assert "rank 0 sends torch.float32 [10], rank 1 receives into torch.float32 [11]" in results[0][0]["p2p size"][1]
+    assert "[1, 1, 1, 1, 1, 1, 1, 1, ...]" in results[0][0]["p2p dims past the 8th"][1]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_counters(pools, world):
+    pools(world).run(w_counters, timeout=120)
+
+
+def test_counters_reset_locally():
+    tzd.counters(reset=True)
+    assert tzd.counters() == {}
+    t = tzd.Traffic(2, 100, 40)
+    assert t.ratio == 0.4 and tzd.Traffic().ratio != tzd.Traffic().ratio  # NaN when empty
+
+
+def test_daemon_away_sends_raw_once_warned_and_strict_raises():
+    with tempfile.TemporaryDirectory(prefix="tzip-away-") as d:
+        away = Pools({"TZIP_SOCKET": os.path.join(d, "none", "tzip.sock"), "TZIP_CLI": os.path.join(d, "no-cli.js")})
+        try:
+            results = away(2).run(w_daemon_away, timeout=300)
+        finally:
+            away.close()
+    for rank, (warned, strict, after) in enumerate(results):
+        assert len(warned) == 1, warned  # once per process, however many calls
+        assert after == [2.0] * 4
+        assert strict["all_reduce"] == "DaemonUnavailableError"
+    # broadcast and send/recv: the source cannot compress; the others (which only decode) are told it failed
+    assert results[0][1]["broadcast"] == "DaemonUnavailableError" and results[1][1]["broadcast"] == "RuntimeError"
+    assert results[0][1]["send/recv"] == "DaemonUnavailableError" and results[1][1]["send/recv"] == "RuntimeError"
+
+
+def test_not_initialised_is_a_clear_error():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        tzd.all_reduce(torch.ones(3))
+
+
+# --- GPU: CUDA tensors over gloo, two ranks on one GPU --------------------------------------------------------------
+
+
+def w_cuda(rank, world):
+    torch.cuda.set_device(0)
+    checked = 0
+    for di, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32, torch.int32)):
+        for si, shape in enumerate([(), (0,), (1,), (37, 11), (1 << 20,)]):
+            seed = di * 10 + si
+            xs = [data(r, shape, dtype, seed, special=False) for r in range(world)]
+            plain = xs[rank].clone().cuda()
+            dist.all_reduce(plain)
+            for codec in ("auto", "raw", "fast"):
+                t = xs[rank].clone().cuda()
+                tzd.all_reduce(t, codec=codec)
+                assert t.device.type == "cuda"
+                assert same(t, plain), (str(dtype), shape, codec)
+                b = xs[rank].clone().cuda()
+                tzd.broadcast(b, src=0, codec=codec)
+                assert same(b, xs[0])
+                peer = rank ^ 1
+                if rank % 2 == 0:
+                    tzd.send(xs[rank].cuda(), peer, codec=codec)
+                else:
+                    got = tzd.recv(torch.empty(shape, dtype=dtype, device="cuda"), peer)
+                    assert same(got, xs[peer])
+                checked += 1
+    return checked
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tensors_over_gloo_two_ranks_one_gpu(pools):
+    assert pools(2).run(w_cuda, timeout=600)[0] > 0
