@@ -56,7 +56,7 @@ __all__ = [
     "MAX_HEADER_BYTES", "CODEC_MAX_DIMS", "CODEC_DTYPE_BYTES", "ContainerError", "HeaderTensor", "SafetensorsHeader",
     "Entry", "align16", "codec_layout", "parse_header_length", "parse_safetensors_header", "plan_entries",
     "encode_safetensors_header", "ContainerWriter", "ContainerReader", "atomic_file", "fsync_dir",
-    "SAFETENSORS_DTYPES", "torch_dtype_of", "safetensors_layout", "codec_view", "TensorItem", "write_tensors",
+    "SAFETENSORS_DTYPES", "torch_dtype_of", "safetensors_layout", "byte_view", "reinterpret", "codec_view", "TensorItem", "write_tensors",
     "decode_entries", "BATCH_BYTES",
 ]
 
@@ -331,7 +331,7 @@ def _buffer(data) -> memoryview:
         data = data.detach().contiguous()
         if data.numel() == 0:
             return memoryview(b"")
-        return memoryview(data.view(torch.uint8).reshape(-1).numpy())
+        return memoryview(byte_view(data).numpy())
     return memoryview(data).cast("B")
 
 
@@ -484,7 +484,7 @@ class ContainerReader:
         try:
             s = self._validate()
         except BaseException:
-            os.close(self._fd)
+            self.close()  # and forget the number: __del__ must never close a descriptor that is reused by then
             raise
         self.file_size = s.file_size
         self.original_size = s.original_size
@@ -653,17 +653,32 @@ def safetensors_layout(dtype: torch.dtype, shape: Sequence[int]) -> tuple[str, t
     return (st, tuple(int(d) for d in shape), nbytes) if st else ("U8", (nbytes,), nbytes)
 
 
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor (any dtype and shape, 0-dim included) as a 1-D uint8 view of it."""
+    return int_alias(t.detach()).reshape(-1).view(torch.uint8)
+
+
+def reinterpret(flat: torch.Tensor, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+    """A decoded tensor (the codec layout) seen as ``dtype`` and ``shape``: the same bytes, no copy when it is
+    contiguous."""
+    if flat.dtype == dtype and tuple(flat.shape) == tuple(shape):
+        return flat
+    if flat.numel() == 0:
+        return torch.empty(tuple(shape), dtype=dtype, device=flat.device)
+    return byte_view(flat.contiguous()).view(dtype).reshape(tuple(shape))
+
+
 def codec_view(t: torch.Tensor, codec_dtype: str, codec_shape: Sequence[int]) -> torch.Tensor:
     """``t`` as the daemon must see it so that its frame has the entry's codec layout: ``t`` itself when its dtype
     is the codec dtype and its shape the codec shape, else its bytes in C order as a 1-D uint8 tensor (same
     device; a copy when ``t`` is not contiguous)."""
     if SAFETENSORS_DTYPES.get(t.dtype) == codec_dtype and tuple(t.shape) == tuple(codec_shape):
         return t
-    src = int_alias(t.detach().resolve_conj().resolve_neg())
-    return src.contiguous().view(torch.uint8).reshape(-1)
+    return byte_view(t.detach().resolve_conj().resolve_neg().contiguous())
 
 
-def _batches(entries: Sequence[Entry], limit: int = BATCH_BYTES) -> list[list[Entry]]:
+def _batches(entries: Sequence[Entry], limit: int | None = None) -> list[list[Entry]]:
+    limit = BATCH_BYTES if limit is None else limit  # read at call time: BATCH_BYTES may be set by the caller
     out: list[list[Entry]] = []
     cur: list[Entry] = []
     size = 0
@@ -820,15 +835,33 @@ def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "C
                 fut.set_result([_decode_raw_here(ct, o) for ct, o in zip(cts, outs)])
             except Exception as err:  # noqa: BLE001 (raised by fut.result())
                 fut.set_exception(err)
-            return fut, batch
-        return c.decompress_async(cts, out=outs), batch
+            return fut, batch, cts, outs
+        return c.decompress_async(cts, out=outs), batch, cts, outs
 
     pending = submit(batches[0]) if batches else None
     for b in range(len(batches)):
-        fut, batch = pending
+        fut, batch, cts, outs = pending
         try:
             tensors = fut.result()
         except (TzipDaemonError, ValueError) as err:
-            raise _daemon_error(err, reader, batch, list(range(len(batch)))) from None
+            raise _locate(err, reader, batch, cts, outs, c) from None
         pending = submit(batches[b + 1]) if b + 1 < len(batches) else None
         yield from zip(batch, tensors)
+
+
+def _locate(err: BaseException, reader: ContainerReader, batch: list[Entry], cts: list[CompressedTensor], outs: list,
+            c: "Client | None") -> BaseException:
+    """The error of a failed batch as a ContainerError naming the tensor at fault: the daemon's index, or (raw
+    frames, checked in this process, say nothing of their place) the first frame that fails alone."""
+    found = _daemon_error(err, reader, batch, list(range(len(batch))))
+    if not isinstance(found, ContainerError) or found.tensor is not None or len(batch) == 1:
+        return found
+    for k, (ct, o) in enumerate(zip(cts, outs)):
+        try:
+            if c is None:
+                _decode_raw_here(ct, None)
+            else:
+                c.decompress(ct)
+        except (TzipDaemonError, ValueError) as e:
+            return _daemon_error(e, reader, [batch[k]], [0])
+    return found

@@ -72,7 +72,9 @@ from ._container import (
     Entry,
     TensorItem,
     atomic_file,
+    byte_view,
     decode_entries,
+    reinterpret,
     safetensors_layout,
     write_tensors,
 )
@@ -309,15 +311,6 @@ def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
     return t
 
 
-def _as_chunk(flat: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The decoded codec-layout tensor seen as the chunk's dtype and shape (no copy)."""
-    if flat.dtype == dtype and tuple(flat.shape) == shape:
-        return flat
-    if flat.numel() == 0:
-        return torch.empty(shape, dtype=dtype, device=flat.device)
-    return int_alias(flat).contiguous().view(torch.uint8).reshape(-1).view(dtype).reshape(shape)
-
-
 class Reader(StorageReader):
     """A DCP ``StorageReader`` of a folder written by :class:`Writer`, decompressing through the daemon.
 
@@ -428,7 +421,7 @@ class Reader(StorageReader):
                 in_place.add(e.name)
                 if (e.dtype, tuple(e.shape)) == (safetensors_layout(t.dtype, tuple(t.shape))[0], tuple(t.shape)):
                     return t  # the frame's layout is the tensor's own
-                return int_alias(t).view(torch.uint8).reshape(-1)  # a frame of the tensor's bytes
+                return byte_view(t)  # a frame of the tensor's bytes
 
             for e, flat in decode_entries(reader, entries, self.client, device=device, out=out, strict=self.strict):
                 info, ris, targets = jobs[e.name]
@@ -437,7 +430,7 @@ class Reader(StorageReader):
                     for ri in ris:
                         planner.load_bytes(ri, io.BytesIO(data))
                     continue
-                chunk = _as_chunk(flat, _dtype_from_str(info.dtype), info.shape)
+                chunk = reinterpret(flat, _dtype_from_str(info.dtype), info.shape)
                 for ri, target in zip(ris, targets):
                     if e.name not in in_place:
                         src = _narrow(chunk, ri.storage_offsets, ri.lengths)

@@ -58,11 +58,12 @@ from ._container import (
     ContainerReader,
     TensorItem,
     decode_entries,
+    reinterpret,
     safetensors_layout,
     torch_dtype_of,
     write_tensors,
 )
-from ._dlpack import check_supported, int_alias
+from ._dlpack import check_supported
 from .client import Client
 
 __all__ = ["save", "load", "TREE_KEY", "TREE_DIGEST_KEY", "FORMAT_KEY", "FORMAT_VERSION"]
@@ -351,16 +352,6 @@ def _expected_layout(node: dict) -> tuple[torch.dtype, tuple[int, ...], str, tup
     return dtype, shape, st, fshape
 
 
-def _as_tensor(flat: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """The decoded codec-layout tensor ``flat`` seen as ``dtype`` and ``shape`` (bytes reinterpreted, no copy)."""
-    if flat.dtype == dtype and tuple(flat.shape) == shape:
-        return flat
-    if flat.numel() == 0:
-        return torch.empty(shape, dtype=dtype, device=flat.device)
-    u8 = int_alias(flat).contiguous().view(torch.uint8).reshape(-1)
-    return u8.view(dtype).reshape(shape)
-
-
 def load(path: str | os.PathLike, map_location=None, client: Client | None = None, weights_only: bool = True,
          strict: bool = False) -> Any:
     """Loads what :func:`save` wrote (or, for any other ``.tzip`` file, e.g. from ``tzip compress``, a dict of its
@@ -391,7 +382,11 @@ def load(path: str | os.PathLike, map_location=None, client: Client | None = Non
     with ContainerReader(path) as reader:
         meta = reader.metadata or {}
         entries = [e for e in reader.entries if e.kind == "tensor"]
-        if TREE_KEY in meta:
+        ours = [k in meta for k in (FORMAT_KEY, TREE_KEY, TREE_DIGEST_KEY)]
+        if any(ours) and not all(ours):  # one key damaged: never fall back to reading it as a plain file
+            raise ContainerError("TZIP_CORRUPT", f"__metadata__ holds only some of {FORMAT_KEY}, {TREE_KEY}, "
+                                 f"{TREE_DIGEST_KEY}", path)
+        if all(ours):
             tree = _read_tree(reader, meta)
             nodes: list[dict] = []
             _tensor_nodes(tree, nodes)
@@ -432,7 +427,7 @@ def load(path: str | os.PathLike, map_location=None, client: Client | None = Non
         for e, flat in decode_entries(reader, entries, client, device=lambda e: devices[e.name] or torch.device("cpu"),
                                       strict=strict):
             dtype, shape, loc = layout[e.name]
-            t = _as_tensor(flat, dtype, shape)
+            t = reinterpret(flat, dtype, shape)
             if devices[e.name] is None:  # a callable map_location
                 t = _call_map_location(map_location, t, loc)
             decoded[e.name] = t
