@@ -28,7 +28,6 @@ needs_crepe = pytest.mark.skipif(
     reason="needs torchcrepe==0.0.24 with torchaudio==2.11.0 (not yet in pyproject's 'demo' extra)",
 )
 
-MIB = 1 << 20
 K = gd.DEFAULT_BLOCK_ELEMENTS
 ES = {"BF16": 2, "F16": 2, "F32": 4}
 NP = {"BF16": np.uint16, "F16": np.uint16, "F32": np.uint32}

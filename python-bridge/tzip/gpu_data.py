@@ -60,6 +60,7 @@ Statistics in the manifest, counted over the file's values: ``distinct_exponents
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -181,7 +182,7 @@ def crepe_dir() -> Path:
     spec = importlib.util.find_spec(CREPE_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
-            f"tzip.gpu_data needs {CREPE_PACKAGE}=={CREPE_VERSION} (trained CREPE weights in the wheel): "
+            f"needs {CREPE_PACKAGE}=={CREPE_VERSION} (trained CREPE weights in the wheel): "
             f".venv/bin/python -m pip install {CREPE_PACKAGE}=={CREPE_VERSION} torchaudio==2.11.0"
         )
     return Path(list(spec.submodule_search_locations)[0])
@@ -199,8 +200,6 @@ def crepe_source() -> dict:
     rel = f"{CREPE_PACKAGE}/{CREPE_ASSET}"
     recorded = next((f.hash for f in dist.files or [] if str(f) == rel and f.hash), None)
     if recorded is not None:
-        import base64
-
         want = base64.urlsafe_b64decode(recorded.value + "=" * (-len(recorded.value) % 4)).hex()
         if recorded.mode != "sha256" or want != digest:
             raise RuntimeError(f"{path}: sha256 {digest} differs from the wheel's RECORD ({recorded.mode} {want})")
@@ -367,7 +366,8 @@ def crepe_sets(grads: bool = True) -> list[SourceSet]:
                 list(g),
                 {"F32": g, "BF16": {k: v.to(torch.bfloat16) for k, v in g.items()}},
                 dict(source, gradients=info),
-                {"F32": "param.grad after one backward pass", "BF16": "F32 .to(torch.bfloat16) (round to nearest even)"},
+                {"F32": "param.grad after one backward pass",
+                 "BF16": "F32 .to(torch.bfloat16) (round to nearest even)"},
                 "conv5/conv6 kernel taps that only ever meet the zero padding of a 1024-sample frame (their inputs "
                 "are 16 and 8 long, kernels 64) get an exactly zero gradient in any step: 33/64 and 49/64 of "
                 "those weights",
