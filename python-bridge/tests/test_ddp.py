@@ -1,0 +1,225 @@
+"""tzip.ddp: the lossless comm hook in real DistributedDataParallel training on gloo worker processes and a real
+daemon (one per module).
+
+The same training run (same initial weights, same per-rank data, same seeds) is done with plain DDP, with the hook
+at codec="raw" and with the hook compressing; the losses (their float bits) and the final parameters (their bytes)
+must agree bit for bit: hook == raw hook on 4 ranks, and == plain DDP on 2 ranks (where the order of a sum of two
+cannot matter). Covers several buckets (small bucket_cap_mb), gradient_as_bucket_view both ways, no_sync()
+accumulation over more than two iterations, the bucket rebuild after the first iteration, a bf16 model, the bundled
+real model (all-MiniLM-L6-v2) on real text, and the daemon away (raw frames, one warning; strict raises).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+import warnings
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import tzip.ddp
+import tzip.distributed as tzd
+
+from dist_support import Pools, bits
+from test_client_support import shared_daemon  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def pools(shared_daemon):  # noqa: F811
+    p = Pools({"TZIP_SOCKET": shared_daemon.socket})
+    yield p
+    p.close()
+
+
+# --- worker side ------------------------------------------------------------------------------------------------------
+
+
+def mlp(dtype: torch.dtype, device: str = "cpu") -> torch.nn.Module:
+    """1.45 M parameters (5.8 MB in fp32), five 512x512 layers: with bucket_cap_mb=1, DDP all-reduces them in one
+    bucket the first iteration and in six after its rebuild."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, 512), torch.nn.GELU()]
+    for _ in range(5):
+        layers += [torch.nn.Linear(512, 512), torch.nn.GELU()]
+    m = torch.nn.Sequential(*layers, torch.nn.Linear(512, 8))
+    return m.to(device=device, dtype=dtype)
+
+
+def mlp_batches(rank: int, n: int, dtype: torch.dtype, device: str = "cpu"):
+    g = torch.Generator().manual_seed(1000 + rank)
+    for _ in range(n):
+        x = torch.randn(16, 256, generator=g).to(device=device, dtype=dtype)
+        y = torch.randn(16, 8, generator=g).to(device=device, dtype=dtype)
+        yield lambda model, x=x, y=y: torch.nn.functional.mse_loss(model(x), y)
+
+
+def run(rank, mode: str, model: torch.nn.Module, batches, steps: int, accum: int, bucket_view: bool,
+        bucket_cap_mb: float, strict: bool = False, lr: float = 0.05):
+    """Trains ``model`` with DDP: ``steps`` optimizer steps of ``accum`` micro-batches (all but the last under
+    no_sync()). ``mode``: "plain" (no hook) or the hook's codec. Returns the loss bits, the parameters' sha256 and
+    the hook state's counters."""
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    torch.manual_seed(7 + rank)  # dropout masks: the same in every mode
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=bucket_view,
+              device_ids=None if next(model.parameters()).device.type == "cpu" else [0])
+    state = None
+    if mode != "plain":
+        state = tzip.ddp.LosslessState(codec=mode, strict=strict)
+        ddp.register_comm_hook(state, tzip.ddp.lossless_allreduce_hook)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=lr)
+    losses = []
+    batches = iter(batches)
+    for _ in range(steps):
+        for micro in range(accum):
+            loss_of = next(batches)
+            if micro < accum - 1:
+                with ddp.no_sync():
+                    loss = loss_of(ddp)
+                    loss.backward()
+            else:
+                loss = loss_of(ddp)
+                loss.backward()
+            losses.append(int(bits(loss.float().reshape(1))[0]))
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # keep the gradients: they may be views of the buckets
+    digest = hashlib.sha256(b"".join(bits(p).numpy().tobytes() for p in model.parameters())).hexdigest()
+    counts = (state.bytes_raw, state.bytes_sent, state.buckets) if state else None
+    return losses, digest, counts
+
+
+def w_mlp(rank, world, modes, dtype="float32", bucket_view=True, steps=4, accum=2, device="cpu"):
+    dt = getattr(torch, dtype)
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    return {mode: run(rank, mode, mlp(dt, device), mlp_batches(rank, steps * accum, dt, device), steps, accum,
+                      bucket_view, bucket_cap_mb=1) for mode in modes}
+
+
+def w_real_model(rank, world, modes, steps=2, pairs_per_rank=3, max_length=32):
+    """all-MiniLM-L6-v2 on its model card's sentence pairs (each rank its own pairs), the training objective of
+    tzip.demo_data (symmetric in-batch cross-entropy of scaled cosine similarities), dropout on."""
+    from tzip import demo_data
+
+    pairs = demo_data.sentence_pairs(demo_data.readme_sentences())
+    tok = demo_data.load_tokenizer(max_length)
+
+    def batches():
+        for step in range(steps):
+            start = ((step * world + rank) * pairs_per_rank) % max(1, len(pairs) - pairs_per_rank)
+            chosen = pairs[start : start + pairs_per_rank]
+            # anchors and positives in one forward (DDP expects one forward per backward)
+            batch = demo_data.tokenize([p[0] for p in chosen] + [p[1] for p in chosen], tok)
+
+            def loss_of(model, batch=batch, k=len(chosen)):
+                emb = demo_data.mean_pool_normalize(model(**batch).last_hidden_state, batch["attention_mask"])
+                return demo_data.contrastive_loss(emb[:k], emb[k:])
+
+            yield loss_of
+
+    out = {}
+    for mode in modes:
+        model = demo_data.load_model()
+        model.train()
+        # the pooler is not part of the objective: without it every parameter gets a gradient (no unused parameters)
+        model.pooler = None
+        out[mode] = run(rank, mode, model, batches(), steps, 1, bucket_view=True, bucket_cap_mb=25, lr=2e-5)
+    return out
+
+
+def w_daemon_away(rank, world):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = w_mlp(rank, world, ["raw", "auto"], steps=3, accum=2)
+    ours = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "tzip" in str(w.message)]
+    try:
+        run(rank, "auto", mlp(torch.float32), mlp_batches(rank, 1, torch.float32), 1, 1, True, 1, strict=True)
+        strict = None
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        strict = f"{type(e).__name__}: {e}"
+    t = torch.ones(3)
+    tzd.all_reduce(t, codec="raw")  # the group is still in step
+    return got, ours, strict, t.tolist()
+
+
+# --- tests ------------------------------------------------------------------------------------------------------------
+
+
+def assert_identical(results, modes, world):
+    for rank, res in enumerate(results):
+        for mode in modes[1:]:
+            assert res[mode][0] == res[modes[0]][0], (rank, mode, "losses")
+            assert res[mode][1] == res[modes[0]][1], (rank, mode, "parameters")
+    digests = {res[m][1] for res in results for m in modes}
+    assert len(digests) == 1  # every rank holds the same parameters
+
+
+@pytest.mark.parametrize("bucket_view", [True, False])
+def test_two_ranks_hook_equals_plain_ddp(pools, bucket_view):
+    modes = ["plain", "raw", "auto"]
+    results = pools(2).run(w_mlp, timeout=600, modes=modes, bucket_view=bucket_view)
+    assert_identical(results, modes, 2)
+    steps = 4
+    for res in results:
+        raw_raw, raw_sent, buckets = res["raw"][2]
+        auto_raw, auto_sent, auto_buckets = res["auto"][2]
+        assert buckets == auto_buckets and buckets == 1 + 6 * (steps - 1)  # one bucket, then six after the rebuild
+        assert raw_raw == auto_raw and raw_sent > raw_raw  # raw: every byte, plus the headers
+        assert auto_sent < auto_raw  # the gradients compress
+
+
+def test_two_ranks_bf16_model_equals_plain_ddp(pools):
+    modes = ["plain", "raw", "auto"]
+    results = pools(2).run(w_mlp, timeout=600, modes=modes, dtype="bfloat16", steps=3, accum=3)
+    assert_identical(results, modes, 2)
+
+
+def test_four_ranks_hook_equals_raw(pools):
+    modes = ["raw", "auto", "max"]
+    results = pools(4).run(w_mlp, timeout=600, modes=modes, steps=3, accum=2)
+    assert_identical(results, modes, 4)
+
+
+def test_real_model_two_ranks_equals_plain_ddp(pools):
+    modes = ["plain", "auto"]
+    results = pools(2).run(w_real_model, timeout=900, modes=modes)
+    assert_identical(results, modes, 2)
+    for res in results:
+        raw, sent, buckets = res["auto"][2]
+        assert buckets >= 2 and sent < 0.8 * raw, res["auto"][2]  # real gradients: well under the raw bytes
+
+
+def test_daemon_away_hook_sends_raw_once_warned_strict_raises():
+    with tempfile.TemporaryDirectory(prefix="tzip-away-") as d:
+        away = Pools({"TZIP_SOCKET": os.path.join(d, "none", "tzip.sock"), "TZIP_CLI": os.path.join(d, "no-cli.js")})
+        try:
+            results = away(2).run(w_daemon_away, timeout=600)
+        finally:
+            away.close()
+    assert_identical([r[0] for r in results], ["raw", "auto"], 2)
+    for got, warned, strict, after in results:
+        assert len(warned) == 1, warned
+        raw, sent, _ = got["auto"][2]
+        assert sent > raw  # raw frames
+        assert strict is not None and ("DaemonUnavailableError" in strict or "DaemonSpawnError" in strict or
+                                       "no tzip daemon" in strict or "cannot start the tzip daemon" in strict), strict
+        assert after == [2.0] * 3
+
+
+def test_state_pickles_without_group_client_or_thread():
+    s = tzip.ddp.LosslessState(codec="max", strict=True)
+    s.bytes_raw, s.bytes_sent, s.buckets = 100, 40, 3
+    back = pickle.loads(pickle.dumps(s))
+    assert (back.codec, back.strict, back.bytes_raw, back.bytes_sent, back.buckets) == ("max", True, 100, 40, 3)
+    assert back.process_group is None and back.client is None and back.ratio == 0.4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_two_ranks_one_gpu_hook_equals_plain_ddp(pools):
+    modes = ["plain", "raw", "auto"]
+    results = pools(2).run(w_mlp, timeout=600, modes=modes, device="cuda", steps=3, accum=2)
+    assert_identical(results, modes, 2)
