@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     client = tzip.connect(args.socket)
     data = batches(args.steps + args.resume_steps, args.pairs, args.max_length)
     before, after = data[: args.steps], data[args.steps :]
-    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tzip-checkpoint-"))
+    tmp = None if args.dir else tempfile.TemporaryDirectory(prefix="tzip-checkpoint-")  # removed at the end
+    work = Path(args.dir) if args.dir else Path(tmp.name)
     work.mkdir(parents=True, exist_ok=True)
 
     print(f"device {device}, {args.steps} + {args.resume_steps} steps of {args.pairs} sentence pairs, codec {args.codec}")
@@ -209,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ncheckpoint of step {args.steps} (model, AdamW state, step, RNG state): bytes on disk")
     for name, n in sizes.items():
         print(f"  {name:42s} {n / 1e6:9.2f} MB  {n / base:6.3f} of torch.save")
-    print(f"\nfiles in {work}")
+    if tmp is None:
+        print(f"\nfiles in {work}")
+    else:
+        tmp.cleanup()
     print("losses and parameters bit-identical to the run without checkpoints: " + ("yes" if same else "NO"))
     client.close()
     return 0 if same else 1

@@ -637,7 +637,7 @@ _TORCH_OF_NAME = {n: d for d, n in SAFETENSORS_DTYPES.items()}
 
 #: Bytes of tensor data per compress or decompress request. Two requests are in flight: one being coded by the
 #: daemon while the other's frames are written (or read).
-BATCH_BYTES = 64 << 20
+BATCH_BYTES = 32 << 20
 
 
 def torch_dtype_of(name: str) -> torch.dtype | None:
@@ -746,11 +746,13 @@ def write_tensors(path: str | os.PathLike, items: Sequence[TensorItem], metadata
             batches = _batches(writer.entries)
             pending = submit(batches[0]) if batches else []
             for b in range(len(batches)):
+                current = pending
+                # The next batch is staged and queued while the daemon codes this one and its frames are written.
+                pending = submit(batches[b + 1]) if b + 1 < len(batches) else []
                 frames: list[CompressedTensor | None] = [None] * len(batches[b])
-                for fut, ks in pending:
+                for fut, ks in current:
                     for k, ct in zip(ks, fut.result()):
                         frames[k] = ct
-                pending = submit(batches[b + 1]) if b + 1 < len(batches) else []
                 for ct in frames:
                     writer.write_frame(ct.payload if ct.payload.device.type == "cpu" else ct.payload.cpu())
                 # Start writing back what is written so far while the next batch is coded, so the final fsync has
@@ -841,11 +843,12 @@ def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "C
     pending = submit(batches[0]) if batches else None
     for b in range(len(batches)):
         fut, batch, cts, outs = pending
+        # The next batch's frames are read (and queued) while the daemon decodes this one.
+        pending = submit(batches[b + 1]) if b + 1 < len(batches) else None
         try:
             tensors = fut.result()
         except (TzipDaemonError, ValueError) as err:
             raise _locate(err, reader, batch, cts, outs, c) from None
-        pending = submit(batches[b + 1]) if b + 1 < len(batches) else None
         yield from zip(batch, tensors)
 
 
