@@ -17,7 +17,7 @@ of two numbers does not depend on their order; with more ranks plain DDP sums in
 in the last bits, which is reported, not a failure). The exit code is 1 when something that must agree does not.
 
 Bytes on the wire are this rank's, per step: plain DDP's ring all-reduce sends 2 * (n-1)/n of every bucket (the
-hook's ``bytes_raw``); the hook sends its frames, padding and headers (``bytes_sent``). The daemon is the one
+hook's ``bytes_raw``); the hook sends its frames and headers (``bytes_sent``). The daemon is the one
 ``tzip.connect()`` finds or starts (``$TZIP_SOCKET``); without one the hook sends raw frames and warns once.
 """
 

@@ -307,8 +307,7 @@ def w_counters(rank, world):
     shard = q + (1 if rank < r else 0)
     header = (tzd._header_len(world)) * 8
     want_raw = (n - shard) * 4 + shard * 4 * (world - 1)
-    widest = (q + (1 if r else 0)) * 4
-    want_sent = (n - shard) * 4 + widest * (world - 1) + header * (world - 1)
+    want_sent = (n - shard) * 4 + shard * 4 * (world - 1) + header * (world - 1)
     assert (c.calls, c.bytes_raw, c.bytes_sent) == (1, want_raw, want_sent), (c, want_raw, want_sent)
     assert tzd.counters() == {}
     g = data(rank, (1 << 18,), torch.bfloat16, 3, special=False)

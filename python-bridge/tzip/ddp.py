@@ -52,7 +52,7 @@ class LosslessState:
 
     Statistics (this rank, since construction; see :class:`tzip.distributed.Traffic` for what is counted):
         ``bytes_raw``: bytes plain DDP's ring all-reduce would have sent for the same buckets (``2 * (n-1)/n`` of each
-        bucket); ``bytes_sent``: bytes this rank sent (frames, padding, headers); ``buckets``: buckets all-reduced.
+        bucket); ``bytes_sent``: bytes this rank sent (frames and headers); ``buckets``: buckets all-reduced.
     """
 
     __slots__ = ["process_group", "codec", "client", "strict", "bytes_raw", "bytes_sent", "buckets", "_lock",

@@ -25,8 +25,8 @@ it raises its own error and the other ranks raise RuntimeError naming it.
 3. rank j decompresses the n-1 shards it received and reduces the n shards **in rank order 0, 1, ..., n-1**
    (``((s0 op s1) op s2) ...``, each step one torch op in the tensor's dtype), so every rank's result is the same
    whatever arrived first;
-4. rank j compresses its reduced shard; the sizes are gathered, then the frames (``all_gather_into_tensor``, padded
-   to the largest);
+4. rank j compresses its reduced shard; the sizes are gathered, then every rank sends its frame to every other
+   (``all_to_all_single``: frames of different sizes travel unpadded);
 5. every rank decompresses the n-1 reduced shards of the others into the tensor.
 
 With ``codec="raw"`` the same steps run with the tensors' bytes in place of frames (no daemon involved): that is the
@@ -106,7 +106,7 @@ class Traffic:
     ``bytes_raw``: bytes of tensor data the calls carried between this rank and the others, uncompressed, counted
     once per destination (recv: once per message received); what the same call of plain torch.distributed moves
     (all_reduce: ``2 * (n-1)/n * nbytes``, as a ring all-reduce sends). ``bytes_sent``: the bytes that really moved
-    for the same data: frames (padding of gathered frames included) plus the headers. ``calls``: how many calls.
+    for the same data: frames (or the raw bytes, codec="raw") plus the headers. ``calls``: how many calls.
     """
 
     calls: int = 0
@@ -756,19 +756,24 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str = "auto", c
 
 
 def _gather_frames(call: _Call, w: _Wire, sizes: list[int]) -> list[torch.Tensor]:
-    """Every rank's frame (rank r's of sizes[r] bytes), through one all_gather_into_tensor padded to the largest."""
-    width = max(sizes)
-    if width == 0:
-        return [w.data[:0]] * call.n
-    if w.data.numel() == width:
-        mine = w.data
-    else:
-        mine = torch.zeros(width, dtype=torch.uint8, device=call.wire)
-        mine[: w.data.numel()].copy_(w.data)
-    out = torch.empty(call.n * width, dtype=torch.uint8, device=call.wire)
-    dist.all_gather_into_tensor(out, mine, group=call.group)
-    call.traffic.bytes_sent += width * (call.n - 1)
-    return [out[r * width : r * width + sizes[r]] for r in range(call.n)]
+    """Every rank's frame (rank r's is sizes[r] bytes long; ours is ``w``): each rank sends its frame to every other
+    with one all_to_all_single, so uneven frames travel without padding (gloo's all_gather is also far slower than
+    its all_to_all for large buffers)."""
+    n, me = call.n, call.me
+    if not any(sizes):
+        return [w.data if r == me else w.data[:0] for r in range(n)]
+    mine = w.data.numel()
+    send_sizes = [0 if r == me else mine for r in range(n)]
+    recv_sizes = [0 if r == me else sizes[r] for r in range(n)]
+    send = w.data if n == 2 else torch.cat([w.data] * (n - 1)) if mine else w.data
+    out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=call.wire)
+    dist.all_to_all_single(out, send, recv_sizes, send_sizes, group=call.group)
+    call.traffic.bytes_sent += mine * (n - 1)
+    parts, off = [], 0
+    for r in range(n):
+        parts.append(w.data if r == me else out[off : off + recv_sizes[r]])
+        off += recv_sizes[r]
+    return parts
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None, codec: str = "auto",
