@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -56,8 +57,8 @@ __all__ = [
     "MAX_HEADER_BYTES", "CODEC_MAX_DIMS", "CODEC_DTYPE_BYTES", "ContainerError", "HeaderTensor", "SafetensorsHeader",
     "Entry", "align16", "codec_layout", "parse_header_length", "parse_safetensors_header", "plan_entries",
     "encode_safetensors_header", "ContainerWriter", "ContainerReader", "atomic_file", "fsync_dir",
-    "SAFETENSORS_DTYPES", "torch_dtype_of", "safetensors_layout", "byte_view", "reinterpret", "codec_view", "TensorItem", "write_tensors",
-    "decode_entries", "BATCH_BYTES",
+    "SAFETENSORS_DTYPES", "torch_dtype_of", "safetensors_layout", "byte_view", "reinterpret", "codec_view",
+    "TensorItem", "write_tensors", "decode_entries", "BATCH_BYTES",
 ]
 
 #: The 8 magic bytes at offset 0: "\x89TZIP\r\n\x1a".
@@ -288,7 +289,7 @@ def encode_safetensors_header(tensors: Sequence[tuple[str, str, Sequence[int], i
     offsets = []
     at = 0
     for name, dtype, shape, nbytes in tensors:
-        if name in body:
+        if name in body or name == "__metadata__":
             raise ValueError(f"tensor name {name!r} is used twice (or is __metadata__)")
         body[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [at, at + int(nbytes)]}
         offsets.append((at, at + int(nbytes)))
@@ -383,7 +384,7 @@ class ContainerWriter:
         self._pad_to(offset)
         _write_all(self.fd, view)
         self.position += len(view)
-        placed = Entry(**{**entry.__dict__, "frame_offset": offset, "frame_bytes": len(view)})
+        placed = dataclasses.replace(entry, frame_offset=offset, frame_bytes=len(view))
         self._written.append(placed)
         return placed
 
@@ -571,7 +572,7 @@ class ContainerReader:
                                                      f"outside the free, aligned frame area [{frames_end}, {index_offset})",
                                      file, tensor)
             frames_end = offset + nbytes
-            entries.append(Entry(**{**p.__dict__, "frame_offset": offset, "frame_bytes": nbytes}))
+            entries.append(dataclasses.replace(p, frame_offset=offset, frame_bytes=nbytes))
         return _State(file_size, original_size, header_bytes, header, entries)
 
     # --- lookup --------------------------------------------------------------------------------
@@ -672,9 +673,10 @@ def codec_view(t: torch.Tensor, codec_dtype: str, codec_shape: Sequence[int]) ->
     """``t`` as the daemon must see it so that its frame has the entry's codec layout: ``t`` itself when its dtype
     is the codec dtype and its shape the codec shape, else its bytes in C order as a 1-D uint8 tensor (same
     device; a copy when ``t`` is not contiguous)."""
+    t = t.detach()
     if SAFETENSORS_DTYPES.get(t.dtype) == codec_dtype and tuple(t.shape) == tuple(codec_shape):
-        return t
-    return byte_view(t.detach().resolve_conj().resolve_neg().contiguous())
+        return t.resolve_conj().resolve_neg()  # no-ops (and no copies) unless the conj/neg bit is set
+    return byte_view(t.resolve_conj().resolve_neg().contiguous())
 
 
 def _batches(entries: Sequence[Entry], limit: int | None = None) -> list[list[Entry]]:
@@ -731,9 +733,9 @@ def write_tensors(path: str | os.PathLike, items: Sequence[TensorItem], metadata
     header_bytes, _ = encode_safetensors_header([(items[i].name, *layouts[i]) for i in order], metadata)
     data_length = sum(layouts[i][2] for i in order)
     c = resolve_client(client, strict) if items else None
-    flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tzip-fdatasync")
     with atomic_file(path) as fd:
         writer = ContainerWriter(fd, header_bytes, data_length, path)
+        flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tzip-fdatasync")
         flushing: concurrent.futures.Future | None = None
         try:
             def submit(batch: list[Entry]) -> list[tuple[concurrent.futures.Future, list[int]]]:
@@ -762,6 +764,10 @@ def write_tensors(path: str | os.PathLike, items: Sequence[TensorItem], metadata
                         flushing.result()
                     flushing = flusher.submit(os.fdatasync, fd)
             writer.finish()
+            if flushing is not None:
+                # Its error must surface here: a write-back error reported to one fdatasync is not reported again
+                # to the final fsync of the same file.
+                flushing.result()
         finally:
             if flushing is not None:
                 concurrent.futures.wait([flushing])
@@ -844,7 +850,11 @@ def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "C
     for b in range(len(batches)):
         fut, batch, cts, outs = pending
         # The next batch's frames are read (and queued) while the daemon decodes this one.
-        pending = submit(batches[b + 1]) if b + 1 < len(batches) else None
+        try:
+            pending = submit(batches[b + 1]) if b + 1 < len(batches) else None
+        except BaseException:
+            concurrent.futures.wait([fut])  # nothing may still be writing into the caller's tensors once we raise
+            raise
         try:
             tensors = fut.result()
         except (TzipDaemonError, ValueError) as err:

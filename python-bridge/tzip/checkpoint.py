@@ -180,7 +180,9 @@ class Writer(StorageWriter):
         if not plan.items:
             fut.set_result([])
             return fut
-        relative = f"{plan.storage_data.prefix}{self.save_id}.tzip"
+        # A name no earlier save used (not even one through this Writer without reset()): the files an existing
+        # .metadata names are never replaced.
+        relative = f"{plan.storage_data.prefix}{secrets.token_hex(8)}.tzip"
         items: list[TensorItem] = []
         infos: list[TzipStorageInfo] = []
         described: dict[str, dict[str, Any]] = {}

@@ -96,7 +96,7 @@ def _storage_key(t: torch.Tensor) -> tuple | None:
     if t.numel() == 0:
         return None
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
-            type(t), t.requires_grad)
+            t.is_conj(), t.is_neg(), type(t), t.requires_grad)
 
 
 class _Encoder:
@@ -159,9 +159,7 @@ class _Encoder:
     def encode(self, obj: Any, path: list[str]) -> Any:
         if isinstance(obj, torch.Tensor):
             return self._tensor(obj, path)
-        if obj is None or isinstance(obj, (bool, str)):
-            return obj
-        if type(obj) is int:
+        if obj is None or type(obj) in (bool, str, int):  # exact types: a subclass would come back as its base
             return obj
         if type(obj) is float:
             if math.isfinite(obj):
@@ -246,13 +244,13 @@ def _target_device(location: str, map_location) -> torch.device | None:
                         f"{type(map_location).__name__}")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"a tensor was saved on {location}, but torch.cuda.is_available() is False: pass "
-                               "map_location='cpu' (or a dict or callable) to tzip.load")
+            raise RuntimeError(f"a tensor saved on {location} would go to {dev}, but torch.cuda.is_available() is False: "
+                               "pass map_location='cpu' (or a dict or callable) to tzip.load")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         if dev.index >= torch.cuda.device_count():
-            raise RuntimeError(f"a tensor was saved on {location}, this machine has {torch.cuda.device_count()} CUDA "
-                               "device(s): pass map_location to tzip.load")
+            raise RuntimeError(f"a tensor saved on {location} would go to {dev}, this machine has "
+                               f"{torch.cuda.device_count()} CUDA device(s): pass map_location to tzip.load")
     elif dev.type != "cpu":
         raise ValueError(f"tzip.load places tensors on the CPU or CUDA GPUs, not {dev}")
     return dev
