@@ -35,6 +35,7 @@ import tempfile
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (--device cuda), for every rank
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -30,7 +30,8 @@ from test_client_support import shared_daemon  # noqa: F401
 
 @pytest.fixture(scope="module")
 def pools(shared_daemon):  # noqa: F811
-    p = Pools({"TZIP_SOCKET": shared_daemon.socket})
+    # cuBLAS is deterministic (torch.use_deterministic_algorithms) only with a fixed workspace: the GPU variant
+    p = Pools({"TZIP_SOCKET": shared_daemon.socket, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
     yield p
     p.close()
 
