@@ -1,0 +1,288 @@
+"""Benchmark of tzip's lossless compressed all-reduce against plain ``dist.all_reduce``, and of the DDP hook's bytes.
+
+    python -m tzip.bench_collectives [--ranks 2] [--sizes 25,100] [--repeat 5] [--codec auto] [--socket PATH]
+                                     [--links 25,50,100] [--codec-rates C,D] [--no-ddp] [--json]
+
+Measures, with ``--ranks`` processes in one gloo process group on 127.0.0.1 (one intra-op thread each):
+
+* the time of one all-reduce (SUM) of a 25 MB and a 100 MB bucket of real gradients, bf16 and fp32: plain
+  ``dist.all_reduce``, ``tzip.distributed.all_reduce`` with ``codec="raw"`` (the same algorithm uncompressed) and
+  with ``--codec``; the bytes each rank sent (tzip's counters) and their ratio to the raw bytes. Median over
+  ``--repeat`` runs of rank 0's wall clock, the methods interleaved so that load changes hit them alike; every rank
+  reduces its own gradients of the same parameters;
+* the codec's rates through the daemon on the same data, rank 0 alone (the others wait at a barrier): compress of
+  the n-1 shards a rank sends and decompress of the n-1 shards it receives, GB/s of original bytes;
+* bytes on the wire per DDP step of the real model (all-MiniLM-L6-v2, fp32, real text, 4 sentence pairs of 32
+  tokens per rank; the last of 4 steps) with and without the hook, and the step time (forward and backward, median
+  of the steps after DDP's bucket rebuild) of both (unless ``--no-ddp``);
+* a PROJECTION, not a measurement, of the all-reduce time per rank at ``--links`` GB/s: plain ring
+  ``2 (n-1)/n S / B``; tzip ``(n-1)/n S / Rc + S/n / Rc + 2 (n-1)/n S / Rd + 2 (n-1)/n ratio S / B`` (compress the
+  outgoing shards, then the reduced one; decompress the incoming and the gathered ones; the compressed bytes over
+  the link; no overlap; the adds, the same in both, left out), with the codec rates Rc and Rd measured here, or
+  given with ``--codec-rates`` (e.g. GPU rates measured elsewhere: then labelled as given).
+
+Gradients: every rank computes its own, as data-parallel ranks do: one backward pass of the real model (tzip.demo_data's
+objective, dropout off, 128 tokens) on its own 4 sentence pairs of the model card; all parameters' gradients flat in
+the order DDP fills its buckets (last encoder layer first, word embeddings last), fp32 and .to(bf16); a bucket is
+their first values, tiled when it is larger (fp32 100 MB).
+Unless ``--socket`` is given, a private daemon is started for the run and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from statistics import median
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .bench_daemon import _daemon_socket
+
+MB = 1_000_000
+
+
+def _machine() -> str:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return (f"{platform.node()} {platform.machine()}, {cpu or 'unknown CPU'}, {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def _rank_gradients(rank: int, world: int) -> torch.Tensor:
+    """This rank's real gradients: one backward pass of all-MiniLM-L6-v2 (tzip.demo_data's objective, dropout off,
+    128 tokens per sentence) on its own 4 sentence pairs of the model card; the parameters' .grad flat, fp32, in the
+    order DDP fills its buckets (the reverse of model.parameters(): the last encoder layer first, the embeddings last;
+    the pooler, unused by the objective, has none)."""
+    from . import demo_data
+
+    pairs = demo_data.sentence_pairs(demo_data.readme_sentences())
+    chosen = [pairs[(rank * 4 + i) % len(pairs)] for i in range(4)]
+    enc = demo_data.tokenize([a for a, _ in chosen] + [b for _, b in chosen], demo_data.load_tokenizer())
+    model = demo_data.load_model()
+    model.eval()
+    emb = demo_data.mean_pool_normalize(model(**enc).last_hidden_state, enc["attention_mask"])
+    demo_data.contrastive_loss(emb[:4], emb[4:]).backward()
+    return torch.cat([p.grad.reshape(-1) for p in reversed(list(model.parameters())) if p.grad is not None])
+
+
+def _window(flat: torch.Tensor, numel: int) -> torch.Tensor:
+    """The first ``numel`` values of ``flat``, tiled when numel > flat.numel()."""
+    reps = -(-numel // flat.numel())
+    return (flat.repeat(reps) if reps > 1 else flat)[:numel].clone()
+
+
+def _ddp_step(codec: str, steps: int = 4) -> dict:
+    """DDP training steps (forward, backward) of the real model, plain and with the hook: this rank's bytes per step
+    and the median step time after DDP's bucket rebuild (steps 2 on)."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from . import ddp as tzddp
+    from . import demo_data
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pairs = demo_data.sentence_pairs(demo_data.readme_sentences())
+    tok = demo_data.load_tokenizer(32)
+    model = demo_data.load_model()
+    model.pooler = None  # not part of the objective
+    out = {"params": sum(p.numel() for p in model.parameters())}
+    for mode in ("plain", codec):
+        ddp = DDP(copy.deepcopy(model), gradient_as_bucket_view=True)
+        state = None
+        if mode != "plain":
+            state = tzddp.LosslessState(codec=codec)
+            ddp.register_comm_hook(state, tzddp.lossless_allreduce_hook)
+        times, per_step = [], []
+        for step in range(steps):
+            chosen = [pairs[(step * world * 4 + rank * 4 + i) % len(pairs)] for i in range(4)]
+            enc = demo_data.tokenize([a for a, _ in chosen] + [b for _, b in chosen], tok)
+            before = (state.bytes_raw, state.bytes_sent, state.buckets) if state else (0, 0, 0)
+            dist.barrier()
+            t0 = time.perf_counter()
+            emb = demo_data.mean_pool_normalize(ddp(**enc).last_hidden_state, enc["attention_mask"])
+            demo_data.contrastive_loss(emb[:4], emb[4:]).backward()
+            times.append(time.perf_counter() - t0)
+            if state:
+                per_step.append((state.bytes_raw - before[0], state.bytes_sent - before[1], state.buckets - before[2]))
+        out[f"step_s_{'plain' if mode == 'plain' else 'hook'}"] = median(times[1:])
+        if state:
+            out["bytes_plain"], out["bytes_hook"], out["buckets"] = per_step[-1]
+    return out
+
+
+def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -> None:
+    os.environ["TZIP_SOCKET"] = socket
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    try:
+        from . import distributed as tzd
+        from ._default import default_client
+
+        client = default_client()
+        grads = _rank_gradients(rank, world)
+        results = []
+        for dtype in ("bfloat16", "float32"):
+            flat = grads.to(getattr(torch, dtype))
+            for size in args.sizes:
+                numel = size * MB // flat.element_size()
+                data = _window(flat, numel)
+                methods = {
+                    "plain": lambda x: dist.all_reduce(x),
+                    "raw": lambda x: tzd.all_reduce(x, codec="raw"),
+                    args.codec: lambda x, c=args.codec: tzd.all_reduce(x, codec=c),
+                }
+                times: dict[str, list[float]] = {m: [] for m in methods}
+                traffic = {}
+                for it in range(args.repeat + 1):  # the first round warms up (arena, mappings) and is not counted
+                    for m, fn in methods.items():
+                        x = data.clone()
+                        tzd.counters(reset=True)
+                        dist.barrier()
+                        t0 = time.perf_counter()
+                        fn(x)
+                        dt = time.perf_counter() - t0
+                        if it:
+                            times[m].append(dt)
+                        c = tzd.counters().get("all_reduce")
+                        if c is not None:
+                            traffic[m] = (c.bytes_raw, c.bytes_sent)
+                        del x
+                # the codec alone, on rank 0 with the others waiting: what one all-reduce asks of it
+                bounds = tzd._shards(numel, world)
+                shards = [data[a:b] for j, (a, b) in enumerate(bounds) if j != 0]
+                rates = None
+                if rank == 0:
+                    cts = client.compress(shards, args.codec)
+                    tc, td = [], []
+                    for _ in range(args.repeat):
+                        t0 = time.perf_counter()
+                        cts = client.compress(shards, args.codec)
+                        tc.append(time.perf_counter() - t0)
+                        t0 = time.perf_counter()
+                        client.decompress(cts)
+                        td.append(time.perf_counter() - t0)
+                    nbytes = sum(s.numel() for s in shards) * data.element_size()
+                    rates = {"compress_gbps": nbytes / median(tc) / 1e9, "decompress_gbps": nbytes / median(td) / 1e9,
+                             "ratio": sum(c.compressed_nbytes for c in cts) / nbytes,
+                             "codecs": sorted({c.codec for c in cts})}
+                dist.barrier()
+                results.append({"dtype": dtype, "mb": size, "bytes": numel * data.element_size(),
+                                "seconds": {m: median(v) for m, v in times.items()},
+                                "traffic": traffic, "rates": rates})
+        ddp = None if args.no_ddp else _ddp_step(args.codec)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"results": results, "ddp": ddp, "daemon": client.connected}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def project(r: dict, n: int, link_gbps: float, rates: tuple[float, float]) -> tuple[float, float]:
+    """(plain, tzip) seconds per rank at a link of ``link_gbps`` GB/s (see the module docstring's formula)."""
+    s, b = r["bytes"], link_gbps * 1e9
+    rc, rd = rates[0] * 1e9, rates[1] * 1e9
+    ratio = r["traffic"][r["codec"]][1] / r["traffic"][r["codec"]][0]
+    plain = 2 * (n - 1) / n * s / b
+    tzip = (n - 1) / n * s / rc + s / n / rc + 2 * (n - 1) / n * s / rd + 2 * (n - 1) / n * ratio * s / b
+    return plain, tzip
+
+
+def run(args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="tzip-bench-coll-") as d, _daemon_socket(args.socket) as socket:
+        out = os.path.join(d, "out.json")
+        mp.spawn(_rank_main, args=(args.ranks, args, os.path.join(d, "store"), socket, out), nprocs=args.ranks)
+        with open(out) as f:
+            got = json.load(f)
+    for r in got["results"]:
+        r["codec"] = args.codec
+    source = ("real gradients of all-MiniLM-L6-v2 (22.6 M values), each rank's from one backward pass on its own "
+              "4 sentence pairs of the model card (tzip.demo_data's objective), in DDP's bucket order (last layer "
+              "first); a bucket is their first values, tiled past 22.6 M (fp32 100 MB)")
+    return {"machine": _machine(), "data": source, "command": " ".join([sys.executable, "-m", __spec__.name if __spec__ else __name__, *sys.argv[1:]]),
+            "ranks": args.ranks, "backend": "gloo (127.0.0.1)", "codec": args.codec, **got}
+
+
+def report(res: dict, args) -> str:
+    n, c = res["ranks"], res["codec"]
+    lines = [f"machine: {res['machine']}", f"data: {res['data']}", f"command: {res['command']}",
+             f"{n} ranks, {res['backend']}, one torch thread per rank; daemon: "
+             f"{'connected' if res['daemon'] else 'AWAY (raw frames)'}",
+             "", f"one all-reduce (SUM) of a bucket, rank 0's wall clock, median of {args.repeat} (seconds):"]
+    head = ["dtype", "MB", "plain dist.all_reduce", "tzip raw", f"tzip {c}", f"{c}/plain", "bytes sent/raw",
+            "codec compress GB/s", "decompress GB/s"]
+    rows = []
+    for r in res["results"]:
+        s = r["seconds"]
+        raw_b, sent_b = r["traffic"][c]
+        rt = r["rates"]
+        rows.append([r["dtype"], str(r["mb"]), f"{s['plain']:.3f}", f"{s['raw']:.3f}", f"{s[c]:.3f}",
+                     f"{s[c] / s['plain']:.2f}x", f"{sent_b / raw_b:.4f}", f"{rt['compress_gbps']:.3f}",
+                     f"{rt['decompress_gbps']:.3f}"])
+    lines += _table(head, rows)
+    if res["ddp"]:
+        dd = res["ddp"]
+        lines += ["", f"DDP step of all-MiniLM-L6-v2 (fp32, {dd['params'] / 1e6:.1f} M parameters, {dd['buckets']} buckets), "
+                  f"MB this rank sends per step: plain DDP {dd['bytes_plain'] / MB:.2f}, hook ({c}) "
+                  f"{dd['bytes_hook'] / MB:.2f} (saved {100 * (1 - dd['bytes_hook'] / dd['bytes_plain']):.1f}%); "
+                  f"forward+backward seconds (median of steps 2-4): plain {dd['step_s_plain']:.3f}, hook {dd['step_s_hook']:.3f}"]
+    given = args.codec_rates is not None
+    label = "given with --codec-rates (not measured here)" if given else "measured here (CPU, through the daemon)"
+    lines += ["", f"PROJECTION (a model, not a measurement): all-reduce seconds per rank at a link of B GB/s, codec rates "
+              f"{label}, no overlap of codec and link:"]
+    head = ["dtype", "MB", "codec GB/s (c/d)", *[f"plain @{b:g}" for b in args.links], *[f"tzip @{b:g}" for b in args.links]]
+    rows = []
+    for r in res["results"]:
+        rates = tuple(args.codec_rates) if given else (r["rates"]["compress_gbps"], r["rates"]["decompress_gbps"])
+        pts = [project(r, n, b, rates) for b in args.links]
+        rows.append([r["dtype"], str(r["mb"]), f"{rates[0]:.3g}/{rates[1]:.3g}", *[f"{p[0]:.4f}" for p in pts],
+                     *[f"{p[1]:.4f}" for p in pts]])
+    lines += _table(head, rows)
+    return "\n".join(lines)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    fmt = lambda cells: "│ " + " │ ".join(x.rjust(w) for x, w in zip(cells, widths)) + " │"  # noqa: E731
+    return [fmt(head), *(fmt(r) for r in rows)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--sizes", default="25,100", help="bucket sizes in MB (10^6 bytes), comma-separated")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--codec", default="auto", choices=["auto", "fast", "max"])
+    ap.add_argument("--socket", help="use the daemon on this socket instead of starting one")
+    ap.add_argument("--links", default="25,50,100", help="link speeds of the projection, GB/s")
+    ap.add_argument("--codec-rates", default=None, help="COMPRESS,DECOMPRESS GB/s for the projection instead of the "
+                    "rates measured here (e.g. a GPU's)")
+    ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step of the real model")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    args.sizes = [int(x) for x in args.sizes.split(",")]
+    args.links = [float(x) for x in args.links.split(",")]
+    if args.codec_rates is not None:
+        args.codec_rates = [float(x) for x in args.codec_rates.split(",")]
+        if len(args.codec_rates) != 2:
+            ap.error("--codec-rates takes COMPRESS,DECOMPRESS")
+    res = run(args)
+    print(json.dumps(res, indent=1) if args.json else report(res, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
