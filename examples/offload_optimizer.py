@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{i:4d}  {a:13.9f} {f32_bits(a)}  {b:13.9f} {f32_bits(b)}  {'yes' if f32_bits(a) == f32_bits(b) else 'NO'}")
     s = off["stats"]
     print(f"optimizer state: {s['state_bytes'] / 1e6:.2f} MB uncompressed -> {s['compressed_bytes'] / 1e6:.2f} MB "
-          f"compressed (ratio {s['ratio']:.4f}; {s['tensors']} tensors, codecs {s['codecs']}), "
+          f"compressed (ratio {s['ratio']:.4f}; {s['tensors']} tensors in {s['chunks']} frames, codecs {s['codecs']}), "
           f"{s['resident_bytes']} bytes kept as they are")
     if args.device == "cuda":
         freed = plain["after_step"][-1] - off["after_step"][-1]

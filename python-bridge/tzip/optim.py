@@ -13,23 +13,32 @@
 What is where, and when (the "state tensors" are the tensors the wrapped optimizer keeps per parameter, e.g.
 Adam/AdamW's fp32 ``exp_avg`` and ``exp_avg_sq``, SGD's ``momentum_buffer``; see "Which state is offloaded"):
 
-* Between steps each state tensor lives as a :class:`~tzip.CompressedTensor` in ``opt.state[param][key]`` (the
-  wrapped optimizer's own ``state`` dict), its frame in host memory. For a CUDA tensor the frame lies in page-locked
-  (pinned) host memory that this object holds, exactly sized per chunk plus up to 1/8 headroom (registered with
+* Chunks: the state tensors of one device, dtype and state key (``exp_avg``, ...), in parameter order, are packed
+  into flat buffers of at most ``chunk_bytes`` (64 MiB by default; each tensor at a multiple of 256 bytes), and
+  each chunk is one frame: one tensor per compress or decompress request, whatever the number of parameters.
+* Between steps ``opt.state[param][key]`` (the wrapped optimizer's own ``state`` dict) holds an
+  :class:`OffloadedTensor` (dtype, shape, strides, device, and the chunk's frame) in place of each state tensor,
+  and the frames lie in host memory. A CUDA chunk's frame lies in page-locked (pinned) host memory that this
+  object holds: one slab per chunk, sized to the frame plus 1/8 when it is made and made again when the frame
+  outgrows it or fills less than 2/3 of it, so at most 1.5 times the frames' bytes (registered with
   ``cudaHostRegister``, as ``torch.distributed.checkpoint``'s staging does: PyTorch's pinned allocator would round
-  every block up to a power of two), and the tensor's GPU memory is released to PyTorch's caching allocator
+  every block up to a power of two). The state's GPU memory is released to PyTorch's caching allocator
   (``torch.cuda.memory_allocated`` drops by the state's bytes; ``memory_reserved`` stays, and the cache hands that
-  memory to activations). For a CPU tensor the frame is an ordinary CPU tensor.
-* :meth:`step`: the state comes back (one decompress request per chunk of ``chunk_bytes`` of state; for CUDA state
-  the chunk's frames are copied host to device in one copy on a side stream, then the daemon decodes them on the
-  GPU, while the next chunk's frames are uploaded), the wrapped optimizer steps on plain tensors, then the state is
-  compressed again (one compress request per chunk; on a GPU the daemon encodes on the GPU and the frames are
-  copied device to host on the side stream while the next chunk is encoded). During a step the whole state is
-  resident, as with the plain optimizer, plus the frames of at most two chunks (GPU) or of one request (CPU).
+  memory to activations). A CPU chunk's frame is an ordinary CPU tensor.
+* :meth:`step`: each chunk comes back (CUDA: its frame copied host to device on a side stream, then decoded by the
+  daemon on the GPU, while the next chunk's frame is uploaded; CPU: all chunks in one request), and the state
+  tensors are views of the chunk's flat buffer while the wrapped optimizer steps on them. Then each chunk's flat
+  buffer (the same one, updated in place; or a new one the tensors are copied into when the state changed, e.g.
+  on the first step) is compressed again (CUDA: encoded by the daemon on the GPU, the frame copied device to host
+  on the side stream while the next chunk is encoded). During a step the whole state is resident, as with the
+  plain optimizer, plus the frames in flight (CUDA: two chunks' while restoring, those not yet copied to the host
+  while offloading; on the first step, or when the state changed, a chunk's tensors are also copied once).
   :meth:`step` returns once the frames are in host memory.
-* CPU state is decoded by the daemon into shared memory (tzip.client); the client keeps up to its
-  ``result_pool_keep_bytes`` (512 MiB by default) of idle shared memory for reuse between steps, freed after 30 s
-  idle: pass ``client=tzip.connect(result_pool_keep_bytes=0)`` where host memory is what is short.
+* The client's own buffers: CPU chunks are decoded by the daemon into shared memory, and the client keeps up to
+  its ``result_pool_keep_bytes`` (512 MiB by default) of idle shared memory for reuse, freed after 30 s idle; CUDA
+  requests are staged in the client's GPU arena, of which it keeps up to ``gpu_arena_keep_bytes`` (128 MiB) per GPU
+  allocated between requests (tzip.client). Where memory is what is short, pass a client made with
+  ``tzip.connect(result_pool_keep_bytes=0, gpu_arena_keep_bytes=0)``.
 
 Steps are bit-identical to the wrapped optimizer run alone: the codecs are lossless, a state tensor comes back
 with its dtype, shape, strides and device, and the wrapped optimizer's own ``step`` does the arithmetic.
@@ -37,7 +46,7 @@ with its dtype, shape, strides and device, and the wrapped optimizer's own ``ste
 Which state is offloaded: a tensor value of ``state[param]`` (not a tensor inside a list or dict) that is strided,
 on the CPU or a GPU, has at least one dimension and ``min_bytes`` bytes (1 KiB by default), does not require grad,
 is dense (contiguous or a permutation of a contiguous layout) and shares its storage with no parameter and no other
-state tensor (replacing such a tensor would break the sharing). Everything else stays as the optimizer put it:
+state tensor (replacing such a tensor would break the sharing), except the views this object made of a chunk. Everything else stays as the optimizer put it:
 Adam's 0-dim ``step`` counters, ``None`` momentum buffers, lists, small tensors.
 
 The daemon away: with a lenient client (``strict=False``, the default) the client stores frames uncompressed
@@ -61,15 +70,16 @@ import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 
 from ._default import resolve_client
+from ._dlpack import int_alias
 from .client import CODECS, Client
 from .compressed import CompressedTensor
 
-__all__ = ["CompressedOffload", "DEFAULT_CHUNK_BYTES", "DEFAULT_MIN_BYTES"]
+__all__ = ["CompressedOffload", "OffloadedTensor", "DEFAULT_CHUNK_BYTES", "DEFAULT_MIN_BYTES"]
 
 #: Uncompressed state bytes per compress/decompress request (a chunk). A chunk's frames are the unit of the
 #: host<->device copies, so on a GPU this bounds the frame memory in flight and sets the pipeline's grain.
@@ -79,7 +89,8 @@ DEFAULT_MIN_BYTES = 1024
 #: Frames start at multiples of this in the pinned slabs and in the GPU upload buffers (the daemon reads a frame
 #: at its storage offset; 256 is cudaMalloc's alignment).
 _FRAME_ALIGN = 256
-#: A slab is reallocated when the frames of its chunk need more than it has, or less than half of it.
+#: Pinned slabs are sized in multiples of this; one is reallocated (with 1/8 headroom) when the frames of its chunk
+#: need more than it has, or less than 2/3 of it.
 _SLAB_GRAIN = 1 << 16
 
 
@@ -95,8 +106,8 @@ def _dense_permutation(t: torch.Tensor) -> bool:
     return t.permute(order).is_contiguous()
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int]:
-    return (str(t.device), t.untyped_storage().data_ptr())
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    return (t.get_device(), t.untyped_storage().data_ptr())  # get_device: -1 for the CPU
 
 
 # --------------------------------------------------------------------------- pinned host memory
@@ -145,26 +156,55 @@ class _HostSlab:
 # --------------------------------------------------------------------------- bookkeeping
 
 
-@dataclass
-class _Entry:
-    """One offloaded state tensor: ``state[key]`` holds ``ct`` until the next restore."""
+class OffloadedTensor:
+    """What ``state[param][key]`` holds between steps in place of an offloaded state tensor: its dtype, shape,
+    strides and device, and the chunk frame (:class:`~tzip.CompressedTensor` in host memory) that holds its values
+    at element ``offset``. Valid until the next :meth:`CompressedOffload.step` (the frame's memory is reused);
+    :meth:`CompressedOffload.state_dict` gives the values as tensors. Not picklable: save the state dict."""
 
-    state: dict
-    key: Any
-    ct: CompressedTensor
-    device: torch.device
-    stride: tuple[int, ...] | None  # None: contiguous
+    __slots__ = ("chunk", "offset", "dtype", "shape", "stride", "device")
+
+    def __init__(self, chunk: "_Chunk", offset: int, t: torch.Tensor):
+        self.chunk = chunk
+        self.offset = offset
+        self.dtype = t.dtype
+        self.shape = t.shape
+        self.stride = tuple(t.stride())
+        self.device = t.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor uncompressed."""
+        return self.shape.numel() * self.dtype.itemsize
+
+    @property
+    def frame(self) -> CompressedTensor:
+        """The frame of the chunk this tensor is part of (codec, ratio, payload in host memory)."""
+        return self.chunk.ct  # type: ignore[return-value]
+
+    def view_of(self, flat: torch.Tensor) -> torch.Tensor:
+        """This tensor as a view of its chunk's decompressed values ``flat`` (1-D, the chunk's dtype)."""
+        return flat.as_strided(self.shape, self.stride, flat.storage_offset() + self.offset)
+
+    def __reduce__(self):
+        raise TypeError("an OffloadedTensor does not pickle: save CompressedOffload.state_dict(), which holds plain tensors")
+
+    def __repr__(self) -> str:
+        ct = self.chunk.ct
+        return (f"OffloadedTensor(dtype={self.dtype}, shape={tuple(self.shape)}, device={self.device}, in a frame of "
+                f"{ct.compressed_nbytes if ct is not None else '?'} bytes, codec {ct.codec if ct is not None else '?'!r})")
 
 
 @dataclass
 class _Chunk:
-    """State tensors of one device compressed in one request (and, on a GPU, copied in one slab)."""
+    """State tensors of one device, dtype and state key, packed in one flat buffer: one frame, one request."""
 
     device: torch.device
-    entries: list[_Entry] = field(default_factory=list)
-    slab: _HostSlab | None = None
-    used: int = 0  # bytes of the slab holding frames (GPU)
-    offsets: list[int] = field(default_factory=list)
+    dtype: torch.dtype
+    numel: int = 0  # elements of the flat buffer (each tensor starts at a multiple of _FRAME_ALIGN bytes)
+    entries: list[tuple[dict, Any, OffloadedTensor]] = field(default_factory=list)  # (state dict, key, placeholder)
+    ct: CompressedTensor | None = None  # between steps: the frame, in host memory
+    slab: _HostSlab | None = None  # CUDA state: the pinned memory holding the frame
 
 
 class CompressedOffload(torch.optim.Optimizer):
@@ -223,7 +263,10 @@ class CompressedOffload(torch.optim.Optimizer):
         self.chunk_bytes = None if chunk_bytes is None else int(chunk_bytes)
         self.client = resolve_client(client, strict)
         self._patch_step_function()
-        self._chunks: list[_Chunk] = []
+        self._chunks: list[_Chunk] = []  # offloaded now, between steps
+        # During a step: the flat buffers of the restore, each with {(id(state dict), key): (state dict, placeholder,
+        # view)}, the views it put into the state.
+        self._flats: dict[tuple[int, int], tuple[_Chunk, torch.Tensor, dict]] = {}
         self._slabs: dict[int, list[_HostSlab | None]] = {}  # per GPU index: one slab per chunk position
         self._copy_streams: dict[int, torch.cuda.Stream] = {}
         self._timings = {"restore_s": 0.0, "offload_s": 0.0}
@@ -288,34 +331,16 @@ class CompressedOffload(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state dict with plain tensors (see the module docstring): ``{"state": {index:
-        {key: value}}, "param_groups": [...]}``; offloaded tensors decompressed onto the CPU in one request, other
-        tensors cloned, other values as they are. The state tensors cost their full size in host memory while the
-        dict lives. Hooks registered on this object run around it, the wrapped optimizer's inside.
+        {key: value}}, "param_groups": [...]}``; offloaded tensors decompressed onto the CPU (one request), with their
+        dtype, shape and strides, other tensors cloned, other values as they are. The state tensors cost their full
+        size in host memory while the dict lives. Hooks registered on this object run around it, the wrapped
+        optimizer's inside.
 
         Raises DaemonUnavailableError when frames of a codec other than raw cannot be decoded (no daemon)."""
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
-        self._settle_copies()
         inner = self.optimizer.state_dict()
-        packed: dict[Any, Any] = {}
-        cts: list[CompressedTensor] = []
-        where: list[tuple[dict, Any]] = []
-        for idx, per_param in inner["state"].items():
-            d = {}
-            for k, v in per_param.items():
-                if isinstance(v, CompressedTensor):
-                    cts.append(v)
-                    where.append((d, k))
-                    d[k] = None
-                elif isinstance(v, torch.Tensor):
-                    d[k] = v.detach().clone()
-                else:
-                    d[k] = v
-            packed[idx] = d
-        if cts:
-            for (d, k), t in zip(where, self._decompress_host(cts)):
-                d[k] = t
-        state_dict = {**inner, "state": packed}
+        state_dict = {**inner, "state": self._materialize(inner["state"])}
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             result = post_hook(self, state_dict)
             if result is not None:
@@ -325,23 +350,21 @@ class CompressedOffload(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict of this class or of the wrapped optimizer's (the wrapped optimizer's
         ``load_state_dict``: state cast and moved to each parameter's device, as torch.optim does), then offloads
-        it. While this runs the whole state is resident on the parameters' devices. CompressedTensors found as
-        state values are decompressed first. The state offloaded before is dropped."""
+        it. While this runs the whole state is resident on the parameters' devices. OffloadedTensors among the
+        state values (the wrapped optimizer's own state dict between steps) are decompressed first. The state
+        offloaded before is dropped."""
         state_dict = state_dict.copy()
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
         state = state_dict.get("state")
-        if isinstance(state, dict) and any(isinstance(v, CompressedTensor) for d in state.values() if isinstance(d, dict)
+        if isinstance(state, dict) and any(isinstance(v, OffloadedTensor) for d in state.values() if isinstance(d, dict)
                                            for v in d.values()):
-            state = {i: dict(d) if isinstance(d, dict) else d for i, d in state.items()}
-            where = [(d, k) for d in state.values() if isinstance(d, dict) for k, v in d.items() if isinstance(v, CompressedTensor)]
-            for (d, k), t in zip(where, self._decompress_host([d[k] for d, k in where])):
-                d[k] = t
-            state_dict["state"] = state
+            state_dict["state"] = self._materialize(state, clone=False)
         self._settle_copies()
         self._chunks = []
+        self._flats = {}
         self.optimizer.load_state_dict(state_dict)
         self._offload()
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
@@ -351,39 +374,40 @@ class CompressedOffload(torch.optim.Optimizer):
     def offload_stats(self) -> dict[str, Any]:
         """What is offloaded now, in bytes:
 
-        ``tensors`` (count), ``state_bytes`` (their uncompressed bytes), ``compressed_bytes`` (bytes of their
-        frames), ``ratio`` (compressed / state; NaN when nothing is offloaded), ``pinned_bytes`` (page-locked host
-        memory held for CUDA state, slab headroom included), ``host_bytes`` (host memory holding frames: the pinned
-        slabs plus the frames of CPU state), ``resident_bytes`` (state tensors kept as they are, every device),
-        ``codecs`` (frame codec -> tensor count), ``restore_s`` / ``offload_s`` (wall-clock seconds of the last
-        restore and offload, each ending when its copies are done)."""
+        ``tensors`` (count), ``chunks`` (frames), ``state_bytes`` (the tensors' uncompressed bytes),
+        ``compressed_bytes`` (bytes of the frames), ``ratio`` (compressed / state; NaN when nothing is offloaded),
+        ``pinned_bytes`` (page-locked host memory held for CUDA state, slab headroom included), ``host_bytes``
+        (host memory holding frames: the slabs plus the frames of CPU state), ``resident_bytes`` (state tensors kept
+        as they are, every device), ``codecs`` (frame codec -> number of frames), ``restore_s`` / ``offload_s``
+        (wall-clock seconds of the last restore and offload, each ending when its copies are done)."""
         n = state = comp = cpu_frames = 0
         codecs: dict[str, int] = {}
         for c in self._chunks:
-            for e in c.entries:
-                n += 1
-                state += e.ct.nbytes
-                comp += e.ct.compressed_nbytes
-                codecs[e.ct.codec] = codecs.get(e.ct.codec, 0) + 1
-                if c.device.type == "cpu":
-                    cpu_frames += e.ct.compressed_nbytes
-        pinned = sum(s.capacity for slabs in self._slabs.values() for s in slabs if s is not None and s.pinned)
-        pageable = sum(s.capacity for slabs in self._slabs.values() for s in slabs if s is not None and not s.pinned)
+            n += len(c.entries)
+            state += sum(ph.nbytes for _, _, ph in c.entries)
+            comp += c.ct.compressed_nbytes  # type: ignore[union-attr]
+            codecs[c.ct.codec] = codecs.get(c.ct.codec, 0) + 1  # type: ignore[union-attr]
+            if c.device.type == "cpu":
+                cpu_frames += c.ct.compressed_nbytes  # type: ignore[union-attr]
+        slabs = [s for lst in self._slabs.values() for s in lst if s is not None]
+        pinned = sum(s.capacity for s in slabs if s.pinned)
         resident = sum(v.numel() * v.element_size() for d in self.state.values() for v in d.values()
                        if isinstance(v, torch.Tensor))
-        return {"tensors": n, "state_bytes": state, "compressed_bytes": comp,
+        return {"tensors": n, "chunks": len(self._chunks), "state_bytes": state, "compressed_bytes": comp,
                 "ratio": comp / state if state else float("nan"), "pinned_bytes": pinned,
-                "host_bytes": pinned + pageable + cpu_frames, "resident_bytes": resident, "codecs": codecs,
-                **self._timings}
+                "host_bytes": sum(s.capacity for s in slabs) + cpu_frames, "resident_bytes": resident,
+                "codecs": codecs, **self._timings}
 
     # --- offload ------------------------------------------------------------------------------------------
-    def _plan(self) -> list[_Chunk]:
-        """The state tensors to offload, in parameter order, cut into chunks per device."""
-        seen: dict[tuple[str, int], int] = {}
+    def _plan(self) -> list[tuple[_Chunk, list[tuple[dict, Any, torch.Tensor, int]], None]]:
+        """The state tensors to offload, in parameter order, grouped by device, dtype and state key and cut into
+        chunks of at most ``chunk_bytes``: (chunk, [(state dict, key, tensor, element offset in the flat buffer)],
+        None: no flat buffer yet)."""
         params = [p for g in self.param_groups for p in g["params"]]
+        on_storage: dict[tuple[str, int], int] = {}  # tensors (parameters and state) per storage
         for p in params:
             k = _storage_key(p)
-            seen[k] = seen.get(k, 0) + 1
+            on_storage[k] = on_storage.get(k, 0) + 1
         candidates: list[tuple[dict, Any, torch.Tensor]] = []
         for p in dict.fromkeys(params):  # a parameter listed twice has one state
             st = self.state.get(p)
@@ -392,42 +416,110 @@ class CompressedOffload(torch.optim.Optimizer):
             for key, v in st.items():
                 if isinstance(v, torch.Tensor):
                     k = _storage_key(v)
-                    seen[k] = seen.get(k, 0) + 1
+                    on_storage[k] = on_storage.get(k, 0) + 1
                     candidates.append((st, key, v))
-        chunks: dict[str, list[_Chunk]] = {}
-        sizes: dict[str, int] = {}
+        # Views of the flat buffers of the last restore share a storage by design: they count as one tensor each
+        # as long as every tensor on that storage is one of them, where it was put.
+        views: dict[tuple[str, int], int] = {}
+        for st, key, v in candidates:
+            k = _storage_key(v)
+            if k in self._flats and self._is_flat_view(st, key, v):
+                views[k] = views.get(k, 0) + 1
+        groups: dict[tuple[int, torch.dtype, Any], list[tuple[_Chunk, list]]] = {}
         for st, key, v in candidates:
             nbytes = v.numel() * v.element_size()
             if (v.layout != torch.strided or v.device.type not in ("cpu", "cuda") or v.dim() == 0 or nbytes < self.min_bytes
-                    or v.requires_grad or v.is_quantized or seen[_storage_key(v)] > 1 or not _dense_permutation(v)):
+                    or v.requires_grad or v.is_quantized or not _dense_permutation(v)):
                 continue
-            dev = str(v.device)
-            lst = chunks.setdefault(dev, [])
-            if not lst or (self.chunk_bytes is not None and sizes[dev] + nbytes > self.chunk_bytes and lst[-1].entries):
-                lst.append(_Chunk(v.device))
-                sizes[dev] = 0
-            sizes[dev] += nbytes
-            lst[-1].entries.append(_Entry(st, key, None, v.device, None if v.is_contiguous() else tuple(v.stride())))  # type: ignore[arg-type]
-        return [c for lst in chunks.values() for c in lst]
+            k = _storage_key(v)
+            if on_storage[k] > 1 and views.get(k) != on_storage[k]:
+                continue  # shares its storage with a parameter or other state: replacing it would break that
+            lst = groups.setdefault((v.get_device(), v.dtype, key), [])
+            if not lst or (self.chunk_bytes is not None and lst[-1][0].numel * v.element_size() + nbytes > self.chunk_bytes):
+                lst.append((_Chunk(v.device, v.dtype), []))
+            chunk, items = lst[-1]
+            items.append((st, key, v, chunk.numel))
+            chunk.numel += _align(nbytes) // v.element_size()
+        return [(c, items, None) for lst in groups.values() for c, items in lst]
+
+    def _plan_unchanged(self) -> list | None:
+        """The layout of the last restore again, with its flat buffers, when the state holds exactly the views it put
+        there and no other tensor that could be offloaded: the optimizer updated them in place (every step after
+        the first, with torch.optim's optimizers). None otherwise (then :meth:`_plan` decides from scratch)."""
+        if not self._flats or self._chunks:
+            return None
+        views: set[int] = set()
+        for _, _, placed in self._flats.values():
+            for (_, key), (st, _, view) in placed.items():
+                if st.get(key) is not view:
+                    return None
+                views.add(id(view))
+        for st in self.state.values():
+            if isinstance(st, dict):
+                for v in st.values():
+                    if (isinstance(v, torch.Tensor) and id(v) not in views and v.dim() > 0
+                            and v.numel() * v.element_size() >= self.min_bytes):
+                        return None  # new state: plan it
+        return [(_Chunk(c.device, c.dtype, c.numel), [(st, key, view, ph.offset) for (_, key), (st, ph, view) in placed.items()], flat)
+                for c, flat, placed in self._flats.values()]
+
+    def _is_flat_view(self, st: dict, key: Any, v: torch.Tensor) -> bool:
+        """Whether ``v`` is the view of a restored flat buffer that a restore put at ``st[key]``."""
+        found = self._flats.get(_storage_key(v))
+        if found is None:
+            return False
+        _, flat, placed = found
+        ph = placed.get((id(st), key), (None, None, None))[1]
+        return (ph is not None and v.storage_offset() == flat.storage_offset() + ph.offset and v.shape == ph.shape
+                and tuple(v.stride()) == ph.stride and v.dtype == flat.dtype)
+
+    def _flat(self, chunk: _Chunk, items: list[tuple[dict, Any, torch.Tensor, int]]) -> torch.Tensor:
+        """The chunk's values as one 1-D tensor: the restored flat buffer itself when the chunk is laid out as it
+        was (the optimizer updated its views in place), else a new buffer the tensors are copied into (bits)."""
+        k = _storage_key(items[0][2])
+        if k in self._flats:
+            _, flat, placed = self._flats[k]
+            if (flat.numel() == chunk.numel and len(placed) == len(items)
+                    and all(_storage_key(v) == k and self._is_flat_view(st, key, v) and placed[(id(st), key)][1].offset == off
+                            for st, key, v, off in items)):
+                return flat
+        if chunk.device.type == "cpu":
+            flat = self.client.empty((chunk.numel,), chunk.dtype)  # shared memory: the daemon reads it in place
+        else:
+            flat = torch.empty(chunk.numel, dtype=chunk.dtype, device=chunk.device)
+        int_alias(flat).zero_()  # the alignment gaps: defined bytes, so that the frame is a function of the state
+        for st, key, v, off in items:
+            int_alias(flat.as_strided(v.shape, v.stride(), flat.storage_offset() + off)).copy_(int_alias(v))
+        return flat
+
+    def _place(self, chunk: _Chunk, items: list[tuple[dict, Any, torch.Tensor, int]], flat: torch.Tensor) -> None:
+        """Puts the compressed chunk's placeholders into the state (its tensors go, and their memory with them)."""
+        self._flats.pop(_storage_key(flat), None)
+        for st, key, v, off in items:
+            ph = OffloadedTensor(chunk, off, v)
+            chunk.entries.append((st, key, ph))
+            st[key] = ph
+        items.clear()
+        self._chunks.append(chunk)
 
     @torch.no_grad()
     def _offload(self) -> None:
-        """Compresses the state tensors of :meth:`_plan` and puts CompressedTensors in their place."""
+        """Compresses the state tensors of :meth:`_plan`, one frame per chunk, and puts placeholders in their place."""
         t0 = time.perf_counter()
-        plan = self._plan()
-        gpu_chunks: dict[int, list[_Chunk]] = {}
-        for chunk in plan:
+        gpu: dict[int, list] = {}
+        plan = self._plan_unchanged()
+        for chunk, items, flat in plan if plan is not None else self._plan():
             if chunk.device.type == "cpu":
-                tensors = [e.state[e.key] for e in chunk.entries]
-                cts = self.client.compress(tensors, codec=self.codec)
-                for e, ct in zip(chunk.entries, cts):
-                    e.ct = ct
-                    e.state[e.key] = ct
-                self._chunks.append(chunk)
+                flat = flat if flat is not None else self._flat(chunk, items)
+                chunk.ct = self.client.compress(flat, codec=self.codec)
+                self._place(chunk, items, flat)
+                del flat
             else:
-                gpu_chunks.setdefault(chunk.device.index or 0, []).append(chunk)
-        for index, chunks in gpu_chunks.items():
-            self._offload_gpu(index, chunks)
+                gpu.setdefault(chunk.device.index or 0, []).append((chunk, items, flat))
+        for index, planned in gpu.items():
+            self._offload_gpu(index, planned)
+        # Kept after a failure (strict, daemon away): the views still in the state are then offloaded next time.
+        self._flats = {}
         self._timings["offload_s"] = time.perf_counter() - t0
 
     def _copy_stream(self, index: int) -> torch.cuda.Stream:
@@ -441,110 +533,105 @@ class CompressedOffload(torch.optim.Optimizer):
         while len(slabs) <= k:
             slabs.append(None)
         s = slabs[k]
-        if s is None or s.capacity < need or s.capacity > 2 * need + _SLAB_GRAIN:
+        if s is None or s.capacity < need or s.capacity > need + need // 2 + _SLAB_GRAIN:
             if s is not None:
                 s.release()  # waits for the copies that use it
             cap = need + need // 8
             s = slabs[k] = _HostSlab((cap + _SLAB_GRAIN - 1) // _SLAB_GRAIN * _SLAB_GRAIN)
         return s
 
-    def _offload_gpu(self, index: int, chunks: list[_Chunk]) -> None:
-        """Per chunk: the daemon encodes on the GPU (current stream order), then the frames are copied into the
-        chunk's pinned slab on the side stream while the next chunk is encoded. Returns when the copies are done."""
+    def _offload_gpu(self, index: int, planned: list) -> None:
+        """Per chunk: the daemon encodes the flat buffer on the GPU (in the current stream's order), then the frame is
+        copied into the chunk's pinned slab on the side stream while the next chunk is encoded. Returns when the
+        copies are done."""
         with torch.cuda.device(index):
             compute = torch.cuda.current_stream(index)
             side = self._copy_stream(index)
-            in_flight: list[list[CompressedTensor]] = []  # GPU frames kept alive until their copy is done
+            in_flight: list[tuple[torch.cuda.Event, CompressedTensor]] = []  # GPU frames until copied
             done_with: torch.cuda.Event | None = None
             try:
-                for k, chunk in enumerate(chunks):
-                    tensors = [e.state[e.key] for e in chunk.entries]
-                    gpu_cts = self.client.compress(tensors, codec=self.codec)
-                    del tensors
-                    offsets, used = [], 0
-                    for ct in gpu_cts:
-                        offsets.append(used)
-                        used += _align(ct.compressed_nbytes)
-                    slab = self._slab(index, k, used)
-                    side.wait_stream(compute)  # the frames are ready in the compute stream's order
+                for k, (chunk, items, flat) in enumerate(planned):
+                    while in_flight and in_flight[0][0].query():
+                        in_flight.pop(0)  # copied: the frame's GPU memory goes back to the caching allocator
+                    flat = flat if flat is not None else self._flat(chunk, items)
+                    gpu_ct = self.client.compress(flat, codec=self.codec)
+                    n = gpu_ct.compressed_nbytes
+                    slab = self._slab(index, k, n)
+                    side.wait_stream(compute)  # the frame is ready in the compute stream's order
                     with torch.cuda.stream(side):
-                        for ct, off in zip(gpu_cts, offsets):
-                            n = ct.compressed_nbytes
-                            if ct.payload.device.type == "cuda":
-                                slab.u8[off : off + n].copy_(ct.payload, non_blocking=True)
-                            else:  # not expected from the client, but a frame is a frame
-                                slab.u8[off : off + n].copy_(ct.payload)
+                        slab.u8[:n].copy_(gpu_ct.payload, non_blocking=True)
                     done_with = side.record_event()
                     slab.holder["event"] = done_with
-                    in_flight.append(gpu_cts)
-                    chunk.slab, chunk.used, chunk.offsets = slab, used, offsets
-                    for e, ct, off in zip(chunk.entries, gpu_cts, offsets):
-                        e.ct = CompressedTensor(slab.u8[off : off + ct.compressed_nbytes], ct.dtype, ct.shape, ct.codec, ct.nbytes)
-                        e.state[e.key] = e.ct  # the GPU tensor goes back to the caching allocator
-                    self._chunks.append(chunk)
+                    in_flight.append((done_with, gpu_ct))
+                    chunk.ct = CompressedTensor(slab.u8[:n], gpu_ct.dtype, gpu_ct.shape, gpu_ct.codec, gpu_ct.nbytes)
+                    chunk.slab = slab
+                    del gpu_ct
+                    self._place(chunk, items, flat)
+                    del flat
             finally:
                 if done_with is not None:
                     done_with.synchronize()
                 in_flight.clear()
             slabs = self._slabs.get(index, [])
-            for s in slabs[len(chunks):]:
+            for s in slabs[len(planned):]:
                 if s is not None:
                     s.release()
-            del slabs[len(chunks):]
+            del slabs[len(planned):]
 
     # --- restore ------------------------------------------------------------------------------------------
     @torch.no_grad()
     def _restore(self) -> None:
-        """Decompresses every offloaded tensor back into ``state``; all or nothing (an error leaves it offloaded)."""
+        """Decompresses every chunk and puts views of its flat buffer back into the state; all or nothing (an error
+        leaves the state offloaded)."""
         t0 = time.perf_counter()
-        chunks = [c for c in self._chunks if any(e.state.get(e.key) is e.ct for e in c.entries)]
-        results: list[tuple[_Entry, torch.Tensor]] = []
+        chunks = [c for c in self._chunks if any(st.get(key) is ph for st, key, ph in c.entries)]
+        cpu = [c for c in chunks if c.device.type == "cpu"]
+        flats: list[tuple[_Chunk, torch.Tensor]] = []
+        if cpu:
+            flats.extend(zip(cpu, self.client.decompress([c.ct for c in cpu])))
         gpu: dict[int, list[_Chunk]] = {}
         for c in chunks:
-            if c.device.type == "cpu":
-                outs = [None if e.stride is None else torch.empty_strided(e.ct.shape, e.stride, dtype=e.ct.dtype)
-                        for e in c.entries]
-                results.extend(zip(c.entries, self.client.decompress([e.ct for e in c.entries], out=outs)))
-            else:
+            if c.device.type != "cpu":
                 gpu.setdefault(c.device.index or 0, []).append(c)
         for index, cs in gpu.items():
-            results.extend(self._restore_gpu(index, cs))
-        for e, t in results:
-            if e.state.get(e.key) is e.ct:
-                e.state[e.key] = t
+            flats.extend(self._restore_gpu(index, cs))
+        for c, flat in flats:
+            placed = {}
+            for st, key, ph in c.entries:
+                if st.get(key) is ph:
+                    view = st[key] = ph.view_of(flat)
+                    placed[(id(st), key)] = (st, ph, view)
+            self._flats[_storage_key(flat)] = (c, flat, placed)
         self._chunks = []
         self._timings["restore_s"] = time.perf_counter() - t0
 
-    def _restore_gpu(self, index: int, chunks: list[_Chunk]) -> list[tuple[_Entry, torch.Tensor]]:
-        """Per chunk: one host-to-device copy of its frames on the side stream (the next chunk's runs while the
+    def _restore_gpu(self, index: int, chunks: list[_Chunk]) -> list[tuple[_Chunk, torch.Tensor]]:
+        """Per chunk: its frame copied host to device on the side stream (the next chunk's copy runs while the
         daemon decodes this one on the GPU), then one decompress request in the compute stream's order."""
-        out: list[tuple[_Entry, torch.Tensor]] = []
+        out: list[tuple[_Chunk, torch.Tensor]] = []
         device = torch.device("cuda", index)
         with torch.cuda.device(index):
             compute = torch.cuda.current_stream(index)
             side = self._copy_stream(index)
 
-            def upload(c: _Chunk) -> tuple[torch.Tensor, torch.cuda.Event]:
-                buf = torch.empty(c.used, dtype=torch.uint8, device=device)  # compute stream's memory
+            def upload(c: _Chunk) -> tuple[CompressedTensor, torch.cuda.Event]:
+                ct = c.ct
+                buf = torch.empty(ct.compressed_nbytes, dtype=torch.uint8, device=device)  # compute stream's memory
                 side.wait_stream(compute)  # earlier users of that memory are done before the copy writes it
                 with torch.cuda.stream(side):
-                    buf.copy_(c.slab.u8[: c.used], non_blocking=True)  # type: ignore[union-attr]
+                    buf.copy_(ct.payload, non_blocking=True)
                 ev = side.record_event()
                 c.slab.holder["event"] = ev  # type: ignore[union-attr]
-                return buf, ev
+                return CompressedTensor(buf, ct.dtype, ct.shape, ct.codec, ct.nbytes), ev
 
             nxt = upload(chunks[0])
             for k, c in enumerate(chunks):
-                buf, ev = nxt
+                gpu_ct, ev = nxt
                 if k + 1 < len(chunks):
                     nxt = upload(chunks[k + 1])
                 compute.wait_event(ev)
-                cts = [CompressedTensor(buf[off : off + e.ct.compressed_nbytes], e.ct.dtype, e.ct.shape, e.ct.codec, e.ct.nbytes)
-                       for e, off in zip(c.entries, c.offsets)]
-                outs = [None if e.stride is None else torch.empty_strided(e.ct.shape, e.stride, dtype=e.ct.dtype, device=device)
-                        for e in c.entries]
-                out.extend(zip(c.entries, self.client.decompress(cts, out=outs)))
-                del buf, cts
+                out.append((c, self.client.decompress(gpu_ct)))
+                del gpu_ct
         return out
 
     # --- helpers ------------------------------------------------------------------------------------------
@@ -556,8 +643,34 @@ class CompressedOffload(torch.optim.Optimizer):
                 if ev is not None:
                     ev.synchronize()
 
-    def _decompress_host(self, cts: Iterable[CompressedTensor]) -> list[torch.Tensor]:
-        """CompressedTensors decompressed onto the CPU in one request (frames of CUDA state are in host memory)."""
-        cts = [ct if ct.payload.device.type == "cpu" else CompressedTensor(ct.payload.cpu(), ct.dtype, ct.shape, ct.codec, ct.nbytes)
-               for ct in cts]
-        return self.client.decompress(cts)
+    def _materialize(self, state: dict, clone: bool = True) -> dict:
+        """``{index: {key: value}}`` with OffloadedTensors as CPU tensors (their chunks decompressed in one request)
+        and, when ``clone``, other tensors cloned (a snapshot that later steps leave alone)."""
+        self._settle_copies()
+        chunks: dict[int, _Chunk] = {}
+        for d in state.values():
+            if isinstance(d, dict):
+                for v in d.values():
+                    if isinstance(v, OffloadedTensor):
+                        chunks[id(v.chunk)] = v.chunk
+        flats = {}
+        if chunks:
+            cts = [c.ct if c.ct.payload.device.type == "cpu"  # type: ignore[union-attr]
+                   else CompressedTensor(c.ct.payload.cpu(), c.ct.dtype, c.ct.shape, c.ct.codec, c.ct.nbytes)  # type: ignore[union-attr]
+                   for c in chunks.values()]
+            flats = dict(zip(chunks, self.client.decompress(cts)))
+        out: dict[Any, Any] = {}
+        for i, d in state.items():
+            if not isinstance(d, dict):
+                out[i] = d
+                continue
+            nd = {}
+            for k, v in d.items():
+                if isinstance(v, OffloadedTensor):
+                    nd[k] = v.view_of(flats[id(v.chunk)]).clone()
+                elif isinstance(v, torch.Tensor) and clone:
+                    nd[k] = v.detach().clone()
+                else:
+                    nd[k] = v
+            out[i] = nd
+        return out

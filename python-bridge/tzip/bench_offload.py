@@ -1,0 +1,304 @@
+"""Benchmark of optimizer-state offload on the real model: tzip.optim.CompressedOffload against plain AdamW, against
+the same offload without compression (codec="raw"), and, on a GPU, against torchao's CPUOffloadOptimizer.
+
+    python -m tzip.bench_offload [--device cpu|cuda] [--steps 8] [--warmup 2] [--pairs 8] [--max-length 128]
+                                 [--codec auto] [--chunk-mib 64] [--gpu-arena-keep-mib N]
+                                 [--cases plain,offload,raw,torchao] [--socket PATH]
+                                 [--json]
+
+Each case trains all-MiniLM-L6-v2 (tzip.demo_data: the bundled trained weights, fp32, dropout off) with AdamW
+(lr 2e-5, weight decay 0.01) on the model card's sentence pairs and its contrastive objective, ``--pairs`` pairs
+(2 x that many sentences of ``--max-length`` tokens) per step, from the same weights with the same batches. Per
+case it reports, over the steps after ``--warmup`` (medians, wall clock, the GPU synchronised at each boundary):
+
+* ``opt step ms``: ``optimizer.step()`` alone; ``train step ms``: zero_grad + forward + backward + step;
+* on a GPU, ``torch.cuda.memory_allocated`` between steps (after a step), and the peaks of
+  ``torch.cuda.max_memory_allocated`` during forward+backward and during the optimizer step, in MB (10**6 bytes);
+* host memory holding the offloaded state, MB: for CompressedOffload its frames (on a GPU: the pinned slabs it
+  holds, ``offload_stats()["pinned_bytes"]``); for torchao the growth of PyTorch's pinned allocator
+  (``torch.cuda.host_memory_stats()["allocated_bytes.current"]``: its CPU copies of parameters, gradients and
+  state, in blocks rounded up to powers of two); for plain AdamW on the CPU its state;
+* ``state MB`` (uncompressed optimizer state) and ``ratio`` (compressed / uncompressed) for the offload cases;
+* ``identical``: whether the parameters after the last step equal plain AdamW's bit for bit (torchao runs AdamW on
+  the CPU, a different kernel: not expected to).
+
+torchao is optional (GPU only): ``pip install torchao==0.18.0`` (checked with torch 2.11.0); without it that case is
+skipped with a message. Unless ``--socket`` is given, a private daemon is started for the run and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ._spawn import cli_command
+from .client import CODECS, Client
+
+ROOT = Path(__file__).resolve().parents[2]
+ALL_CASES = ("plain", "offload", "raw", "torchao")
+TORCHAO_PIN = "torchao==0.18.0"
+
+
+@contextlib.contextmanager
+def _daemon_socket(socket: str | None):
+    """``socket`` as given, or a private daemon's (a temporary folder; SIGTERM afterwards)."""
+    if socket is not None:
+        yield socket
+        return
+    with tempfile.TemporaryDirectory(prefix="tzip-bench-") as d:
+        path = os.path.join(d, "d", "tzip.sock")
+        daemon = subprocess.Popen([*cli_command(), "serve", "--socket", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            daemon.stdout.readline()  # the "listening" line
+            yield path
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+
+
+def _batches(steps: int, pairs_per_step: int, max_length: int) -> list:
+    from . import demo_data as dd
+
+    pairs = dd.sentence_pairs(dd.readme_sentences())
+    tok = dd.load_tokenizer(max_length)
+    out = []
+    for i in range(steps):
+        chunk = [pairs[(i * pairs_per_step + j) % len(pairs)] for j in range(pairs_per_step)]
+        out.append((dd.tokenize([a for a, _ in chunk], tok), dd.tokenize([b for _, b in chunk], tok)))
+    return out
+
+
+def _loss(model, batch, device: str) -> torch.Tensor:
+    from . import demo_data as dd
+
+    a, b = ({k: v.to(device, non_blocking=True) for k, v in x.items()} for x in batch)
+    ea = dd.mean_pool_normalize(model(**a).last_hidden_state, a["attention_mask"])
+    eb = dd.mean_pool_normalize(model(**b).last_hidden_state, b["attention_mask"])
+    scores = ea @ eb.T * dd.SCALE
+    labels = torch.arange(scores.shape[0], device=scores.device)
+    return (F.cross_entropy(scores, labels) + F.cross_entropy(scores.T, labels)) / 2
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _make_optimizer(case: str, params, args, client: Client):
+    from .optim import CompressedOffload
+
+    kw = {"lr": 2e-5, "weight_decay": 0.01}
+    chunk = None if args.chunk_mib <= 0 else int(args.chunk_mib * (1 << 20))
+    if case == "plain":
+        return torch.optim.AdamW(params, **kw)
+    if case in ("offload", "raw"):
+        return CompressedOffload(torch.optim.AdamW(params, **kw), codec=args.codec if case == "offload" else "raw",
+                                 client=client, chunk_bytes=chunk)
+    if case == "torchao":
+        from torchao.optim import CPUOffloadOptimizer
+
+        return CPUOffloadOptimizer(params, torch.optim.AdamW, **kw)
+    raise ValueError(case)
+
+
+def run_case(case: str, args, data: list, socket: str) -> dict:
+    """One training run of ``case``; figures as the module docstring describes (bytes and seconds here). The
+    offload cases get a client of their own (closed afterwards, with its staging buffers)."""
+    client = None
+    if case in ("offload", "raw"):
+        keep = {} if args.gpu_arena_keep_mib is None else {"gpu_arena_keep_bytes": int(args.gpu_arena_keep_mib * (1 << 20))}
+        client = Client(socket, spawn=False, strict=True, **keep)
+    try:
+        return _run_case(case, args, data, client)
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _run_case(case: str, args, data: list, client: Client | None) -> dict:
+    from . import demo_data as dd
+
+    dev = args.device
+    model = dd.load_model().to(dev)
+    model.eval()  # dropout off: every case sees the same computation; autograd stays on
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+        host0 = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) if torch.cuda.is_initialized() else 0
+    opt = _make_optimizer(case, model.parameters(), args, client)
+    step_s, train_s, losses = [], [], []
+    peak_fb = peak_opt = alloc_after = 0
+    for i, batch in enumerate(data):
+        _sync(dev)
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(model, batch, dev)
+        loss.backward()
+        _sync(dev)
+        t1 = time.perf_counter()
+        if dev == "cuda":
+            peak_fb = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        opt.step()
+        _sync(dev)
+        t2 = time.perf_counter()
+        if dev == "cuda":
+            peak_opt = torch.cuda.max_memory_allocated()
+            alloc_after = torch.cuda.memory_allocated()
+        losses.append(loss.item())
+        if i >= args.warmup:
+            step_s.append(t2 - t1)
+            train_s.append(t2 - t0)
+    r: dict = {"case": case, "opt_step_s": statistics.median(step_s), "train_step_s": statistics.median(train_s),
+               "losses": losses, "params": [p.detach().cpu().clone() for p in model.parameters()]}
+    stats = opt.offload_stats() if hasattr(opt, "offload_stats") else None
+    if stats is not None:
+        r.update(state_bytes=stats["state_bytes"], compressed_bytes=stats["compressed_bytes"], ratio=stats["ratio"],
+                 host_bytes=stats["pinned_bytes"] if dev == "cuda" else stats["host_bytes"],
+                 restore_s=stats["restore_s"], offload_s=stats["offload_s"])
+    elif case == "plain":
+        r["state_bytes"] = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                               if isinstance(v, torch.Tensor))
+        r["host_bytes"] = r["state_bytes"] if dev == "cpu" else 0
+    if dev == "cuda":
+        r.update(alloc_between_steps=alloc_after, peak_forward_backward=peak_fb, peak_opt_step=peak_opt)
+        if case == "torchao":
+            r["host_bytes"] = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) - host0
+    del opt, model
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return r
+
+
+def run(args) -> dict:
+    if args.device == "cuda":
+        # deterministic cuBLAS (set before CUDA starts), so that the runs can agree bit for bit
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA GPU visible to PyTorch")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = sorted(set(cases) - set(ALL_CASES))
+    if unknown:
+        raise SystemExit(f"unknown cases {unknown}; known: {', '.join(ALL_CASES)}")
+    notes = []
+    if "torchao" in cases:
+        if args.device != "cuda":
+            cases.remove("torchao")
+            notes.append("torchao's CPUOffloadOptimizer needs a GPU: skipped")
+        else:
+            try:
+                import torchao  # noqa: F401
+                from torchao.optim import CPUOffloadOptimizer  # noqa: F401
+            except ImportError as e:
+                cases.remove("torchao")
+                notes.append(f"torchao not importable ({e}): skipped; pip install {TORCHAO_PIN}")
+    data = _batches(args.steps, args.pairs, args.max_length)
+    with _daemon_socket(args.socket) as sock:
+        with Client(sock, spawn=False, strict=True) as probe:
+            if args.device == "cuda" and not probe.daemon_info.get("gpu"):
+                raise SystemExit(f"--device cuda: the daemon serves no GPU ({probe.daemon_info.get('gpu_reason')})")
+        results = [run_case(c, args, data, sock) for c in cases]
+    plain = next((r for r in results if r["case"] == "plain"), None)
+    for r in results:
+        r["identical"] = None if plain is None else all(torch.equal(a.view(torch.int32), b.view(torch.int32))
+                                                         for a, b in zip(plain["params"], r["params"]))
+    for r in results:
+        del r["params"]
+    machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"machine": machine, "device": args.device, "torch": torch.__version__, "commit": commit,
+            "threads": torch.get_num_threads(), "steps": args.steps, "warmup": args.warmup, "pairs": args.pairs,
+            "max_length": args.max_length, "codec": args.codec, "chunk_mib": args.chunk_mib, "notes": notes,
+            "gpu_arena_keep_mib": args.gpu_arena_keep_mib,
+            "command": "python -m tzip.bench_offload " + " ".join(sys.argv[1:]), "results": results}
+
+
+def _mb(n) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f}"
+
+
+def report(r: dict) -> str:
+    gpu = r["device"] == "cuda"
+    lines = [f"optimizer-state offload, all-MiniLM-L6-v2 (fp32, AdamW), {r['steps']} steps ({r['warmup']} untimed), "
+             f"{2 * r['pairs']} sentences x {r['max_length']} tokens per step; {r['machine']}, torch {r['torch']}, "
+             f"{r['threads']} threads, tzip {r['commit']}, codec {r['codec']!r}, chunks of {r['chunk_mib']} MiB"
+             + ("" if r["gpu_arena_keep_mib"] is None or r["device"] != "cuda" else
+                f", client gpu_arena_keep_bytes {r['gpu_arena_keep_mib']} MiB"),
+             f"command: {r['command']}"]
+    head = ["case", "opt step ms", "train step ms"]
+    if gpu:
+        head += ["GPU alloc between steps MB", "peak fwd+bwd MB", "peak opt step MB"]
+    head += ["host memory for state MB", "state MB", "ratio", "identical"]
+    rows = []
+    names = {"plain": "AdamW", "offload": "CompressedOffload", "raw": "CompressedOffload raw", "torchao": "torchao CPUOffloadOptimizer"}
+    for x in r["results"]:
+        row = [names[x["case"]], f"{x['opt_step_s'] * 1e3:.1f}", f"{x['train_step_s'] * 1e3:.1f}"]
+        if gpu:
+            row += [_mb(x["alloc_between_steps"]), _mb(x["peak_forward_backward"]), _mb(x["peak_opt_step"])]
+        ratio = x.get("ratio")
+        row += [_mb(x.get("host_bytes")), _mb(x.get("state_bytes")), "-" if ratio is None else f"{ratio:.4f}",
+                {True: "yes", False: "no", None: "-"}[x["identical"]]]
+        rows.append(row)
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    lines.append("| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |")
+    lines.append("| " + " | ".join("-" * w for w in widths) + " |")
+    for row in rows:
+        lines.append("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |")
+    plain = next((x for x in r["results"] if x["case"] == "plain"), None)
+    for x in r["results"]:
+        if plain is None or x is plain:
+            continue
+        parts = [f"{names[x['case']]}: opt step {x['opt_step_s'] / plain['opt_step_s']:.2f}x, "
+                 f"train step {100 * (x['train_step_s'] / plain['train_step_s'] - 1):+.1f}% vs AdamW"]
+        if gpu:
+            parts.append(f"GPU memory between steps {_mb(plain['alloc_between_steps'] - x['alloc_between_steps'])} MB "
+                         f"lower ({100 * (x['alloc_between_steps'] / plain['alloc_between_steps'] - 1):+.1f}%), peak of "
+                         f"the training step {100 * (max(x['peak_forward_backward'], x['peak_opt_step']) / max(plain['peak_forward_backward'], plain['peak_opt_step']) - 1):+.1f}%")
+        if "restore_s" in x:
+            parts.append(f"last restore {x['restore_s'] * 1e3:.1f} ms, offload {x['offload_s'] * 1e3:.1f} ms")
+        lines.append("; ".join(parts))
+    lines += r["notes"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--steps", type=int, default=8, help="training steps per case (default 8)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (default 2)")
+    ap.add_argument("--pairs", type=int, default=8, help="sentence pairs per step (default 8)")
+    ap.add_argument("--max-length", type=int, default=128, help="tokens per sentence (default 128)")
+    ap.add_argument("--codec", default="auto", choices=[c for c in CODECS if c != "raw"])
+    ap.add_argument("--chunk-mib", type=float, default=64, help="CompressedOffload chunk_bytes in MiB (0: one request)")
+    ap.add_argument("--gpu-arena-keep-mib", type=float, default=None,
+                    help="the offload client's gpu_arena_keep_bytes in MiB (default: the client's, 128)")
+    ap.add_argument("--cases", default=",".join(ALL_CASES), help=f"comma-separated, of {', '.join(ALL_CASES)}")
+    ap.add_argument("--socket", help="use the daemon on this socket instead of starting one")
+    ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    args = ap.parse_args(argv)
+    if args.steps <= args.warmup:
+        raise SystemExit("--steps must exceed --warmup")
+    r = run(args)
+    print(json.dumps(r, indent=2) if args.json else report(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
