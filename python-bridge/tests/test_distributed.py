@@ -247,6 +247,22 @@ def w_collectives(rank, world, codecs, dtypes=None, shapes=None):
     return checked
 
 
+class DecompressFails:
+    """Fault injection: the process-wide client, except that decompress raises as when the daemon has gone away
+    between the two phases of an all-reduce."""
+
+    def __init__(self):
+        from tzip._default import default_client
+
+        self.inner = default_client()
+
+    def compress(self, *args, **kwargs):
+        return self.inner.compress(*args, **kwargs)
+
+    def decompress(self, *args, **kwargs):
+        raise tz.DaemonUnavailableError("injected: the daemon went away")
+
+
 def w_mismatches(rank, world):
     """Each case: what this rank raised (type name, message, seconds), or None."""
     seen = {}
@@ -286,6 +302,9 @@ def w_mismatches(rank, world):
     case("one rank's bad op", lambda: tzd.all_reduce(torch.zeros(4), op=ReduceOp.BAND if rank == last else ReduceOp.SUM))
     case("one rank's bad codec", lambda: tzd.broadcast(torch.zeros(4), src=0, codec="zstd" if rank == last else "auto"))
     case("receiver's sparse tensor", lambda: p2p(torch.zeros(4), torch.zeros(4).to_sparse()))
+    # one rank cannot decompress the shards it received: the others hear of it before the gather
+    case("decompress fails between the phases",
+         lambda: tzd.all_reduce(torch.randn(1000), client=DecompressFails() if rank == last else None))
     # everyone wrong: the same error everywhere
     case("BAND", lambda: tzd.all_reduce(torch.zeros(4, dtype=torch.int32), op=ReduceOp.BAND))
     case("MIN of complex", lambda: tzd.all_reduce(torch.zeros(4, dtype=torch.complex64), op=ReduceOp.MIN))
@@ -426,6 +445,9 @@ def test_mismatch_raises_on_every_rank(pools, world):
         assert seen["one rank's bad codec"][0] == ("ValueError" if rank == last else "RuntimeError")
         assert f"rank(s) [{last}]" in seen["one rank's bad op"][1] or rank == last
         assert seen["receiver's sparse tensor"][0] == ("TypeError" if rank % 2 else "RuntimeError"), seen["receiver's sparse tensor"]
+        between = seen["decompress fails between the phases"]
+        assert between[0] == ("DaemonUnavailableError" if rank == last else "RuntimeError"), between
+        assert between[2] < 10 and (rank == last or "between the exchange and the gather" in between[1])
     # both sides of a pair, and every rank of a collective, see the same message, naming both descriptions
     for name in expect:
         msgs = {seen[name][1] for seen, _ in results}

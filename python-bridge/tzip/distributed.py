@@ -981,32 +981,33 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | No
     got_parts = _exchange_shards(call, heads, send_buf, [w.data.numel() for w in sent])
     call.traffic.bytes_raw += (flat.numel() - (mine_b - mine_a)) * itemsize
 
-    # 3. decompress and reduce in rank order
+    # 3. decompress and reduce in rank order; 4. compress the reduced shard
     others = [r for r in range(n) if r != me]
-    decoded = call.decode([_Wire(got_parts[r], heads[r].frames[me][1]) for r in others],
-                          [(tensor.dtype, shard_shape)] * len(others), [None] * len(others))
-    parts = list(decoded)
     own = flat[mine_a:mine_b]
-    parts.insert(me, own)
-    # every part may be overwritten: decoded ones are ours (fresh tensors, or regions of the receive buffer that are
-    # read once), and our own shard of the tensor gets the result anyway
-    acc = _reduce_in_rank_order(code, parts, [True] * n, n)
-    if n == 1:
-        if acc is not own:
-            _copy_bits(own, acc)
-        if copied:
-            _copy_bits(tensor, flat)
-        call.done()
-        return call.traffic
+    all_plain = all(h.aux1 == 1 for h in heads)  # every rank sends plain bytes: the sizes are the shards'
 
-    # 4. the reduced shard to every rank
-    if all(h.aux1 == 1 for h in heads):  # every rank sends plain bytes: their sizes are the shards'
-        red = _Wire(call.to_wire(_bytes_of(acc)), _PLAIN)
+    def reduce_and_encode():
+        decoded = call.decode([_Wire(got_parts[r], heads[r].frames[me][1]) for r in others],
+                              [(tensor.dtype, shard_shape)] * len(others), [None] * len(others))
+        parts = list(decoded)
+        parts.insert(me, own)
+        # every part may be overwritten: decoded ones are ours (fresh tensors, or regions of the receive buffer that
+        # are read once), and our own shard of the tensor gets the result anyway
+        acc = _reduce_in_rank_order(code, parts, [True] * n, n)
+        if n == 1:
+            return acc, None
+        return acc, _Wire(call.to_wire(_bytes_of(acc)), _PLAIN) if all_plain else call.encode([acc])[0]
+
+    got, err = _attempt(reduce_and_encode)
+    acc, red = got if got is not None else (None, None)
+    if all_plain or n == 1:
+        if err is not None:
+            raise err  # plain bytes, no daemon: a local failure (memory); the others are left to time out
         sizes = [(b - a) * itemsize for a, b in bounds]
         codecs = [_PLAIN] * n
     else:
-        red, err = _attempt(lambda: call.encode([acc])[0])
-        # sizes are known once every rank has reduced: one small gather (which also carries a failure)
+        # the sizes are known once every rank has reduced: one small gather, which also carries a failure (the daemon
+        # gone between the two phases) so that no rank waits for a shard that never comes
         row = torch.tensor([red.data.numel() if red is not None else 0, red.codec if red is not None else 0,
                             _FAILED if err else _OK], dtype=torch.int64)
         out = torch.empty(3 * n, dtype=torch.int64, device=call.wire)
@@ -1017,10 +1018,18 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | No
             raise err
         failed = [r for r, x in enumerate(rows) if x[2] != _OK]
         if failed:
-            raise RuntimeError(f"tzip.distributed.all_reduce: rank(s) {failed} failed to compress their reduced shard "
-                               "(the error is raised there)")
+            raise RuntimeError(f"tzip.distributed.all_reduce: rank(s) {failed} failed between the exchange and the "
+                               "gather (the error is raised there); the tensor is left partly reduced")
         sizes = [x[0] for x in rows]
         codecs = [x[1] for x in rows]
+    if n == 1:
+        if acc is not own:
+            _copy_bits(own, acc)
+        if copied:
+            _copy_bits(tensor, flat)
+        call.done()
+        return call.traffic
+
     got_frames = _gather_frames(call, red, sizes)
     call.traffic.bytes_raw += (mine_b - mine_a) * itemsize * (n - 1)
 
