@@ -193,6 +193,17 @@ class Pools:
         self._pools.clear()
 
 
+def run_without_daemon(world_size: int, fn, timeout: float = 300.0, **kwargs) -> list:
+    """``fn`` on a fresh pool whose $TZIP_SOCKET names no daemon and where none can be started ($TZIP_CLI names a
+    missing file): the default clients fall back (or raise, when strict)."""
+    with tempfile.TemporaryDirectory(prefix="tzip-away-") as d:
+        pools = Pools({"TZIP_SOCKET": os.path.join(d, "none", "tzip.sock"), "TZIP_CLI": os.path.join(d, "no-cli.js")})
+        try:
+            return pools(world_size).run(fn, timeout=timeout, **kwargs)
+        finally:
+            pools.close()
+
+
 def bits(t) -> "object":
     """``t``'s values as an integer tensor of the same width, on the CPU (for bit-exact comparisons)."""
     from tzip._dlpack import int_alias

@@ -12,9 +12,7 @@ real model (all-MiniLM-L6-v2) on real text, and the daemon away (raw frames, one
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
-import tempfile
 import warnings
 
 import pytest
@@ -24,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import tzip.ddp
 import tzip.distributed as tzd
 
-from dist_support import Pools, bits
+from dist_support import Pools, bits, run_without_daemon
 from test_client_support import shared_daemon  # noqa: F401
 
 
@@ -195,12 +193,7 @@ def test_real_model_two_ranks_equals_plain_ddp(pools):
 
 
 def test_daemon_away_hook_sends_raw_once_warned_strict_raises():
-    with tempfile.TemporaryDirectory(prefix="tzip-away-") as d:
-        away = Pools({"TZIP_SOCKET": os.path.join(d, "none", "tzip.sock"), "TZIP_CLI": os.path.join(d, "no-cli.js")})
-        try:
-            results = away(2).run(w_daemon_away, timeout=600)
-        finally:
-            away.close()
+    results = run_without_daemon(2, w_daemon_away, timeout=600)
     assert_identical([r[0] for r in results], ["raw", "auto"], 2)
     for got, warned, strict, after in results:
         assert len(warned) == 1, warned

@@ -9,7 +9,6 @@ counters; the daemon away (raw frames and one warning; strict raises). GPU varia
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 import warnings
 
@@ -21,7 +20,7 @@ import tzip.client as tz
 import tzip.distributed as tzd
 from tzip.distributed import ReduceOp
 
-from dist_support import Pools, bits
+from dist_support import Pools, bits, run_without_daemon
 from test_client_support import shared_daemon  # noqa: F401
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
@@ -471,12 +470,7 @@ def test_counters_reset_locally():
 
 
 def test_daemon_away_sends_raw_once_warned_and_strict_raises():
-    with tempfile.TemporaryDirectory(prefix="tzip-away-") as d:
-        away = Pools({"TZIP_SOCKET": os.path.join(d, "none", "tzip.sock"), "TZIP_CLI": os.path.join(d, "no-cli.js")})
-        try:
-            results = away(2).run(w_daemon_away, timeout=300)
-        finally:
-            away.close()
+    results = run_without_daemon(2, w_daemon_away, timeout=300)
     for rank, (warned, strict, after) in enumerate(results):
         assert len(warned) == 1, warned  # once per process, however many calls
         assert after == [2.0] * 4

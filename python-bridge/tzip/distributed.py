@@ -362,7 +362,9 @@ def _wire_device(group, data: torch.device) -> torch.device:
 class _Call:
     """The state of one call: group, ranks, wire device, codec, client (resolved when first needed), traffic."""
 
-    def __init__(self, kind: str, group, device: torch.device, codec: str, client: Client | None, strict: bool):
+    def __init__(self, kind: str, group, like, codec: str, client: Client | None, strict: bool):
+        """``like``: the call's tensor (its device is where results go; anything else: the CPU, and the call's
+        preparation raises TypeError on every rank)."""
         if not dist.is_initialized():
             raise RuntimeError(f"tzip.distributed.{kind}: torch.distributed is not initialised "
                                "(call torch.distributed.init_process_group first)")
@@ -370,8 +372,8 @@ class _Call:
         self.group = group if group is not None else dist.group.WORLD
         self.me = dist.get_rank(self.group)
         self.n = dist.get_world_size(self.group)
-        self.device = device
-        self.wire = _wire_device(self.group, device) if self.me >= 0 else torch.device("cpu")
+        self.device = like.device if isinstance(like, torch.Tensor) else torch.device("cpu")
+        self.wire = _wire_device(self.group, self.device) if self.me >= 0 else torch.device("cpu")
         self.codec = codec
         self._client = client
         self.strict = strict
@@ -486,6 +488,11 @@ def _attempt(fn: Callable[[], object]) -> tuple[object, BaseException | None]:
         return None, e
 
 
+def _slots(w: _Wire | None) -> list[tuple[int, int]]:
+    """The header's frame slot of one wire tensor (none when the preparation failed)."""
+    return [(w.data.numel(), w.codec)] if w is not None else []
+
+
 def _desc_or_none(t: torch.Tensor) -> list[int] | None:
     try:
         return _desc(t)
@@ -585,32 +592,55 @@ def _p2p_mismatch(s_rank: int, s_desc, r_rank: int, r_desc) -> MismatchError:
                          f"into {_show(r_desc)}; nothing was copied")
 
 
+def _p2p(kind: str, tensor, peer: int, group, codec: str, client: Client | None, strict: bool, body) -> Work:
+    """A :class:`Work` running ``body(call, seq)`` off the caller's thread, with this message's sequence number."""
+    call = _Call(kind, group, tensor, codec, client, strict)
+    if not call.member:  # as torch.distributed: a rank outside the group takes no part
+        work = Work()
+        work._future.set_result(None if kind == "send" else tensor)
+        return work
+    seq = _next_seq(call.group, peer, kind)
+    return _start(call.group, lambda: body(call, seq), call.device)
+
+
+def _handshake(call: _Call, peer: int, seq: int, row: list[int], err: BaseException | None) -> _Head:
+    """Sends this side's header and receives the peer's (both in flight at once); raises this side's ``err``, or
+    when the peer is not the matching call or failed before the transfer."""
+    mine, theirs = (0, 1) if call.kind == "send" else (1, 0)  # the sender's header is part 0, the receiver's part 1
+    want = "recv" if call.kind == "send" else "send"
+    head = torch.empty(len(row), dtype=torch.int64, device=call.wire)
+    pending = dist.irecv(head, src=peer, group=call.group, tag=_tag(seq, theirs))
+    dist.send(call.to_wire(torch.tensor(row, dtype=torch.int64)), peer, group=call.group, tag=_tag(seq, mine))
+    pending.wait()
+    call.traffic.bytes_sent += 2 * len(row) * 8
+    if err is not None:
+        raise err
+    got = _Head.parse(head.cpu().tolist())
+    if got.magic != _MAGIC or got.kind != _KINDS[want]:
+        raise MismatchError(f"tzip.distributed.{call.kind}: rank {peer} is not in tzip.distributed.{want}")
+    if got.status != _OK:
+        raise RuntimeError(f"tzip.distributed.{call.kind}: rank {peer} failed before the transfer (the error is raised "
+                           "there); nothing was sent")
+    return got
+
+
 def isend(tensor: torch.Tensor, dst: int, group=None, codec: str = "auto", client: Client | None = None,
           strict: bool = False) -> Work:
     """Sends ``tensor`` (any shape, a dtype of the module docstring, CPU or CUDA) to global rank ``dst``,
     compressed with ``codec``; returns a :class:`Work` (``wait()`` -> None).
 
     The header goes first and the receiver answers with its own: a dtype or shape that differs from the receiving
-    tensor's raises :class:`MismatchError` on both ranks. Do not modify ``tensor`` until ``wait()`` returned.
+    tensor's raises :class:`MismatchError` on both ranks. Messages to one peer are matched in the order of the calls.
+    Do not modify ``tensor`` until ``wait()`` returned.
 
     Raises (from wait()): MismatchError; RuntimeError (the receiver failed, or torch.distributed's timeout);
-    DaemonUnavailableError (``strict=True`` and no daemon); ValueError (unknown codec, now).
+    DaemonUnavailableError (``strict=True`` and no daemon); ValueError (unknown codec); TypeError (a tensor of
+    another dtype or layout than carried).
     """
-    call = _Call("send", group, tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu"), codec,
-                 client, strict)
-    if not call.member:
-        work = Work()
-        work._future.set_result(None)
-        return work
-    seq = _next_seq(call.group, dst, "out")
-    return _start(call.group, lambda: _send(call, tensor, dst, seq), call.device)
+    return _p2p("send", tensor, dst, group, codec, client, strict, lambda call, seq: _send(call, tensor, dst, seq))
 
 
 def _send(call: _Call, tensor: torch.Tensor, dst: int, seq: int) -> None:
-    hlen = _header_len(_P2P_SLOTS)
-    reply = torch.empty(hlen, dtype=torch.int64, device=call.wire)
-    pending = dist.irecv(reply, src=dst, group=call.group, tag=_tag(seq, 1))
-
     def prepare():
         call.check_codec()
         _check_tensor(tensor, "tensor")
@@ -618,22 +648,10 @@ def _send(call: _Call, tensor: torch.Tensor, dst: int, seq: int) -> None:
 
     w, err = _attempt(prepare)
     desc = _desc_or_none(tensor) if isinstance(tensor, torch.Tensor) else None
-    frames = [(w.data.numel(), w.codec)] if w is not None else []
-    row = _header("send", _FAILED if err else _OK, 0, desc, 0, 0, frames, _P2P_SLOTS)
-    dist.send(call.to_wire(torch.tensor(row, dtype=torch.int64)), dst, group=call.group, tag=_tag(seq, 0))
-    pending.wait()
-    peer = _Head.parse(reply.cpu().tolist())
-    call.traffic.bytes_sent += 2 * hlen * 8
-    if err is not None:
-        raise err
-    me = dist.get_rank()
-    if peer.magic != _MAGIC or peer.kind != _KINDS["recv"]:
-        raise MismatchError(f"tzip.distributed.send: rank {dst} did not answer as tzip.distributed.recv does")
-    if peer.status != _OK:
-        raise RuntimeError(f"tzip.distributed.send: the receiver (rank {dst}) failed before the transfer (the error is "
-                           "raised there); nothing was sent")
+    frames = _slots(w)
+    peer = _handshake(call, dst, seq, _header("send", _FAILED if err else _OK, 0, desc, 0, 0, frames, _P2P_SLOTS), err)
     if _key(peer.desc) != _key(desc):
-        raise _p2p_mismatch(me, desc, dst, peer.desc)
+        raise _p2p_mismatch(dist.get_rank(), desc, dst, peer.desc)
     if w.data.numel():
         dist.send(w.data, dst, group=call.group, tag=_tag(seq, 2))
     call.traffic.bytes_raw += tensor.numel() * tensor.element_size()
@@ -649,37 +667,15 @@ def irecv(tensor: torch.Tensor, src: int, group=None, client: Client | None = No
     RuntimeError (the sender failed, or torch.distributed's timeout); DaemonUnavailableError (a compressed frame and
     no daemon to decode it).
     """
-    call = _Call("recv", group, tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu"), "raw",
-                 client, strict)
-    if not call.member:
-        work = Work()
-        work._future.set_result(tensor)
-        return work
-    seq = _next_seq(call.group, src, "in")
-    return _start(call.group, lambda: _recv(call, tensor, src, seq), call.device)
+    return _p2p("recv", tensor, src, group, "raw", client, strict, lambda call, seq: _recv(call, tensor, src, seq))
 
 
 def _recv(call: _Call, tensor: torch.Tensor, src: int, seq: int) -> torch.Tensor:
-    hlen = _header_len(_P2P_SLOTS)
-    head = torch.empty(hlen, dtype=torch.int64, device=call.wire)
-    pending = dist.irecv(head, src=src, group=call.group, tag=_tag(seq, 0))
     _, err = _attempt(lambda: _check_tensor(tensor, "tensor"))
     desc = _desc_or_none(tensor) if isinstance(tensor, torch.Tensor) else None
-    row = _header("recv", _FAILED if err else _OK, 0, desc, 0, 0, [], _P2P_SLOTS)
-    dist.send(call.to_wire(torch.tensor(row, dtype=torch.int64)), src, group=call.group, tag=_tag(seq, 1))
-    pending.wait()
-    peer = _Head.parse(head.cpu().tolist())
-    call.traffic.bytes_sent += 2 * hlen * 8
-    if err is not None:
-        raise err
-    me = dist.get_rank()
-    if peer.magic != _MAGIC or peer.kind != _KINDS["send"]:
-        raise MismatchError(f"tzip.distributed.recv: rank {src} did not send as tzip.distributed.send does")
-    if peer.status != _OK:
-        raise RuntimeError(f"tzip.distributed.recv: the sender (rank {src}) failed before the transfer (the error is "
-                           "raised there); nothing was received")
+    peer = _handshake(call, src, seq, _header("recv", _FAILED if err else _OK, 0, desc, 0, 0, [], _P2P_SLOTS), err)
     if _key(peer.desc) != _key(desc):
-        raise _p2p_mismatch(src, peer.desc, me, desc)
+        raise _p2p_mismatch(src, peer.desc, dist.get_rank(), desc)
     size, codec = peer.frames[0]
     buf = torch.empty(size, dtype=torch.uint8, device=call.wire)
     if size:
@@ -713,8 +709,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str = "auto", c
     Every rank's tensor must have src's dtype and shape, and every rank must name the same ``src``, else
     :class:`MismatchError` on every rank.
     """
-    call = _Call("broadcast", group, tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu"), codec,
-                 client, strict)
+    call = _Call("broadcast", group, tensor, codec, client, strict)
     if not call.member:
         return tensor
 
@@ -726,7 +721,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str = "auto", c
 
     got, err = _attempt(prepare)
     g_src, w = got if got is not None else (-1, None)
-    frames = [(w.data.numel(), w.codec)] if w is not None else []
+    frames = _slots(w)
     heads = call.exchange(_header("broadcast", _FAILED if err else _OK, call.n, _desc_or_none(tensor), src, 0,
                                   frames, call.n))
     call.raise_failed(heads, err)
@@ -784,8 +779,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
     A ``tensor_list`` of the wrong length, or an entry whose dtype or shape is not that of the matching rank's
     tensor, raises :class:`MismatchError` on every rank.
     """
-    call = _Call("all_gather", group, tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu"), codec,
-                 client, strict)
+    call = _Call("all_gather", group, tensor, codec, client, strict)
     if not call.member:
         return tensor_list
 
@@ -799,7 +793,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
 
     got, err = _attempt(prepare)
     layout, w = got if got is not None else (0, None)
-    frames = [(w.data.numel(), w.codec)] if w is not None else []
+    frames = _slots(w)
     heads = call.exchange(_header("all_gather", _FAILED if err else _OK, call.n, _desc_or_none(tensor), 0, layout,
                                   frames, call.n))
     call.raise_failed(heads, err)
@@ -850,8 +844,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op=Redu
     module docstring defines the ops); returns ``output``. Every input_list[j] must have rank j's output dtype and
     shape, else :class:`MismatchError` on every rank. Each rank compresses its n-1 outgoing entries in one request.
     """
-    call = _Call("reduce_scatter", group, output.device if isinstance(output, torch.Tensor) else torch.device("cpu"),
-                 codec, client, strict)
+    call = _Call("reduce_scatter", group, output, codec, client, strict)
     if not call.member:
         return output
 
@@ -929,8 +922,7 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, codec: str = "
 
 def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | None, strict: bool) -> Traffic:
     """all_reduce's work; returns this call's traffic (also added to counters())."""
-    call = _Call("all_reduce", group, tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu"),
-                 codec, client, strict)
+    call = _Call("all_reduce", group, tensor, codec, client, strict)
     if not call.member:
         return call.traffic
     n, me = call.n, call.me
