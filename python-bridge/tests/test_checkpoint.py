@@ -7,10 +7,8 @@ away. Every comparison is of raw bytes.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 import warnings

@@ -17,7 +17,7 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
+import tempfile
 import textwrap
 import time
 import warnings
@@ -498,14 +498,21 @@ def test_file_size_limit_keeps_the_old_checkpoint(client, shared_daemon, tmp_pat
     assert out == {"errno": "EFBIG", "old_intact": True, "loads": ["old"], "left": ["ckpt.tzip"]}, out
 
 
-def _unshare_works() -> bool:
+def _unshare_problem() -> str | None:
+    """None when this machine lets an unprivileged process mount a tmpfs in a private namespace, else why not."""
     if shutil.which("unshare") is None:
-        return False
-    r = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
-    return r.returncode == 0
+        return "no unshare command"
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d}"], capture_output=True,
+                           text=True)
+    return None if r.returncode == 0 else (r.stderr.strip() or f"exit {r.returncode}")
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="needs unshare -rm and tmpfs mounts (user and mount namespaces)")
+_NO_TMPFS = _unshare_problem()
+
+
+@pytest.mark.skipif(_NO_TMPFS is not None, reason=f"needs unshare -rm and a tmpfs mount (user and mount namespaces): "
+                                                  f"{_NO_TMPFS}")
 def test_full_tmpfs_keeps_the_old_checkpoint(shared_daemon, tmp_path):
     """A real full filesystem (ENOSPC): an 8 MiB tmpfs mounted in a private mount namespace."""
     mnt = tmp_path / "mnt"

@@ -3,13 +3,19 @@
 its ZStandard extension, when the ``zstandard`` package is installed).
 
     python -m tzip.bench_checkpoint [--socket PATH] [--gb 1.0] [--repeat 3] [--codec auto] [--dir DIR] [--json]
-                                    [--inputs minilm-f32,minilm-bf16,tiled-f32]
+                                    [--inputs minilm-f32,minilm-bf16,tiled-f32] [--device cpu|cuda] [--source FILE]
 
 Inputs, all real data (never zeros or constants):
 
 * ``minilm-f32``: the trained all-MiniLM-L6-v2 weights as shipped (103 F32 tensors and one I64 buffer, 90.9 MB);
 * ``minilm-bf16``: the same rounded to bf16 (``tensor.to(torch.bfloat16)``; the I64 buffer kept), 45.4 MB;
-* ``tiled-f32``: the F32 weights repeated in order into 4 MB tensors, ``--gb`` GB (10**9 bytes) in all.
+* ``tiled-f32``: the F32 weights repeated in order into 4 MB tensors, ``--gb`` GB (10**9 bytes) in all;
+  ``tiled-bf16``: the same of the bf16 weights.
+
+``--source FILE`` takes the weights from another safetensors file of real tensors instead of the demo package (on a
+GPU host without it). ``--device cuda`` puts the state dicts on the GPU first: each library saves CUDA tensors (tzip
+compresses them on the GPU) and loads onto the GPU (``map_location`` / ``device=`` / DCP targets there); times end
+with a ``torch.cuda.synchronize()`` and the page touch is left out.
 
 What is timed (wall clock, median of ``--repeat`` runs, the methods interleaved within each run):
 
@@ -57,22 +63,27 @@ __all__ = ["main"]
 PAGE = 4096
 
 
-def _inputs(names: list[str], gb: float) -> dict[str, dict[str, torch.Tensor]]:
+def _inputs(names: list[str], gb: float, source: str | None = None) -> dict[str, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
-    from .demo_data import source_weights_path
+    if source is None:
+        from .demo_data import source_weights_path
 
-    w = load_file(str(source_weights_path()))
+        source = str(source_weights_path())
+    w = load_file(source)
+    bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in w.items()}
     out = {}
     if "minilm-f32" in names:
         out["minilm-f32"] = w
     if "minilm-bf16" in names:
-        out["minilm-bf16"] = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in w.items()}
-    if "tiled-f32" in names:
-        flat = torch.cat([v.reshape(-1) for v in w.values() if v.dtype == torch.float32])
-        n = int(gb * 1e9) // 4
-        data = flat.repeat(-(-n // flat.numel()))[:n]
-        out["tiled-f32"] = {f"layer{i}.weight": c.clone() for i, c in enumerate(data.split(1_000_000))}
+        out["minilm-bf16"] = bf16
+    for name, sd in (("tiled-f32", w), ("tiled-bf16", bf16)):
+        if name in names:
+            flat = torch.cat([v.reshape(-1) for v in sd.values() if v.is_floating_point()])
+            n = int(gb * 1e9) // flat.element_size()
+            data = flat.repeat(-(-n // flat.numel()))[:n]
+            per = 4_000_000 // flat.element_size()
+            out[name] = {f"layer{i}.weight": c.clone() for i, c in enumerate(data.split(per))}
     return out
 
 
@@ -96,7 +107,9 @@ def _fsync_all(path: Path) -> None:
 def _touch(sd: dict[str, torch.Tensor]) -> int:
     s = 0
     for v in sd.values():
-        if v.numel():
+        if v.device.type == "cuda":
+            torch.cuda.synchronize(v.device)
+        elif v.numel():
             u8 = int_alias(v.detach()).reshape(-1).view(torch.uint8).numpy()
             s += int(np.add.reduce(u8[::PAGE], dtype=np.uint64))
     return s
@@ -116,7 +129,7 @@ class _Method:
         self.name, self.save, self.load, self.syncs, self.folder = name, save, load, syncs, folder
 
 
-def _methods(client: Client, codec: str) -> list[_Method]:
+def _methods(client: Client, codec: str, device: str = "cpu") -> list[_Method]:
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file, save_file
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -131,8 +144,9 @@ def _methods(client: Client, codec: str) -> list[_Method]:
         return run
 
     ms = [
-        _Method("torch.save", lambda sd, p: torch.save(sd, p), lambda p, t: torch.load(p, weights_only=True), False),
-        _Method("safetensors", lambda sd, p: save_file(sd, str(p)), lambda p, t: load_file(str(p)), False),
+        _Method("torch.save", lambda sd, p: torch.save(sd, p),
+                lambda p, t: torch.load(p, weights_only=True, map_location=device), False),
+        _Method("safetensors", lambda sd, p: save_file(sd, str(p)), lambda p, t: load_file(str(p), device=device), False),
         _Method("DCP FileSystemWriter", lambda sd, p: dcp.save(sd, storage_writer=FileSystemWriter(p)),
                 dcp_load(FileSystemReader), True, folder=True),
     ]
@@ -147,7 +161,7 @@ def _methods(client: Client, codec: str) -> list[_Method]:
         print(f"(DCP ZStandard left out: {e})", file=sys.stderr)
     ms += [
         _Method(f"tzip.save ({codec})", lambda sd, p: save(sd, p, codec=codec, client=client),
-                lambda p, t: load(p, client=client), True),
+                lambda p, t: load(p, map_location=device, client=client), True),
         _Method(f"DCP tzip.checkpoint ({codec})",
                 lambda sd, p: dcp.save(sd, storage_writer=tzc.Writer(p, codec=codec, client=client)),
                 dcp_load(lambda p: tzc.Reader(p, client=client)), True, folder=True),
@@ -162,7 +176,8 @@ def _clear(path: Path) -> None:
         path.unlink()
 
 
-def run(inputs: dict[str, dict[str, torch.Tensor]], methods: list[_Method], work: Path, repeat: int) -> list[dict]:
+def run(inputs: dict[str, dict[str, torch.Tensor]], methods: list[_Method], work: Path, repeat: int,
+        device: str = "cpu") -> list[dict]:
     rows = []
     for data_name, sd in inputs.items():
         raw = _nbytes(sd)
@@ -175,6 +190,8 @@ def run(inputs: dict[str, dict[str, torch.Tensor]], methods: list[_Method], work
                 _clear(path)
                 t0 = time.perf_counter()
                 m.save(sd, path)
+                if device == "cuda":
+                    torch.cuda.synchronize()
                 t1 = time.perf_counter()
                 if not m.syncs:
                     _fsync_all(path)
@@ -243,22 +260,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per method; medians are printed (default 3)")
     ap.add_argument("--codec", default="auto", help="tzip codec (default auto)")
     ap.add_argument("--inputs", default="minilm-f32,minilm-bf16,tiled-f32", help="comma-separated inputs")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state dicts live (default cpu)")
+    ap.add_argument("--source", default=None, help="safetensors file of real weights (default: the demo model's)")
     ap.add_argument("--dir", default=None, help="folder for the files (default: a temporary folder here)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*single process.*")  # DCP without a process group
     names = [n for n in args.inputs.split(",") if n]
-    inputs = _inputs(names, args.gb)
+    inputs = _inputs(names, args.gb, args.source)
+    if args.device == "cuda":
+        inputs = {n: {k: v.cuda() for k, v in sd.items()} for n, sd in inputs.items()}
     with _daemon(args.socket) as sock, Client(sock, spawn=False, strict=True) as client, \
             tempfile.TemporaryDirectory(prefix="tzip-bench-ckpt-", dir=args.dir) as work:
-        rows = run(inputs, _methods(client, args.codec), Path(work), args.repeat)
+        rows = run(inputs, _methods(client, args.codec, args.device), Path(work), args.repeat, args.device)
     machine = (f"{platform.node()}: {platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
                f"torch {torch.__version__}, Python {platform.python_version()}")
     if args.json:
         print(json.dumps({"machine": machine, "command": " ".join(sys.argv), "rows": rows}, indent=2))
     else:
-        print(f"machine: {machine}\ncommand: {' '.join(sys.argv)}\n"
-              f"warm page cache, medians of {args.repeat} runs, GB/s of tensor bytes\n")
+        gpu = f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""
+        print(f"machine: {machine}{gpu}\ncommand: {' '.join(sys.argv)}\n"
+              f"state dicts on {args.device}, warm page cache, medians of {args.repeat} runs, GB/s of tensor bytes\n")
         print(_table(rows))
     return 0 if all(r["bit_exact"] for r in rows) else 1
 
