@@ -34,14 +34,20 @@ uncompressed reference, and every codec's result is bit-identical to it. Where t
 ``a + b == b + a`` in IEEE arithmetic) the result is also bit-identical to ``dist.all_reduce``; with more ranks
 ``dist.all_reduce`` reduces in the backend's own order (gloo's ring) and may differ from both in the last bits.
 
-Ops (``ReduceOp``): SUM, PRODUCT, MIN, MAX (torch's ``add_``, ``mul_``, ``minimum``, ``maximum``: a NaN wins MIN and
-MAX; bool SUM is logical or, bool PRODUCT logical and; a complex product's last bit depends on whether torch
-multiplies the element in a vector lane or the scalar tail, so it follows the shard boundaries, the same on every
-rank and for every codec) for every dtype torch has those ops for; AVG for floating and
-complex dtypes only, defined as the SUM in rank order, then one ``div_(world_size)`` in the tensor's dtype (NCCL's
-AVG divides in its own way: use SUM and divide yourself for NCCL's result). BAND, BOR, BXOR and PREMUL_SUM raise
-ValueError; an op the dtype lacks (e.g. MIN of complex, SUM of uint32, anything of float8) raises TypeError; both
-before any data moves, on every rank.
+Ops (``ReduceOp``), each step one torch op in the tensor's dtype:
+
+* SUM, PRODUCT, MIN, MAX: ``add_``, ``mul_``, ``minimum``, ``maximum`` (a NaN wins MIN and MAX), for every dtype torch
+  has them for; on bool SUM is logical or and PRODUCT logical and (gloo's own bool SUM adds the bytes: True + True
+  stores 2 there). A complex product's last bit depends on whether torch multiplies the element in a vector lane or
+  in the scalar tail, so it follows the shard boundaries: the same on every rank and for every codec, not always
+  the same as one product of whole tensors.
+* AVG, floating and complex dtypes only: the SUM in rank order, then one ``div_(world_size)``. (gloo has no AVG;
+  NCCL's may round differently.)
+* BAND, BOR, BXOR and PREMUL_SUM raise ValueError; an op the dtype lacks (MIN of complex, SUM of uint32, anything of
+  float8) raises TypeError; both on every rank, before any data moves.
+
+Dtypes carried: bool, (u)int8/16/32/64, float16, bfloat16, float32, float64, complex32/64/128, the float8 dtypes,
+float4_e2m1fn_x2, bits8, bits16.
 
 Wire and devices: headers and frames travel on the CPU for gloo (a CUDA tensor's frames are copied to the host and
 back) and on the current CUDA device for NCCL. Point-to-point messages are matched by tags derived from a per-peer
@@ -105,8 +111,9 @@ class Traffic:
 
     ``bytes_raw``: bytes of tensor data the calls carried between this rank and the others, uncompressed, counted
     once per destination (recv: once per message received); what the same call of plain torch.distributed moves
-    (all_reduce: ``2 * (n-1)/n * nbytes``, as a ring all-reduce sends). ``bytes_sent``: the bytes that really moved
-    for the same data: frames (or the raw bytes, codec="raw") plus the headers. ``calls``: how many calls.
+    (all_reduce: ``2 * (n-1)/n * nbytes``, as a ring all-reduce sends). ``bytes_sent``: the bytes this rank really
+    sent for the same data (recv: received), frames (or the raw bytes, codec="raw") plus the call's headers (a
+    send/recv counts both sides' headers). ``calls``: how many calls. All in bytes.
     """
 
     calls: int = 0
