@@ -15,7 +15,7 @@ The loss of every step is printed with its bit pattern; the script exits 1 unles
 (losses, final parameters). Then the checkpoint of step ``--steps`` is written with ``torch.save``, safetensors
 (its tensors only: safetensors holds no other values), DCP's ``FileSystemWriter``, the same with its ZStandard
 extension (needs the ``zstandard`` package) and both tzip writers, and their sizes are printed. Sizes are bytes on
-disk (MB = 10**6 bytes). The default run takes about a minute on 2 CPU cores. ``--socket``: a running daemon's
+disk (MB = 10**6 bytes). The default run takes about a minute of CPU time (2 minutes on a busy 2-core machine). ``--socket``: a running daemon's
 socket; by default tzip.connect() finds or starts one.
 """
 

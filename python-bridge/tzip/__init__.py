@@ -20,7 +20,7 @@ from .compressed import CompressedTensor
 __version__ = "0.1.0"
 
 __all__ = ["Client", "CompressedTensor", "DaemonUnavailableError", "DeviceUnavailableError", "TzipDaemonError", "connect",
-           "__version__"]
+           "save", "load", "__version__"]
 
 # Names loaded on first use, so `import tzip` stays light (torch.distributed and DCP are imported only by what needs
 # them): tzip.save / tzip.load come from tzip.saving; the integrations are submodules (tzip.distributed, tzip.ddp,
