@@ -49,6 +49,14 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
+def _size(p: Path) -> int:
+    """Bytes of ``p``, 0 once it is gone (renamed into place between the listing and the stat)."""
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def raw_bytes(t: torch.Tensor) -> bytes:
     return int_alias(t.detach().cpu().contiguous()).numpy().tobytes()
 
@@ -331,7 +339,7 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(client, shared_daem
         assert p.stdout.readline().strip() == b"writing", p.stderr.read().decode()[-3000:]
         while True:
             tmps = [q for q in folder.iterdir() if q.name.endswith(".tmp")]
-            if tmps and tmps[0].stat().st_size > 20_000_000:
+            if tmps and _size(tmps[0]) > 20_000_000:
                 break
             assert p.poll() is None, "the save finished before it could be killed: " + p.stderr.read().decode()[-2000:]
             time.sleep(0.002)

@@ -56,6 +56,14 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
+def _size(p: Path) -> int:
+    """Bytes of ``p``, 0 once it is gone (renamed into place between the listing and the stat)."""
+    try:
+        return p.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def raw_bytes(t: torch.Tensor) -> bytes:
     return int_alias(t.detach().cpu().contiguous()).numpy().tobytes()
 
@@ -429,7 +437,7 @@ def _kill_while_writing(socket: str, path: Path, mb: int) -> list[Path]:
         assert p.stdout.readline().strip() == b"writing", p.stderr.read().decode()[-3000:]
         while True:
             tmps = [q for q in path.parent.iterdir() if q.name.startswith(f".{path.name}.") and q.name.endswith(".tmp")]
-            if tmps and tmps[0].stat().st_size > 20_000_000:  # well into the file, not at its end
+            if tmps and _size(tmps[0]) > 20_000_000:  # well into the file, not at its end
                 break
             assert p.poll() is None, "the writer finished before it could be killed: " + p.stderr.read().decode()[-2000:]
             time.sleep(0.002)
