@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "gpu/codec.h"
+#include "tzip/async_copy.h"
 #include "tzip/bitpack.h"
 #include "tzip/format.h"
 #include "tzip/rans.h"
@@ -314,14 +315,6 @@ enum ChunkResult : int { kChunkOk = 0, kChunkBad = 1, kChunkDefer = 2 };
 /// A rejection, with the line of the check that failed (for Tuning::debug traces): bit 0 set, line above bit 2.
 __device__ __forceinline__ int kBadAt(int line) { return (line << 2) | kChunkBad; }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint32_t src_bytes) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-/// Waits until this thread's committed cp.async groups have landed.
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
 /// Copies n bytes with one warp. With `verify`, lane l feeds the 16-byte stripes l, l + 32, ... it copies to its
 /// chunk-digest state `dg` and sets `from` past the last whole stripe it fed (aligned copies only; otherwise the
 /// caller hashes the copied bytes afterwards from stripe `from` = 0).
@@ -401,32 +394,6 @@ struct Ring {
   uint32_t issued, waited;                   // tiles [0, issued) issued, [0, waited) landed and seen by every lane
   bool whole_last;                           // the last tile is whole too (n a multiple of the tile)
 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-/// Orders this thread's generic-proxy accesses to shared memory before its later async-proxy ones (bulk copies).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(smem)),
-               "l"(gmem), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
 
 template <uint32_t NS>
 __device__ __forceinline__ void ring_issue(Ring& rg, const StreamState* ss, uint32_t t) {
