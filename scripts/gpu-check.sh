@@ -14,7 +14,8 @@
 #   3. compute-sanitizer memcheck and racecheck on a small correctness run (--small)       -> memcheck.log, racecheck.log
 #   4. benchmark: each data file tiled to >= 2 GiB, every codec, 10 SMs and all SMs, next to a copy kernel -> bench.log
 # Environment: NVCC (compiler), OUT (log folder), BENCH_MIB (benchmark size, default 2048), BENCH_FILES (at most this
-# many data files in the benchmark, default 4), SKIP_SANITIZER=1, SKIP_BENCH=1, GPU_TEST (use this binary, no build).
+# many data files in the benchmark, default 4), BENCH_CODECS (comma-separated, e.g. fast,raw; default all),
+# SKIP_SANITIZER=1, SKIP_BENCH=1, GPU_TEST (use this binary, no build).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/out}
@@ -117,7 +118,9 @@ fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   say "benchmark (log: $OUT/bench.log)"
   t0=$(date +%s)
-  "$BIN" --bench-only --bench-mib "${BENCH_MIB:-2048}" "${bench_files[@]}" >"$OUT/bench.log" 2>&1
+  codec_args=()
+  [ -n "${BENCH_CODECS:-}" ] && codec_args=(--codecs "$BENCH_CODECS")
+  "$BIN" --bench-only --bench-mib "${BENCH_MIB:-2048}" "${codec_args[@]}" "${bench_files[@]}" >"$OUT/bench.log" 2>&1
   rc=$?
   status[bench]=$([ $rc = 0 ] && echo "ok ($(( $(date +%s) - t0 )) s)" || echo "FAIL (rc $rc)")
 else

@@ -7,6 +7,7 @@
 //   TZIP_GPU_DEBUG=1: the corrupt-frame decode prints (device printf) each rejected chunk and the failing check.
 //   TZIP_GPU_BF16_KERNEL=0: bf16 fast frames decode in the fp32 kernel (Tuning::bf16_kernel off), for comparisons.
 //   TZIP_GPU_RING_PAIRS=0: the bf16 kernel fills its ring one tile at a time (Tuning::ring_pairs off).
+//   TZIP_GPU_FAST_ENCODER=0: every tensor encodes in the general kernel (Tuning::fast_encoder off).
 //
 // Correctness (exits non-zero on any mismatch):
 //   * every dtype x codec (raw, fast, max, bytes, auto) x data pattern x length (empty, 1, 17 elements, chunk-1,
@@ -533,11 +534,53 @@ struct BenchRow {
   std::string data, codec;
   double ratio, bound;  // bound: order-0 entropy bound / original bytes (entropy.h), 0 where not computed
   double enc10, dec10, decnv10, enc_all, dec_all, decnv_all, copy10, copy_all;
+  // fast and raw rows: 10-SM encode of one 25 MB and one 256 MiB call (fixed costs), and of the whole tensor by the
+  // general kernel (Tuning::fast_encoder off); 0 elsewhere
+  double enc10_25mb = 0, enc10_256mib = 0, enc10_general = 0, dec10_25mb = 0;
 };
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+/// Keeps the GPU busy for about `ns` nanoseconds, so that a measurement started behind it excludes the host's time to
+/// enqueue the work (device_ms below).
+__global__ void delay_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+/// Median device time of f() (enqueued while a delay kernel runs, so host enqueue time is not counted) and, in
+/// *host_us, the median host time of the call that enqueues it.
+template <typename F>
+double device_ms(F f, int runs, cudaStream_t s, double* host_us) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> t, h;
+  for (int i = 0; i < runs + 1; ++i) {
+    delay_kernel<<<1, 1, 0, s>>>(2000000);
+    CK(cudaEventRecord(a, s));
+    const auto h0 = std::chrono::steady_clock::now();
+    f();
+    const auto h1 = std::chrono::steady_clock::now();
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (i) {
+      t.push_back(ms);
+      h.push_back(std::chrono::duration<double, std::micro>(h1 - h0).count());
+    }
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  *host_us = median(h);
+  return median(t);
 }
 
 template <typename F>
@@ -687,6 +730,55 @@ void bench(std::vector<DataSrc>& srcs, uint64_t target, int runs, std::vector<Be
       row.decnv10 = time_ms([&] { dec(10, false); }, runs, s);
       row.decnv_all = time_ms([&] { dec(0, false); }, runs, s);
       auto gbs = [&](double ms) { return nbytes / (ms * 1e6); };
+      if (codec == 0 || codec == 1) {
+        // Smaller calls on a prefix of the same data: a 25 MB bucket and a 256 MiB call.
+        auto part = [&](uint64_t want, bool decode_too, double* dec_gbs) {
+          const uint64_t nb = std::min<uint64_t>(want / es * es, nbytes);
+          const uint64_t sh[1] = {nb / es};
+          gpu::EncodeItem p = it;
+          p.nbytes = nb;
+          p.shape = sh;
+          auto e = [&] {
+            gpu::EncodeOptions o;
+            o.sm_budget = 10;
+            o.stream = s;
+            check_status(gpu::encode(&p, 1, o, reinterpret_cast<uint64_t*>(dsz.p)), "encode");
+          };
+          const double ms = time_ms(e, std::max(runs, 20), s);
+          double host_us = 0;
+          const double gpu_ms = device_ms(e, std::max(runs, 20), s, &host_us);
+          std::printf("  %s %.1f MB call: %.1f us per call with its host enqueue (%.1f GB/s), %.1f us of device time"
+                      " (%.1f GB/s), host enqueue %.1f us\n", codec_label(codec), nb / 1e6, ms * 1e3, nb / (ms * 1e6),
+                      gpu_ms * 1e3, nb / (gpu_ms * 1e6), host_us);
+          if (decode_too) {
+            e();
+            CK(cudaStreamSynchronize(s));
+            uint64_t fb = 0;
+            CK(cudaMemcpy(&fb, dsz.p, 8, cudaMemcpyDeviceToHost));
+            gpu::DecodeItem d2{dfr.p, fb, dout.p, nb};
+            const double dms = time_ms([&] {
+              gpu::DecodeOptions o;
+              o.sm_budget = 10;
+              o.stream = s;
+              check_status(gpu::decode(&d2, 1, o, reinterpret_cast<int32_t*>(derr.p)), "decode");
+            }, std::max(runs, 20), s);
+            *dec_gbs = nb / (dms * 1e6);
+          }
+          return nb / (ms * 1e6);
+        };
+        double d25 = 0;
+        row.enc10_25mb = part(25000000, true, &d25);
+        row.dec10_25mb = d25;
+        row.enc10_256mib = part(256ull << 20, false, nullptr);
+        gpu::Tuning t = gpu::get_tuning(), g = t;
+        g.fast_encoder = false;
+        gpu::set_tuning(g);
+        row.enc10_general = gbs(time_ms([&] { enc(10); }, runs, s));
+        gpu::set_tuning(t);
+        std::printf("  %-5s encode, 10 SMs: 25 MB call %.1f GB/s, 256 MiB call %.1f GB/s, general kernel %.1f GB/s;"
+                    " decode of the 25 MB call %.1f GB/s\n",
+                    codec_label(codec), row.enc10_25mb, row.enc10_256mib, row.enc10_general, row.dec10_25mb);
+      }
       std::printf("  %-5s ratio %.4f | encode %7.1f GB/s (10 SMs) %7.1f GB/s (%d SMs) | decode %7.1f / %7.1f GB/s"
                   " (verify off: %7.1f / %7.1f) | copy %7.1f / %7.1f GB/s\n",
                   row.codec.c_str(), row.ratio, gbs(row.enc10), gbs(row.enc_all), sms, gbs(row.dec10), gbs(row.dec_all),
@@ -765,6 +857,7 @@ int main(int argc, char** argv) {
     auto off = [](const char* name) { const char* e = std::getenv(name); return e && std::strcmp(e, "0") == 0; };
     if (off("TZIP_GPU_BF16_KERNEL")) t.bf16_kernel = false;
     if (off("TZIP_GPU_RING_PAIRS")) t.ring_pairs = false;
+    if (off("TZIP_GPU_FAST_ENCODER")) t.fast_encoder = false;
     gpu::set_tuning(t);
   }
   int dev = 0;
@@ -859,6 +952,16 @@ int main(int argc, char** argv) {
       gpu::set_tuning(gpu::Tuning{});
       std::printf("decoder variants (no tile path, fallback only, single-tile ring, bf16 in the fp32 kernel): %s\n",
                   g_fail == before ? "all match" : "MISMATCHES");
+      // Encoder variants: everything through the general kernel (the fast kernel off), on all cases, and the fast
+      // kernel with one SM (its two groups then depend on each other's look-back most often).
+      before = g_fail;
+      gpu::Tuning e;
+      e.fast_encoder = false;
+      gpu::set_tuning(e);
+      run_batch(cases, "general encoder only", 0, 0, 0, 10);
+      gpu::set_tuning(gpu::Tuning{});
+      run_batch(cases, "one SM", 0, 0, 0, 1);
+      std::printf("encoder variants (general kernel only, one SM): %s\n", g_fail == before ? "all match" : "MISMATCHES");
     }
     golden_tests(golden, 10);
     // Corrupt frames from a selection of cases.
@@ -919,6 +1022,12 @@ int main(int argc, char** argv) {
                   r.data.c_str(), r.codec.c_str(), r.ratio, r.bound, r.enc10, r.enc_all, r.dec10, r.dec_all, r.decnv10,
                   r.decnv_all, r.enc10 * r.ratio, r.dec10 * r.ratio, r.copy10, r.copy_all, 100 * r.enc10 / r.copy10,
                   100 * r.dec10 / r.copy10);
+    std::printf("\n%-34s %-5s | %9s %9s %9s %9s %9s\n", "data", "codec", "enc10", "enc10@25MB", "enc10@256M",
+                "enc10gen", "dec10@25MB");
+    for (const BenchRow& r : rows)
+      if (r.enc10_25mb > 0)
+        std::printf("%-34s %-5s | %9.1f %9.1f %9.1f %9.1f %9.1f\n", r.data.c_str(), r.codec.c_str(), r.enc10,
+                    r.enc10_25mb, r.enc10_256mib, r.enc10_general, r.dec10_25mb);
     std::printf("(GB/s of original bytes, except enc10c/dec10c: the 10-SM figures on the compressed-bytes basis, i.e."
                 " x ratio; bound = order-0 entropy bound per original byte of the streams the float codecs code (of"
                 " the byte planes for other dtypes); copy = bytes copied per second, i.e. half the read+write traffic;"

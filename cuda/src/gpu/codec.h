@@ -100,6 +100,8 @@ struct Tuning {
   bool debug = false;           // decode: print (device printf) each rejected chunk and the check that failed
   bool bf16_kernel = true;      // decode: bf16 fast frames in their own kernel (24 warps per SM); off: the fp32 one's
   bool ring_pairs = true;       // decode: that kernel fills its ring two tiles at a time (half the bulk copies)
+  bool fast_encoder = true;     // encode: fast and raw tensors (16-byte aligned) in fast_encode_kernel; off: all in
+                                // the general encode_kernel
 };
 void set_tuning(const Tuning& t);
 Tuning get_tuning();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gpu/codec.h"
+#include "gpu/encode_args.cuh"
 #include "tzip/bitpack.h"
 #include "tzip/format.h"
 #include "tzip/rans.h"
@@ -34,46 +35,7 @@ namespace gpu {
 namespace {
 
 using namespace tzip::dev;
-
-// ---------------------------------------------------------------- descriptors
-
-struct EncTensor {
-  const uint8_t* in;
-  uint8_t* out;              // frame
-  uint64_t nbytes;
-  uint64_t chunk_base;       // global index of the tensor's first chunk
-  uint64_t header_bytes;
-  uint64_t shape_off;        // index of shape[0] in EncArgs::shapes
-  uint32_t n_chunks;
-  uint32_t auto_slot;        // index into the auto histograms (auto tensors only)
-  uint8_t dtype, codec, ndim, is_auto;
-  uint32_t pad;
-};
-
-struct EncArgs {
-  EncTensor* tensors;
-  const uint64_t* shapes;
-  uint32_t n_tensors;
-  uint32_t chunk_bytes;
-  uint64_t total_chunks;
-  unsigned long long* tickets;    // [0] encode, [1] auto hist
-  unsigned long long* status;     // look-back words, one per chunk
-  unsigned long long* offsets;    // final payload offset of each chunk
-  uint32_t* sizes;                // stored size of each chunk
-  uint32_t* digests;              // chunk digest of each chunk's input (format version 2)
-  unsigned long long* auto_hist;  // 256 per auto tensor
-  uint64_t* frame_bytes;          // caller's array
-};
-
-__device__ __forceinline__ uint32_t find_tensor(const EncTensor* t, uint32_t n, uint64_t g) {
-  uint32_t lo = 0, hi = n;  // last tensor with chunk_base <= g and g < base + n_chunks
-  while (hi - lo > 1) {
-    const uint32_t mid = (lo + hi) >> 1;
-    if (t[mid].chunk_base <= g) lo = mid;
-    else hi = mid;
-  }
-  return lo;  // empty tensors share the base of the next one, so the last base <= g is the owner
-}
+using namespace tzip::gpu::enc;
 
 // ---------------------------------------------------------------- shared memory of one coding group
 
@@ -407,31 +369,6 @@ struct ChunkJob {
   bool last;
 };
 
-/// Decoupled look-back (thread 0 of the group): returns the chunk's payload offset.
-__device__ uint64_t look_back(const EncArgs& a, const ChunkJob job, uint32_t size) {
-  constexpr unsigned long long kAgg = 1ull << 62, kIncl = 2ull << 62, kMask = (1ull << 62) - 1;
-  const unsigned long long agg = align16(size);
-  if (job.i == 0) {
-    st_relaxed(a.status + job.g, kIncl | agg);
-    return 0;
-  }
-  st_relaxed(a.status + job.g, kAgg | agg);
-  uint64_t excl = 0;
-  uint64_t p = job.g - 1;
-  for (;;) {
-    unsigned long long s = ld_relaxed(a.status + p);
-    while ((s >> 62) == 0) {
-      __nanosleep(20);
-      s = ld_relaxed(a.status + p);
-    }
-    excl += s & kMask;
-    if ((s >> 62) == 2) break;
-    --p;
-  }
-  st_relaxed(a.status + job.g, kIncl | (excl + agg));
-  return excl;
-}
-
 /// Copies `n` bytes with the group (16-byte vectors when both sides allow).
 __device__ void group_copy(uint8_t* dst, const uint8_t* src, uint32_t n, uint32_t tid) {
   if (aligned16(dst) && aligned16(src)) {
@@ -535,13 +472,17 @@ __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job,
       off += S.plan[j].bytes;
     }
     const bool raw = align16(off) >= job.raw_len;
-    const uint32_t size = raw ? job.raw_len : uint32_t(off);
     S.raw = raw;
-    S.size = size;
-    const uint64_t o = look_back(a, job, size);
-    S.offset = o;
-    a.offsets[job.g] = o;
-    a.sizes[job.g] = size;
+    S.size = raw ? job.raw_len : uint32_t(off);
+  }
+  if (warp == 0) {
+    __syncwarp();
+    const uint64_t o = warp_look_back(a, job.g, job.i, S.size);
+    if (tid == 0) {
+      S.offset = o;
+      a.offsets[job.g] = o;
+      a.sizes[job.g] = S.size;
+    }
   }
   group_sync(bar);
   uint8_t* dst = job.t->out + job.t->header_bytes + S.offset;
@@ -755,10 +696,10 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads, 1) encode_kernel(EncA
   const uint32_t bar = 1 + grp;
   for (;;) {
     if (tid == 0) {
-      const unsigned long long g = atomicAdd(a.tickets, 1ull);
+      uint32_t t = 0;
+      const uint64_t g = draw_chunk<false>(a, a.tickets + kTicketEncode, &t);
       S.ticket = g;
       if (g < a.total_chunks) {
-        const uint32_t t = find_tensor(a.tensors, a.n_tensors, g);
         S.tensor = t;
         S.chunk = uint32_t(g - a.tensors[t].chunk_base);
       }
@@ -777,11 +718,13 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads, 1) encode_kernel(EncA
     job.codec = Codec(t->codec);
     job.last = job.i + 1 == t->n_chunks;
     if (job.codec == Codec::RAW) {
-      if (tid == 0) {
-        const uint64_t o = look_back(a, job, job.raw_len);
-        S.offset = o;
-        a.offsets[g] = o;
-        a.sizes[g] = job.raw_len;
+      if (tid < 32) {
+        const uint64_t o = warp_look_back(a, job.g, job.i, job.raw_len);
+        if (tid == 0) {
+          S.offset = o;
+          a.offsets[g] = o;
+          a.sizes[g] = job.raw_len;
+        }
       }
       group_sync(bar);
       group_copy(t->out + t->header_bytes + S.offset, job.in, job.raw_len, tid);
@@ -808,6 +751,7 @@ __global__ void __launch_bounds__(1024, 1) digest_kernel(EncArgs a) {
   for (uint64_t g = uint64_t(w) * gridDim.x + blockIdx.x; g < a.total_chunks; g += stride) {
     const uint32_t t = find_tensor(a.tensors, a.n_tensors, g);
     const EncTensor& T = a.tensors[t];
+    if (fast_kernel_takes(a, T)) continue;  // fast_encode_kernel digests its chunks as it codes them
     const uint64_t begin = (g - T.chunk_base) * a.chunk_bytes;
     const uint32_t len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin));
     const uint32_t d = warp_chunk_digest(T.in + begin, len);
@@ -897,7 +841,7 @@ __global__ void __launch_bounds__(1024, 1) auto_hist_kernel(EncArgs a) {
       unsigned long long g;
       uint32_t t = 0;
       for (;;) {  // next chunk of an auto tensor
-        g = atomicAdd(a.tickets + 1, 1ull);
+        g = atomicAdd(a.tickets + kTicketAutoHist, 1ull);
         if (g >= a.total_chunks) break;
         t = find_tensor(a.tensors, a.n_tensors, g);
         if (a.tensors[t].is_auto) break;
@@ -1019,6 +963,8 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   ptrs.push_back(d_frame_bytes);
   uint64_t total_chunks = 0;
   uint32_t n_auto = 0;
+  const bool use_fast = get_tuning().fast_encoder;
+  bool need_fast = false, need_general = false;
   for (size_t i = 0; i < count; ++i) {
     const EncodeItem& it = items[i];
     const std::string who = "tensor " + std::to_string(i) + ": ";
@@ -1061,6 +1007,13 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
     }
     if ((c == Codec::FAST || c == Codec::MAX) && !dtype_is_split_float(d)) c = Codec::BYTES;
     t.codec = uint8_t(c);
+    t.aligned = ((reinterpret_cast<uintptr_t>(it.data) | reinterpret_cast<uintptr_t>(it.frame)) & 15) == 0;
+    // Which coding kernels the batch needs: an auto tensor may resolve to fast or max on the device.
+    if (nch) {
+      const bool fast_able = use_fast && t.aligned && (c == Codec::FAST || c == Codec::RAW);
+      need_fast |= fast_able;
+      need_general |= !fast_able || t.is_auto;
+    }
     for (uint32_t k = 0; k < it.ndim; ++k) shapes.push_back(it.shape[k]);
     total_chunks += nch;
     ptrs.push_back(it.frame);
@@ -1096,6 +1049,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   a.chunk_bytes = cs;
   a.total_chunks = total_chunks;
   a.frame_bytes = d_frame_bytes;
+  a.use_fast = use_fast;
 
   auto fail = [&](Status s) {
     free_async(ws, stream);
@@ -1124,7 +1078,10 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
     auto_resolve_kernel<<<grid, 256, smem, s>>>(a);
     if (!(st = check_launch("auto_resolve_kernel")).ok()) return fail(st);
   }
-  if (total_chunks) {
+  if (need_fast) {
+    if (!(st = launch_fast_encode(a, opt.sm_budget, sms, s)).ok()) return fail(st);
+  }
+  if (need_general) {
     smem = 0;
     if (!(st = persistent_grid(reinterpret_cast<const void*>(digest_kernel), 1024, &smem, opt.sm_budget, sms,
                                total_chunks, &grid)).ok())

@@ -1,0 +1,135 @@
+// What the GPU encoder's kernels share (encode.cu: the general encoder and the launch sequence; encode_fast.cu: the
+// fast/raw encoder): the batch descriptors, chunk tickets and the decoupled look-back that places each chunk.
+//
+// A batch's chunks are split between two coding kernels by tensor: a tensor whose codec is fast (a split float) or
+// raw and whose input and frame are 16-byte aligned goes to fast_encode_kernel, every other tensor to encode_kernel.
+// Both kernels draw chunk tickets from the same global numbering (each its own counter) and skip the rest of a tensor
+// of the other kernel at once (atomicMax past it), so every chunk is coded once, by one kernel, and a tensor's chunks
+// are drawn in order: the look-back of chunk i only ever waits for chunk i - 1, drawn earlier by a running block.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu/codec.h"
+#include "tzip/format.h"
+#include "tzip/warp.h"
+
+namespace tzip {
+namespace gpu {
+namespace enc {
+
+struct EncTensor {
+  const uint8_t* in;
+  uint8_t* out;              // frame
+  uint64_t nbytes;
+  uint64_t chunk_base;       // global index of the tensor's first chunk
+  uint64_t header_bytes;
+  uint64_t shape_off;        // index of shape[0] in EncArgs::shapes
+  uint32_t n_chunks;
+  uint32_t auto_slot;        // index into the auto histograms (auto tensors only)
+  uint8_t dtype, codec, ndim, is_auto;
+  uint8_t aligned;           // input and frame 16-byte aligned (fast_encode_kernel may take the tensor)
+  uint8_t pad[3];
+};
+
+/// Ticket counters (EncArgs::tickets).
+enum Ticket : uint32_t { kTicketEncode = 0, kTicketAutoHist = 1, kTicketFast = 2 };
+
+struct EncArgs {
+  EncTensor* tensors;
+  const uint64_t* shapes;
+  uint32_t n_tensors;
+  uint32_t chunk_bytes;
+  uint64_t total_chunks;
+  unsigned long long* tickets;    // Ticket
+  unsigned long long* status;     // look-back words, one per chunk
+  unsigned long long* offsets;    // final payload offset of each chunk
+  uint32_t* sizes;                // stored size of each chunk
+  uint32_t* digests;              // chunk digest of each chunk's input (format version 2)
+  unsigned long long* auto_hist;  // 256 per auto tensor
+  uint64_t* frame_bytes;          // caller's array
+  uint32_t use_fast;              // Tuning::fast_encoder: fast_encode_kernel takes its tensors
+};
+
+/// Whether fast_encode_kernel codes this tensor (once "auto" is resolved on the device).
+__device__ __forceinline__ bool fast_kernel_takes(const EncArgs& a, const EncTensor& t) {
+  return a.use_fast && t.aligned && (t.codec == uint8_t(Codec::FAST) || t.codec == uint8_t(Codec::RAW));
+}
+
+__device__ __forceinline__ uint32_t find_tensor(const EncTensor* t, uint32_t n, uint64_t g) {
+  uint32_t lo = 0, hi = n;  // last tensor with chunk_base <= g and g < base + n_chunks
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) >> 1;
+    if (t[mid].chunk_base <= g) lo = mid;
+    else hi = mid;
+  }
+  return lo;  // empty tensors share the base of the next one, so the last base <= g is the owner
+}
+
+/// Draws the next chunk this kernel codes (FAST: fast_encode_kernel's share, else encode_kernel's), skipping the
+/// other kernel's tensors. Returns a value >= total_chunks when none is left; *tensor is the chunk's tensor.
+template <bool FAST>
+__device__ uint64_t draw_chunk(const EncArgs& a, unsigned long long* ticket, uint32_t* tensor) {
+  for (;;) {
+    const unsigned long long g = atomicAdd(ticket, 1ull);
+    if (g >= a.total_chunks) return g;
+    const uint32_t t = find_tensor(a.tensors, a.n_tensors, g);
+    const EncTensor& T = a.tensors[t];
+    if (fast_kernel_takes(a, T) == FAST) {
+      *tensor = t;
+      return g;
+    }
+    atomicMax(ticket, static_cast<unsigned long long>(T.chunk_base + T.n_chunks));
+  }
+}
+
+/// Decoupled look-back, one warp (every lane calls it; every lane gets the result): publishes the chunk's stored size
+/// and returns its payload offset (the sum of the 16-aligned sizes of the tensor's earlier chunks). `i` is the chunk's
+/// index in its tensor, `g` the global one. The predecessors' status words are read 32 at a time, so a walk past
+/// chunks that have only published their own size costs one round trip to L2 per 32 of them, not one per chunk.
+__device__ inline uint64_t warp_look_back(const EncArgs& a, uint64_t g, uint32_t i, uint32_t size) {
+  using namespace tzip::dev;
+  constexpr unsigned long long kAgg = 1ull << 62, kIncl = 2ull << 62, kMask = (1ull << 62) - 1;
+  const uint32_t lane = lane_id();
+  const unsigned long long agg = align16(size);
+  if (i == 0) {
+    if (lane == 0) st_relaxed(a.status + g, kIncl | agg);
+    return 0;
+  }
+  if (lane == 0) st_relaxed(a.status + g, kAgg | agg);
+  const uint64_t first = g - i;  // the tensor's chunk 0, which always publishes an inclusive prefix
+  uint64_t excl = 0;
+  uint64_t top = g - 1;
+  for (;;) {
+    const bool in = top >= first + lane;  // lane l looks at chunk top - l
+    const uint64_t idx = in ? top - lane : first;
+    unsigned long long s = in ? ld_relaxed(a.status + idx) : kIncl;
+    while (__any_sync(kFull, (s >> 62) == 0)) {
+      __nanosleep(32);
+      if ((s >> 62) == 0) s = ld_relaxed(a.status + idx);
+    }
+    const uint32_t incl = __ballot_sync(kFull, in && (s >> 62) == 2);
+    if (incl) {
+      const uint32_t upto = __ffs(incl) - 1;  // the nearest predecessor that knows its inclusive prefix
+      excl += warp_sum(lane <= upto ? (s & kMask) : 0ull);
+      break;
+    }
+    excl += warp_sum(in ? (s & kMask) : 0ull);
+    top -= 32;
+  }
+  if (lane == 0) st_relaxed(a.status + g, kIncl | (excl + agg));
+  return excl;
+}
+
+/// Named barrier over `threads` threads (a multiple of 32) of the block.
+__device__ __forceinline__ void named_sync(uint32_t bar, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(threads) : "memory");
+}
+
+/// Launches fast_encode_kernel (encode_fast.cu) on the batch: grid sized by the SM budget.
+Status launch_fast_encode(const EncArgs& a, int sm_budget, int sm_count, cudaStream_t s);
+
+}  // namespace enc
+}  // namespace gpu
+}  // namespace tzip
