@@ -1,6 +1,6 @@
 """Train the bundled all-MiniLM-L6-v2 on real text with its AdamW state offloaded compressed, next to plain AdamW.
 
-    .venv/bin/python examples/offload_optimizer.py [--steps 4] [--device cpu|cuda] [--codec auto] [--socket PATH]
+    .venv/bin/python examples/offload_optimizer.py [--steps 6] [--device cpu|cuda] [--codec auto] [--socket PATH]
 
 Both runs start from the same trained weights and see the same batches (consecutive sentence pairs of the model card,
 the model's own contrastive objective, as tzip.demo_data's gradient pass); the loss of every step is printed with
@@ -122,7 +122,7 @@ def mean_after_first(xs: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--pairs", type=int, default=4, help="sentence pairs per step (batch of 2x this many sentences)")
     ap.add_argument("--max-length", type=int, default=64, help="tokens per sentence")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")

@@ -4,11 +4,13 @@ Every comparison is bit for bit: tensors as integer views (torch.equal), Python 
 plain optimizer and the offloaded one see the same parameters and gradients; after every step their parameters and
 their state (state_dict) must agree bit for bit, and the offloaded run must equal the same offload with codec="raw".
 Covered: Adam, Adam(foreach), AdamW(amsgrad), SGD(momentum, nesterov) under StepLR and OneCycleLR, a frozen parameter
-and one without a gradient, several chunks, add_param_group mid-run, state dicts saved to a file and loaded into
-fresh optimizers (both ways), the daemon away from the start (raw frames, one warning), the daemon lost between
+and one without a gradient, several chunks, shared and permuted state tensors, the restored flat buffers compressed
+in place from the second step on, add_param_group mid-run, state dicts saved to a file and loaded into fresh
+optimizers (both ways), hooks, the daemon away from the start (raw frames, one warning), the daemon lost between
 steps (nothing changes, training resumes once it is back), strict mode, and the real model (all-MiniLM-L6-v2 on the
-model card's sentences). The GPU tests (skipped without one) check that the state's GPU memory is freed and its
-frames lie in pinned host memory, on a large MLP and on the real model.
+model card's sentences). The GPU tests (skipped without one) check that the state's GPU memory is freed
+(torch.cuda.memory_allocated), that its frames lie in pinned host memory, chunks and a state dict round trip on the
+GPU, and the real model there.
 """
 
 from __future__ import annotations
@@ -160,6 +162,25 @@ def test_is_an_optimizer_over_the_wrapped_ones_objects(client):
         CompressedOffload(model, client=client)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="codec"):
         CompressedOffload(torch.optim.SGD(model.parameters(), lr=0.1), codec="zip", client=client)
+
+
+def test_step_with_a_closure(client):
+    plain_model, off_model = Toy(), Toy()
+    plain = torch.optim.SGD(plain_model.parameters(), lr=0.05, momentum=0.9)
+    off = CompressedOffload(torch.optim.SGD(off_model.parameters(), lr=0.05, momentum=0.9), client=client)
+    for idx, y in toy_batches(3):
+        losses = []
+        for m, o in ((plain_model, plain), (off_model, off)):
+            def closure(m=m):
+                m.zero_grad(set_to_none=True)
+                loss = F.mse_loss(m(idx), y)
+                loss.backward()
+                return loss
+
+            losses.append(o.step(closure).detach())
+        assert same_bits(*losses)
+        assert_same_params(plain_model, off_model)
+    assert offloaded(off)
 
 
 @pytest.mark.parametrize("sched_name", sorted(SCHEDULERS))

@@ -213,7 +213,7 @@ class CompressedOffload(torch.optim.Optimizer):
     ``isinstance(opt, torch.optim.Optimizer)`` holds; ``param_groups``, ``state`` and ``defaults`` are the wrapped
     optimizer's own objects, so LR schedulers, ``add_param_group``, ``zero_grad``, hooks and frozen parameters work
     as with the optimizer alone. Call :meth:`step` of this object, never the wrapped optimizer's (it would find
-    CompressedTensors in its state).
+    OffloadedTensors in its state).
 
     Args:
         optimizer: a constructed ``torch.optim.Optimizer`` (Adam, AdamW, SGD, ... or your own), not yet stepped or
@@ -404,7 +404,7 @@ class CompressedOffload(torch.optim.Optimizer):
         chunks of at most ``chunk_bytes``: (chunk, [(state dict, key, tensor, element offset in the flat buffer)],
         None: no flat buffer yet)."""
         params = [p for g in self.param_groups for p in g["params"]]
-        on_storage: dict[tuple[str, int], int] = {}  # tensors (parameters and state) per storage
+        on_storage: dict[tuple[int, int], int] = {}  # tensors (parameters and state) per storage
         for p in params:
             k = _storage_key(p)
             on_storage[k] = on_storage.get(k, 0) + 1
@@ -420,7 +420,7 @@ class CompressedOffload(torch.optim.Optimizer):
                     candidates.append((st, key, v))
         # Views of the flat buffers of the last restore share a storage by design: they count as one tensor each
         # as long as every tensor on that storage is one of them, where it was put.
-        views: dict[tuple[str, int], int] = {}
+        views: dict[tuple[int, int], int] = {}
         for st, key, v in candidates:
             k = _storage_key(v)
             if k in self._flats and self._is_flat_view(st, key, v):
@@ -624,14 +624,18 @@ class CompressedOffload(torch.optim.Optimizer):
                 c.slab.holder["event"] = ev  # type: ignore[union-attr]
                 return CompressedTensor(buf, ct.dtype, ct.shape, ct.codec, ct.nbytes), ev
 
-            nxt = upload(chunks[0])
-            for k, c in enumerate(chunks):
-                gpu_ct, ev = nxt
-                if k + 1 < len(chunks):
-                    nxt = upload(chunks[k + 1])
-                compute.wait_event(ev)
-                out.append((c, self.client.decompress(gpu_ct)))
-                del gpu_ct
+            try:
+                nxt = upload(chunks[0])
+                for k, c in enumerate(chunks):
+                    gpu_ct, ev = nxt
+                    if k + 1 < len(chunks):
+                        nxt = upload(chunks[k + 1])
+                    compute.wait_event(ev)
+                    out.append((c, self.client.decompress(gpu_ct)))
+                    del gpu_ct
+            except BaseException:
+                side.synchronize()  # an upload in flight writes memory that is given back as the error unwinds
+                raise
         return out
 
     # --- helpers ------------------------------------------------------------------------------------------
@@ -654,11 +658,8 @@ class CompressedOffload(torch.optim.Optimizer):
                     if isinstance(v, OffloadedTensor):
                         chunks[id(v.chunk)] = v.chunk
         flats = {}
-        if chunks:
-            cts = [c.ct if c.ct.payload.device.type == "cpu"  # type: ignore[union-attr]
-                   else CompressedTensor(c.ct.payload.cpu(), c.ct.dtype, c.ct.shape, c.ct.codec, c.ct.nbytes)  # type: ignore[union-attr]
-                   for c in chunks.values()]
-            flats = dict(zip(chunks, self.client.decompress(cts)))
+        if chunks:  # the frames are in host memory: decoded on the CPU
+            flats = dict(zip(chunks, self.client.decompress([c.ct for c in chunks.values()])))
         out: dict[Any, Any] = {}
         for i, d in state.items():
             if not isinstance(d, dict):
