@@ -1,15 +1,16 @@
 """Benchmark of optimizer-state offload on the real model: tzip.optim.CompressedOffload against plain AdamW, against
 the same offload without compression (codec="raw"), and, on a GPU, against torchao's CPUOffloadOptimizer.
 
-    python -m tzip.bench_offload [--device cpu|cuda] [--steps 8] [--warmup 2] [--pairs 8] [--max-length 128]
-                                 [--codec auto] [--chunk-mib 64] [--gpu-arena-keep-mib N]
+    python -m tzip.bench_offload [--device cpu|cuda] [--rounds 1] [--steps 8] [--warmup 2] [--pairs 8]
+                                 [--max-length 128] [--codec auto] [--chunk-mib 64] [--gpu-arena-keep-mib N]
                                  [--cases plain,offload,raw,torchao] [--socket PATH]
                                  [--json]
 
-Each case trains all-MiniLM-L6-v2 (tzip.demo_data: the bundled trained weights, fp32, dropout off) with AdamW
-(lr 2e-5, weight decay 0.01) on the model card's sentence pairs and its contrastive objective, ``--pairs`` pairs
-(2 x that many sentences of ``--max-length`` tokens) per step, from the same weights with the same batches. Per
-case it reports, over the steps after ``--warmup`` (medians, wall clock, the GPU synchronised at each boundary):
+Each case trains all-MiniLM-L6-v2 (tzip.demo_data: the bundled trained weights, fp32, dropout off) with AdamW (lr
+2e-5, weight decay 0.01) on the model card's sentence pairs and its contrastive objective, ``--pairs`` pairs (2 x
+that many sentences of ``--max-length`` tokens) per step, from the same weights with the same batches; the cases run
+in turn, ``--rounds`` times. Per case it reports, over the steps after ``--warmup`` of every round (medians, wall
+clock, the GPU synchronised at each boundary):
 
 * ``opt step ms``: ``optimizer.step()`` alone; ``train step ms``: zero_grad + forward + backward + step;
 * on a GPU, ``torch.cuda.memory_allocated`` between steps (after a step), and the peaks of
@@ -162,8 +163,8 @@ def _run_case(case: str, args, data: list, client: Client | None) -> dict:
         if i >= args.warmup:
             step_s.append(t2 - t1)
             train_s.append(t2 - t0)
-    r: dict = {"case": case, "opt_step_s": statistics.median(step_s), "train_step_s": statistics.median(train_s),
-               "losses": losses, "params": [p.detach().cpu().clone() for p in model.parameters()]}
+    r: dict = {"case": case, "step_times": step_s, "train_times": train_s, "losses": losses,
+               "params": [p.detach().cpu().clone() for p in model.parameters()]}
     stats = opt.offload_stats() if hasattr(opt, "offload_stats") else None
     if stats is not None:
         r.update(state_bytes=stats["state_bytes"], compressed_bytes=stats["compressed_bytes"], ratio=stats["ratio"],
@@ -211,7 +212,20 @@ def run(args) -> dict:
         with Client(sock, spawn=False, strict=True) as probe:
             if args.device == "cuda" and not probe.daemon_info.get("gpu"):
                 raise SystemExit(f"--device cuda: the daemon serves no GPU ({probe.daemon_info.get('gpu_reason')})")
-        results = [run_case(c, args, data, sock) for c in cases]
+        rounds = []
+        for k in range(args.rounds):
+            rounds.append([run_case(c, args, data, sock) for c in cases])
+            if k + 1 < args.rounds:
+                for x in rounds[-1]:
+                    del x["params"]  # only the last round's are compared
+    # The cases ran in turn, round after round, so that a change of machine load hits them alike: the timed steps
+    # of every round are pooled (medians), the other figures are the last round's.
+    results = rounds[-1]
+    for i, r in enumerate(results):
+        for key in ("step_times", "train_times"):
+            r[key] = [t for rnd in rounds for t in rnd[i][key]]
+        r["opt_step_s"], r["train_step_s"] = statistics.median(r["step_times"]), statistics.median(r["train_times"])
+        del r["step_times"], r["train_times"]
     plain = next((r for r in results if r["case"] == "plain"), None)
     for r in results:
         r["identical"] = None if plain is None else all(torch.equal(a.view(torch.int32), b.view(torch.int32))
@@ -224,7 +238,7 @@ def run(args) -> dict:
     except OSError:
         commit = ""
     return {"machine": machine, "device": args.device, "torch": torch.__version__, "commit": commit,
-            "threads": torch.get_num_threads(), "steps": args.steps, "warmup": args.warmup, "pairs": args.pairs,
+            "threads": torch.get_num_threads(), "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "pairs": args.pairs,
             "max_length": args.max_length, "codec": args.codec, "chunk_mib": args.chunk_mib, "notes": notes,
             "gpu_arena_keep_mib": args.gpu_arena_keep_mib,
             "command": "python -m tzip.bench_offload " + " ".join(sys.argv[1:]), "results": results}
@@ -236,7 +250,7 @@ def _mb(n) -> str:
 
 def report(r: dict) -> str:
     gpu = r["device"] == "cuda"
-    lines = [f"optimizer-state offload, all-MiniLM-L6-v2 (fp32, AdamW), {r['steps']} steps ({r['warmup']} untimed), "
+    lines = [f"optimizer-state offload, all-MiniLM-L6-v2 (fp32, AdamW), {r['rounds']} x {r['steps']} steps ({r['warmup']} untimed), "
              f"{2 * r['pairs']} sentences x {r['max_length']} tokens per step; {r['machine']}, torch {r['torch']}, "
              f"{r['threads']} threads, tzip {r['commit']}, codec {r['codec']!r}, chunks of {r['chunk_mib']} MiB"
              + ("" if r["gpu_arena_keep_mib"] is None or r["device"] != "cuda" else
@@ -268,9 +282,12 @@ def report(r: dict) -> str:
         parts = [f"{names[x['case']]}: opt step {x['opt_step_s'] / plain['opt_step_s']:.2f}x, "
                  f"train step {100 * (x['train_step_s'] / plain['train_step_s'] - 1):+.1f}% vs AdamW"]
         if gpu:
+            def peak(y):
+                return max(y["peak_forward_backward"], y["peak_opt_step"])
+
             parts.append(f"GPU memory between steps {_mb(plain['alloc_between_steps'] - x['alloc_between_steps'])} MB "
                          f"lower ({100 * (x['alloc_between_steps'] / plain['alloc_between_steps'] - 1):+.1f}%), peak of "
-                         f"the training step {100 * (max(x['peak_forward_backward'], x['peak_opt_step']) / max(plain['peak_forward_backward'], plain['peak_opt_step']) - 1):+.1f}%")
+                         f"the training step {100 * (peak(x) / peak(plain) - 1):+.1f}%")
         if "restore_s" in x:
             parts.append(f"last restore {x['restore_s'] * 1e3:.1f} ms, offload {x['offload_s'] * 1e3:.1f} ms")
         lines.append("; ".join(parts))
@@ -282,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=8, help="training steps per case (default 8)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every case, in turn; timings pooled (default 1)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (default 2)")
     ap.add_argument("--pairs", type=int, default=8, help="sentence pairs per step (default 8)")
     ap.add_argument("--max-length", type=int, default=128, help="tokens per sentence (default 128)")

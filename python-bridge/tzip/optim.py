@@ -46,8 +46,9 @@ with its dtype, shape, strides and device, and the wrapped optimizer's own ``ste
 Which state is offloaded: a tensor value of ``state[param]`` (not a tensor inside a list or dict) that is strided,
 on the CPU or a GPU, has at least one dimension and ``min_bytes`` bytes (1 KiB by default), does not require grad,
 is dense (contiguous or a permutation of a contiguous layout) and shares its storage with no parameter and no other
-state tensor (replacing such a tensor would break the sharing), except the views this object made of a chunk. Everything else stays as the optimizer put it:
-Adam's 0-dim ``step`` counters, ``None`` momentum buffers, lists, small tensors.
+state tensor (replacing such a tensor would break the sharing; the views of a chunk that this object made are
+its own). Everything else stays as the optimizer put it: Adam's 0-dim ``step`` counters, ``None`` momentum
+buffers, lists, small tensors.
 
 The daemon away: with a lenient client (``strict=False``, the default) the client stores frames uncompressed
 (codec ``raw``) and warns once (tzip.client), and training goes on bit-identically. With ``strict=True``
@@ -81,8 +82,9 @@ from .compressed import CompressedTensor
 
 __all__ = ["CompressedOffload", "OffloadedTensor", "DEFAULT_CHUNK_BYTES", "DEFAULT_MIN_BYTES"]
 
-#: Uncompressed state bytes per compress/decompress request (a chunk). A chunk's frames are the unit of the
-#: host<->device copies, so on a GPU this bounds the frame memory in flight and sets the pipeline's grain.
+#: Most uncompressed state bytes in a chunk (one flat buffer, one frame, one compress or decompress request). On a GPU
+#: a chunk's frame is the unit of the host<->device copies: this bounds the frame memory in flight and sets the
+#: pipeline's grain.
 DEFAULT_CHUNK_BYTES = 64 << 20
 #: State tensors smaller than this stay as they are (Adam's 0-dim ``step`` counters).
 DEFAULT_MIN_BYTES = 1024
@@ -225,8 +227,8 @@ class CompressedOffload(torch.optim.Optimizer):
         strict: raise DaemonUnavailableError instead of storing uncompressed frames when the daemon is away. With a
             client given, that client must itself be strict (``tzip.connect(strict=True)``).
         min_bytes: state tensors of fewer bytes stay resident (see "Which state is offloaded").
-        chunk_bytes: uncompressed state bytes per compress/decompress request (and per host<->device copy on a GPU);
-            None: one request per device for the whole state.
+        chunk_bytes: most uncompressed state bytes per chunk (one frame, one request, one host<->device copy on a
+            GPU); None: one chunk per device, dtype and state key.
 
     Raises:
         TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload.
