@@ -14,7 +14,7 @@
 #   3. compute-sanitizer memcheck and racecheck on a small correctness run (--small)       -> memcheck.log, racecheck.log
 #   4. benchmark: each data file tiled to >= 2 GiB, every codec, 10 SMs and all SMs, next to a copy kernel -> bench.log
 # Environment: NVCC (compiler), OUT (log folder), BENCH_MIB (benchmark size, default 2048), BENCH_FILES (at most this
-# many data files in the benchmark, default 4), BENCH_CODECS (comma-separated, e.g. fast,raw; default all),
+# many data files in the benchmark, default 16), BENCH_CODECS (comma-separated, e.g. fast,raw; default all),
 # SKIP_SANITIZER=1, SKIP_BENCH=1, GPU_TEST (use this binary, no build).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -30,7 +30,8 @@ if [ -n "$data_dir" ]; then
   while IFS= read -r f; do files+=("$f"); done < <(find "$data_dir" -maxdepth 1 -name '*.bin' | sort)
   say "${#files[@]} data file(s) in $data_dir"
 fi
-bench_files=("${files[@]:0:${BENCH_FILES:-4}}")
+bench_files=("${files[@]:0:${BENCH_FILES:-16}}")
+[ -n "$data_dir" ] && cp "$data_dir/manifest.json" "$OUT/" 2>/dev/null  # so every log names its data (scripts/gpu-data.sh)
 
 # ---------------------------------------------------------------- 1. build
 BIN=${GPU_TEST:-build/gpu-check/gpu_test}
