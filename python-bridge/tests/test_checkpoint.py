@@ -22,43 +22,17 @@ from torch.distributed.checkpoint.api import CheckpointException
 import tzip.client as tz
 from tzip import _default
 from tzip._container import ContainerError, ContainerReader
-from tzip._dlpack import int_alias
 from tzip._frame import read_header
 from tzip.checkpoint import METADATA_FILE, Reader, Writer, read_metadata_file
 
+from checkpoint_support import cli, client, file_size, raw_bytes  # noqa: F401
 from dist_support import WorkerPool
-from test_client_support import MAIN, NODE, PYTHON, ROOT, shared_daemon  # noqa: F401
+from test_client_support import PYTHON, shared_daemon  # noqa: F401
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture(scope="module")
-def client(shared_daemon):
-    c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
-    yield c
-    c.close()
-
-
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([NODE, str(MAIN), *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    if check:
-        assert r.returncode == 0, f"tzip {' '.join(args)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
-    return r
-
-
-def _size(p: Path) -> int:
-    """Bytes of ``p``, 0 once it is gone (renamed into place between the listing and the stat)."""
-    try:
-        return p.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def raw_bytes(t: torch.Tensor) -> bytes:
-    return int_alias(t.detach().cpu().contiguous()).numpy().tobytes()
 
 
 def assert_same(a, b, path: str = "sd") -> None:
@@ -339,7 +313,7 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(client, shared_daem
         assert p.stdout.readline().strip() == b"writing", p.stderr.read().decode()[-3000:]
         while True:
             tmps = [q for q in folder.iterdir() if q.name.endswith(".tmp")]
-            if tmps and _size(tmps[0]) > 20_000_000:
+            if tmps and file_size(tmps[0]) > 20_000_000:
                 break
             assert p.poll() is None, "the save finished before it could be killed: " + p.stderr.read().decode()[-2000:]
             time.sleep(0.002)

@@ -30,42 +30,16 @@ import tzip
 import tzip.client as tz
 from tzip import _container, _default
 from tzip._container import ContainerError, ContainerReader, decode_entries
-from tzip._dlpack import int_alias
 from tzip._frame import read_header
 from tzip.saving import load, save
 
-from test_client_support import ALL_DTYPES, MAIN, NODE, PYTHON, ROOT, shared_daemon  # noqa: F401
+from checkpoint_support import cli, client, file_size, raw_bytes  # noqa: F401
+from test_client_support import ALL_DTYPES, PYTHON, shared_daemon  # noqa: F401
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture(scope="module")
-def client(shared_daemon):
-    c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
-    yield c
-    c.close()
-
-
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([NODE, str(MAIN), *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    if check:
-        assert r.returncode == 0, f"tzip {' '.join(args)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
-    return r
-
-
-def _size(p: Path) -> int:
-    """Bytes of ``p``, 0 once it is gone (renamed into place between the listing and the stat)."""
-    try:
-        return p.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def raw_bytes(t: torch.Tensor) -> bytes:
-    return int_alias(t.detach().cpu().contiguous()).numpy().tobytes()
 
 
 def assert_same(a, b, path: str = "obj") -> None:
@@ -437,7 +411,7 @@ def _kill_while_writing(socket: str, path: Path, mb: int) -> list[Path]:
         assert p.stdout.readline().strip() == b"writing", p.stderr.read().decode()[-3000:]
         while True:
             tmps = [q for q in path.parent.iterdir() if q.name.startswith(f".{path.name}.") and q.name.endswith(".tmp")]
-            if tmps and _size(tmps[0]) > 20_000_000:  # well into the file, not at its end
+            if tmps and file_size(tmps[0]) > 20_000_000:  # well into the file, not at its end
                 break
             assert p.poll() is None, "the writer finished before it could be killed: " + p.stderr.read().decode()[-2000:]
             time.sleep(0.002)
