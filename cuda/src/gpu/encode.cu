@@ -65,10 +65,6 @@ struct __align__(16) GroupSmem {
   uint32_t tensor, chunk, raw, size, last, pad[3];
 };
 
-__device__ __forceinline__ void group_sync(uint32_t bar) {
-  asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(kGroupThreads) : "memory");
-}
-
 // ---------------------------------------------------------------- small helpers
 
 /// Loads 64 bytes of the chunk (zero past `valid`) as 16 little-endian words.
@@ -369,18 +365,6 @@ struct ChunkJob {
   bool last;
 };
 
-/// Copies `n` bytes with the group (16-byte vectors when both sides allow).
-__device__ void group_copy(uint8_t* dst, const uint8_t* src, uint32_t n, uint32_t tid) {
-  if (aligned16(dst) && aligned16(src)) {
-    const uint32_t nv = n / 16;
-    for (uint32_t v = tid; v < nv; v += kGroupThreads)
-      reinterpret_cast<uint4*>(dst)[v] = reinterpret_cast<const uint4*>(src)[v];
-    for (uint32_t b = nv * 16 + tid; b < n; b += kGroupThreads) dst[b] = src[b];
-  } else {
-    for (uint32_t b = tid; b < n; b += kGroupThreads) dst[b] = src[b];
-  }
-}
-
 template <uint32_t FID>
 __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job, uint32_t tid, uint32_t bar) {
   using F = Fam<FID>;
@@ -405,7 +389,7 @@ __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job,
 #pragma unroll
     for (uint32_t j = 0; j < NS; ++j) first[j] = s0[j] & 0xFFu;
   }
-  group_sync(bar);
+  named_sync(bar, kGroupThreads);
   uint32_t neq = 0;
   for (uint32_t s = tid; s < nslices; s += kGroupThreads) {
     uint32_t wd[16];
@@ -436,7 +420,7 @@ __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job,
   }
   neq = warp_or(neq);
   if (lane == 0) S.warp_or[warp] = neq;
-  group_sync(bar);
+  named_sync(bar, kGroupThreads);
   {
     uint32_t cnt[NS];
     const uint32_t b = tid;
@@ -448,12 +432,12 @@ __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job,
         for (uint32_t r = 0; r < R; ++r) cnt[j] += h[(r + b) & (R - 1)];
       }
     }
-    group_sync(bar);
+    named_sync(bar, kGroupThreads);
 #pragma unroll
     for (uint32_t j = 0; j < NS; ++j)
       if (j < nh) S.hist[kCountsOff + 256 * j + b] = cnt[j];
   }
-  group_sync(bar);
+  named_sync(bar, kGroupThreads);
 
   // ---- decisions
   if (warp < NS) {
@@ -461,7 +445,7 @@ __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job,
     for (uint32_t j = 0; j < NS; ++j)
       if (j == warp) plan_stream<F>(S, job.in, n, codec, j, first[j]);
   }
-  group_sync(bar);
+  named_sync(bar, kGroupThreads);
 
   // ---- layout, size, look-back
   if (tid == 0) {
@@ -484,10 +468,10 @@ __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job,
       a.sizes[job.g] = S.size;
     }
   }
-  group_sync(bar);
+  named_sync(bar, kGroupThreads);
   uint8_t* dst = job.t->out + job.t->header_bytes + S.offset;
   if (S.raw) {
-    group_copy(dst, job.in, job.raw_len, tid);
+    threads_copy<kGroupThreads>(dst, job.in, job.raw_len, tid);
     return;
   }
   const uint32_t size = S.size;
@@ -625,7 +609,7 @@ __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job,
           emine |= uint32_t(ecnt[j] != 0) << j;
           ecnt[j] = incl - ecnt[j];  // exclusive within the warp
         }
-        group_sync(bar);
+        named_sync(bar, kGroupThreads);
 #pragma unroll
         for (uint32_t j = 0; j < NS; ++j) {
           const StreamPlan& p = S.plan[j];
@@ -704,7 +688,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads, 1) encode_kernel(EncA
         S.chunk = uint32_t(g - a.tensors[t].chunk_base);
       }
     }
-    group_sync(bar);
+    named_sync(bar, kGroupThreads);
     const uint64_t g = S.ticket;
     if (g >= a.total_chunks) break;
     const EncTensor* t = a.tensors + S.tensor;
@@ -726,8 +710,8 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads, 1) encode_kernel(EncA
           a.sizes[g] = job.raw_len;
         }
       }
-      group_sync(bar);
-      group_copy(t->out + t->header_bytes + S.offset, job.in, job.raw_len, tid);
+      named_sync(bar, kGroupThreads);
+      threads_copy<kGroupThreads>(t->out + t->header_bytes + S.offset, job.in, job.raw_len, tid);
     } else {
       switch (family_of(Dtype(t->dtype), job.codec)) {
         case kFamBF16: encode_chunk<kFamBF16>(S, a, job, tid, bar); break;
@@ -739,7 +723,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads, 1) encode_kernel(EncA
         default: encode_chunk<kFamP8>(S, a, job, tid, bar); break;
       }
     }
-    group_sync(bar);
+    named_sync(bar, kGroupThreads);
   }
 }
 

@@ -127,6 +127,20 @@ __device__ __forceinline__ void named_sync(uint32_t bar, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(threads) : "memory");
 }
 
+/// Copies `n` bytes with THREADS threads (tid in [0, THREADS)): 16-byte vectors when both sides are 16-byte aligned,
+/// bytes otherwise.
+template <uint32_t THREADS>
+__device__ inline void threads_copy(uint8_t* dst, const uint8_t* src, uint32_t n, uint32_t tid) {
+  if (tzip::dev::aligned16(dst) && tzip::dev::aligned16(src)) {
+    const uint32_t nv = n / 16;
+    for (uint32_t v = tid; v < nv; v += THREADS)
+      reinterpret_cast<uint4*>(dst)[v] = reinterpret_cast<const uint4*>(src)[v];
+    for (uint32_t b = nv * 16 + tid; b < n; b += THREADS) dst[b] = src[b];
+  } else {
+    for (uint32_t b = tid; b < n; b += THREADS) dst[b] = src[b];
+  }
+}
+
 /// Launches fast_encode_kernel (encode_fast.cu) on the batch: grid sized by the SM budget.
 Status launch_fast_encode(const EncArgs& a, int sm_budget, int sm_count, cudaStream_t s);
 

@@ -140,14 +140,6 @@ __device__ __forceinline__ void put8(uint8_t* dst, uint32_t lo, uint32_t hi, uin
   }
 }
 
-/// Copies n bytes from shared to global memory with the worker threads (both 16-byte aligned).
-__device__ __forceinline__ void workers_copy(uint8_t* dst, const uint8_t* src, uint32_t n, uint32_t tid) {
-  const uint32_t nv = n / 16;
-  for (uint32_t v = tid; v < nv; v += kWorkerThreads)
-    reinterpret_cast<uint4*>(dst)[v] = reinterpret_cast<const uint4*>(src)[v];
-  for (uint32_t b = nv * 16 + tid; b < n; b += kWorkerThreads) dst[b] = src[b];
-}
-
 __device__ __forceinline__ void zero_range(uint8_t* p, uint32_t n, uint32_t lane) {
   for (uint32_t b = lane; b < n; b += 32) p[b] = 0;
 }
@@ -448,7 +440,7 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
   named_sync(wbar, kWorkerThreads);
   uint8_t* dst = T.out + T.header_bytes + S.offset;
   if (S.raw) {
-    workers_copy(dst, S.chunk, raw_len, tid);
+    threads_copy<kWorkerThreads>(dst, S.chunk, raw_len, tid);
     return;
   }
   const uint32_t size = S.size, k = S.k;
@@ -603,7 +595,7 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
     }
   }
   named_sync(wbar, kWorkerThreads);
-  workers_copy(dst + pe.sec + uint32_t(lut_exceptions_offset(k, n)), exc, S.n_exc, tid);
+  threads_copy<kWorkerThreads>(dst + pe.sec + uint32_t(lut_exceptions_offset(k, n)), exc, S.n_exc, tid);
 }
 
 // ---------------------------------------------------------------- the kernel
@@ -651,7 +643,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) fast_encode_kernel(EncArgs a
       // Clear the histogram while the copy is in flight (the space held the last chunk's exceptions).
       const uint32_t words = (fam == kFamF16 ? 32u : 256u) * kReplicas;
       for (uint32_t w = tid; w < words / 4; w += kWorkerThreads) reinterpret_cast<uint4*>(S.hist)[w] = make_uint4(0, 0, 0, 0);
-      named_sync(1 + 2 * grp, kWorkerThreads);
+      named_sync(wbar, kWorkerThreads);
     }
     mbar_wait(&S.bar, parity);
     parity ^= 1u;
@@ -670,7 +662,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) fast_encode_kernel(EncArgs a
         }
       }
       named_sync(wbar, kWorkerThreads);
-      workers_copy(T.out + T.header_bytes + S.offset, S.chunk, S.raw_len, tid);
+      threads_copy<kWorkerThreads>(T.out + T.header_bytes + S.offset, S.chunk, S.raw_len, tid);
     } else if (fam == kFamBF16) {
       fast_chunk<kFamBF16>(S, a, T, tid, wbar);
     } else if (fam == kFamF16) {
