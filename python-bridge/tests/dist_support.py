@@ -211,6 +211,27 @@ def bits(t) -> "object":
     return int_alias(t.detach().cpu().contiguous()).clone()
 
 
+def minilm_batches(rank: int, world: int, steps: int, pairs_per_rank: int = 3, max_length: int = 32):
+    """The training data of the real-model tests: per step, a ``loss_of(model)`` for all-MiniLM-L6-v2 on its model
+    card's sentence pairs (each rank its own ``pairs_per_rank`` pairs), with tzip.demo_data's objective (symmetric
+    in-batch cross-entropy of scaled cosine similarities). Anchors and positives go through one forward (DDP expects
+    one forward per backward)."""
+    from tzip import demo_data
+
+    pairs = demo_data.sentence_pairs(demo_data.readme_sentences())
+    tok = demo_data.load_tokenizer(max_length)
+    for step in range(steps):
+        start = ((step * world + rank) * pairs_per_rank) % max(1, len(pairs) - pairs_per_rank)
+        chosen = pairs[start : start + pairs_per_rank]
+        batch = demo_data.tokenize([p[0] for p in chosen] + [p[1] for p in chosen], tok)
+
+        def loss_of(model, batch=batch, k=len(chosen)):
+            emb = demo_data.mean_pool_normalize(model(**batch).last_hidden_state, batch["attention_mask"])
+            return demo_data.contrastive_loss(emb[:k], emb[k:])
+
+        yield loss_of
+
+
 def _worker(address: str, rank: int, world: int, store_path: str, pg_timeout_s: float) -> None:
     import datetime
 

@@ -7,10 +7,7 @@ away. Every comparison is of raw bytes.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -25,7 +22,7 @@ from tzip._container import ContainerError, ContainerReader
 from tzip._frame import read_header
 from tzip.checkpoint import METADATA_FILE, Reader, Writer, read_metadata_file
 
-from checkpoint_support import cli, client, file_size, raw_bytes  # noqa: F401
+from checkpoint_support import cli, client, kill_while_writing, raw_bytes  # noqa: F401
 from dist_support import WorkerPool
 from test_client_support import PYTHON, shared_daemon  # noqa: F401
 
@@ -307,22 +304,8 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(client, shared_daem
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(old, storage_writer=Writer(folder, client=client))
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
-    p = subprocess.Popen([PYTHON, "-c", KILLED_SAVE, shared_daemon.socket, str(folder), str(Path(__file__).parent)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert p.stdout.readline().strip() == b"writing", p.stderr.read().decode()[-3000:]
-        while True:
-            tmps = [q for q in folder.iterdir() if q.name.endswith(".tmp")]
-            if tmps and file_size(tmps[0]) > 20_000_000:
-                break
-            assert p.poll() is None, "the save finished before it could be killed: " + p.stderr.read().decode()[-2000:]
-            time.sleep(0.002)
-        p.send_signal(signal.SIGKILL)
-        p.wait(30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(30)
+    kill_while_writing([PYTHON, "-c", KILLED_SAVE, shared_daemon.socket, str(folder), str(Path(__file__).parent)],
+                       lambda: [q for q in folder.iterdir() if q.name.endswith(".tmp")], what="the save")
     for name, data in before.items():
         assert (folder / name).read_bytes() == data, name
     back = {"w": torch.zeros(1000), "extra": {"step": 0}}

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import tzip.ddp
 import tzip.distributed as tzd
 
-from dist_support import Pools, bits, run_without_daemon
+from dist_support import Pools, bits, minilm_batches, run_without_daemon
 from test_client_support import shared_daemon  # noqa: F401
 
 
@@ -104,29 +104,14 @@ def w_real_model(rank, world, modes, steps=2, pairs_per_rank=3, max_length=32):
     tzip.demo_data (symmetric in-batch cross-entropy of scaled cosine similarities), dropout on."""
     from tzip import demo_data
 
-    pairs = demo_data.sentence_pairs(demo_data.readme_sentences())
-    tok = demo_data.load_tokenizer(max_length)
-
-    def batches():
-        for step in range(steps):
-            start = ((step * world + rank) * pairs_per_rank) % max(1, len(pairs) - pairs_per_rank)
-            chosen = pairs[start : start + pairs_per_rank]
-            # anchors and positives in one forward (DDP expects one forward per backward)
-            batch = demo_data.tokenize([p[0] for p in chosen] + [p[1] for p in chosen], tok)
-
-            def loss_of(model, batch=batch, k=len(chosen)):
-                emb = demo_data.mean_pool_normalize(model(**batch).last_hidden_state, batch["attention_mask"])
-                return demo_data.contrastive_loss(emb[:k], emb[k:])
-
-            yield loss_of
-
     out = {}
     for mode in modes:
         model = demo_data.load_model()
         model.train()
         # the pooler is not part of the objective: without it every parameter gets a gradient (no unused parameters)
         model.pooler = None
-        out[mode] = run(rank, mode, model, batches(), steps, 1, bucket_view=True, bucket_cap_mb=25, lr=2e-5)
+        data = minilm_batches(rank, world, steps, pairs_per_rank, max_length)  # the same batches for every mode
+        out[mode] = run(rank, mode, model, data, steps, 1, bucket_view=True, bucket_cap_mb=25, lr=2e-5)
     return out
 
 

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import tzip.distributed as tzd
 import tzip.fsdp
 
-from dist_support import Pools, bits, run_without_daemon
+from dist_support import Pools, bits, minilm_batches, run_without_daemon
 from test_client_support import shared_daemon  # noqa: F401
 
 
@@ -105,27 +105,13 @@ def w_real_model(rank, world, modes, steps=2, pairs_per_rank=3, max_length=32):
     and the embeddings in the root, the objective of tzip.demo_data, dropout on."""
     from tzip import demo_data
 
-    pairs = demo_data.sentence_pairs(demo_data.readme_sentences())
-    tok = demo_data.load_tokenizer(max_length)
-
-    def batches():
-        for step in range(steps):
-            start = ((step * world + rank) * pairs_per_rank) % max(1, len(pairs) - pairs_per_rank)
-            chosen = pairs[start : start + pairs_per_rank]
-            batch = demo_data.tokenize([p[0] for p in chosen] + [p[1] for p in chosen], tok)
-
-            def loss_of(model, batch=batch, k=len(chosen)):
-                emb = demo_data.mean_pool_normalize(model(**batch).last_hidden_state, batch["attention_mask"])
-                return demo_data.contrastive_loss(emb[:k], emb[k:])
-
-            yield loss_of
-
     out = {}
     for mode in modes:
         model = demo_data.load_model()
         model.train()
         model.pooler = None  # not part of the objective: every parameter gets a gradient
-        out[mode] = train(rank, world, mode, model, list(model.encoder.layer), batches(), steps, lr=2e-5)
+        data = minilm_batches(rank, world, steps, pairs_per_rank, max_length)  # the same batches for every mode
+        out[mode] = train(rank, world, mode, model, list(model.encoder.layer), data, steps, lr=2e-5)
     return out
 
 

@@ -14,12 +14,10 @@ import math
 import os
 import pickle
 import shutil
-import signal
 import struct
 import subprocess
 import tempfile
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from tzip._container import ContainerError, ContainerReader, decode_entries
 from tzip._frame import read_header
 from tzip.saving import load, save
 
-from checkpoint_support import cli, client, file_size, raw_bytes  # noqa: F401
+from checkpoint_support import cli, client, kill_while_writing, raw_bytes  # noqa: F401
 from test_client_support import ALL_DTYPES, PYTHON, shared_daemon  # noqa: F401
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -405,24 +403,9 @@ WRITER = textwrap.dedent("""
 
 
 def _kill_while_writing(socket: str, path: Path, mb: int) -> list[Path]:
-    p = subprocess.Popen([PYTHON, "-c", WRITER, socket, str(path), str(mb), str(Path(__file__).parent)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert p.stdout.readline().strip() == b"writing", p.stderr.read().decode()[-3000:]
-        while True:
-            tmps = [q for q in path.parent.iterdir() if q.name.startswith(f".{path.name}.") and q.name.endswith(".tmp")]
-            if tmps and file_size(tmps[0]) > 20_000_000:  # well into the file, not at its end
-                break
-            assert p.poll() is None, "the writer finished before it could be killed: " + p.stderr.read().decode()[-2000:]
-            time.sleep(0.002)
-        p.send_signal(signal.SIGKILL)
-        p.wait(30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(30)
-    assert p.returncode == -signal.SIGKILL
-    return tmps
+    return kill_while_writing(
+        [PYTHON, "-c", WRITER, socket, str(path), str(mb), str(Path(__file__).parent)],
+        lambda: [q for q in path.parent.iterdir() if q.name.startswith(f".{path.name}.") and q.name.endswith(".tmp")])
 
 
 def test_sigkill_halfway_keeps_the_old_checkpoint(client, shared_daemon, tmp_path):
