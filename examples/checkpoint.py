@@ -34,32 +34,12 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
 import tzip  # noqa: E402
 import tzip.checkpoint  # noqa: E402
 from tzip import demo_data as dd  # noqa: E402
 from tzip._dlpack import int_alias  # noqa: E402
-
-
-def batches(steps: int, pairs_per_step: int, max_length: int):
-    pairs = dd.sentence_pairs(dd.readme_sentences())
-    tok = dd.load_tokenizer(max_length)
-    out = []
-    for i in range(steps):
-        chunk = [pairs[(i * pairs_per_step + j) % len(pairs)] for j in range(pairs_per_step)]
-        out.append((dd.tokenize([a for a, _ in chunk], tok), dd.tokenize([b for _, b in chunk], tok)))
-    return out
-
-
-def loss_of(model, batch, device):
-    a, b = ({k: v.to(device) for k, v in x.items()} for x in batch)
-    ea = dd.mean_pool_normalize(model(**a).last_hidden_state, a["attention_mask"])
-    eb = dd.mean_pool_normalize(model(**b).last_hidden_state, b["attention_mask"])
-    scores = ea @ eb.T * dd.SCALE  # dd.contrastive_loss, with its labels on the model's device
-    labels = torch.arange(scores.shape[0], device=scores.device)
-    return (F.cross_entropy(scores, labels) + F.cross_entropy(scores.T, labels)) / 2
 
 
 def f32_bits(x: torch.Tensor) -> str:
@@ -91,7 +71,7 @@ def train(model, opt, data, device) -> list[torch.Tensor]:
     losses = []
     for batch in data:
         opt.zero_grad(set_to_none=True)
-        loss = loss_of(model, batch, device)
+        loss = dd.pair_loss(model, batch, device)
         loss.backward()
         opt.step()
         losses.append(loss.detach().cpu())
@@ -119,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.use_deterministic_algorithms(True)
     warnings.filterwarnings("ignore", message=".*single process.*")  # DCP without a process group
     client = tzip.connect(args.socket)
-    data = batches(args.steps + args.resume_steps, args.pairs, args.max_length)
+    data = dd.pair_batches(args.steps + args.resume_steps, args.pairs, args.max_length)
     before, after = data[: args.steps], data[args.steps :]
     tmp = None if args.dir else tempfile.TemporaryDirectory(prefix="tzip-checkpoint-")  # removed at the end
     work = Path(args.dir) if args.dir else Path(tmp.name)

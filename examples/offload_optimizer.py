@@ -23,30 +23,11 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import tzip  # noqa: E402
 from tzip import demo_data as dd  # noqa: E402
 from tzip._dlpack import int_alias  # noqa: E402
 from tzip.optim import CompressedOffload  # noqa: E402
-
-
-def batches(steps: int, pairs_per_step: int, max_length: int):
-    pairs = dd.sentence_pairs(dd.readme_sentences())
-    tok = dd.load_tokenizer(max_length)
-    for i in range(steps):
-        chunk = [pairs[(i * pairs_per_step + j) % len(pairs)] for j in range(pairs_per_step)]
-        yield dd.tokenize([a for a, _ in chunk], tok), dd.tokenize([b for _, b in chunk], tok)
-
-
-def loss_of(model, batch, device):
-    a, b = ({k: v.to(device) for k, v in x.items()} for x in batch)
-    ea = dd.mean_pool_normalize(model(**a).last_hidden_state, a["attention_mask"])
-    eb = dd.mean_pool_normalize(model(**b).last_hidden_state, b["attention_mask"])
-    # the symmetric in-batch cross-entropy of dd.contrastive_loss, with its labels on the model's device
-    scores = ea @ eb.T * dd.SCALE
-    labels = torch.arange(scores.shape[0], device=scores.device)
-    return (F.cross_entropy(scores, labels) + F.cross_entropy(scores.T, labels)) / 2
 
 
 def f32_bits(x: float) -> str:
@@ -69,7 +50,7 @@ def run(name: str, make_opt, args, data) -> dict:
         sync(args.device)
         t0 = time.perf_counter()
         model.zero_grad(set_to_none=True)
-        loss = loss_of(model, batch, args.device)
+        loss = dd.pair_loss(model, batch, args.device)
         loss.backward()
         sync(args.device)
         t1 = time.perf_counter()
@@ -132,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.use_deterministic_algorithms(True)
     client = tzip.connect(args.socket) if args.socket else None  # None: the process-wide default client
-    data = list(batches(args.steps, args.pairs, args.max_length))
+    data = dd.pair_batches(args.steps, args.pairs, args.max_length)
 
     def adamw(params):
         return torch.optim.AdamW(params, lr=2e-5, weight_decay=0.01)

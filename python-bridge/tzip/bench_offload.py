@@ -30,66 +30,24 @@ skipped with a message. Unless ``--socket`` is given, a private daemon is starte
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from ._spawn import cli_command
+from . import demo_data as dd
+from .bench_daemon import _daemon_socket
 from .client import CODECS, Client
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_CASES = ("plain", "offload", "raw", "torchao")
 TORCHAO_PIN = "torchao==0.18.0"
-
-
-@contextlib.contextmanager
-def _daemon_socket(socket: str | None):
-    """``socket`` as given, or a private daemon's (a temporary folder; SIGTERM afterwards)."""
-    if socket is not None:
-        yield socket
-        return
-    with tempfile.TemporaryDirectory(prefix="tzip-bench-") as d:
-        path = os.path.join(d, "d", "tzip.sock")
-        daemon = subprocess.Popen([*cli_command(), "serve", "--socket", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        try:
-            daemon.stdout.readline()  # the "listening" line
-            yield path
-        finally:
-            daemon.terminate()
-            daemon.wait(10)
-
-
-def _batches(steps: int, pairs_per_step: int, max_length: int) -> list:
-    from . import demo_data as dd
-
-    pairs = dd.sentence_pairs(dd.readme_sentences())
-    tok = dd.load_tokenizer(max_length)
-    out = []
-    for i in range(steps):
-        chunk = [pairs[(i * pairs_per_step + j) % len(pairs)] for j in range(pairs_per_step)]
-        out.append((dd.tokenize([a for a, _ in chunk], tok), dd.tokenize([b for _, b in chunk], tok)))
-    return out
-
-
-def _loss(model, batch, device: str) -> torch.Tensor:
-    from . import demo_data as dd
-
-    a, b = ({k: v.to(device, non_blocking=True) for k, v in x.items()} for x in batch)
-    ea = dd.mean_pool_normalize(model(**a).last_hidden_state, a["attention_mask"])
-    eb = dd.mean_pool_normalize(model(**b).last_hidden_state, b["attention_mask"])
-    scores = ea @ eb.T * dd.SCALE
-    labels = torch.arange(scores.shape[0], device=scores.device)
-    return (F.cross_entropy(scores, labels) + F.cross_entropy(scores.T, labels)) / 2
 
 
 def _sync(device: str) -> None:
@@ -129,7 +87,6 @@ def run_case(case: str, args, data: list, socket: str) -> dict:
 
 
 def _run_case(case: str, args, data: list, client: Client | None) -> dict:
-    from . import demo_data as dd
 
     dev = args.device
     model = dd.load_model().to(dev)
@@ -146,7 +103,7 @@ def _run_case(case: str, args, data: list, client: Client | None) -> dict:
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = _loss(model, batch, dev)
+        loss = dd.pair_loss(model, batch, dev)
         loss.backward()
         _sync(dev)
         t1 = time.perf_counter()
@@ -207,7 +164,7 @@ def run(args) -> dict:
             except ImportError as e:
                 cases.remove("torchao")
                 notes.append(f"torchao not importable ({e}): skipped; pip install {TORCHAO_PIN}")
-    data = _batches(args.steps, args.pairs, args.max_length)
+    data = dd.pair_batches(args.steps, args.pairs, args.max_length)
     with _daemon_socket(args.socket) as sock:
         with Client(sock, spawn=False, strict=True) as probe:
             if args.device == "cuda" and not probe.daemon_info.get("gpu"):

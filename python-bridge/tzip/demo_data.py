@@ -264,9 +264,30 @@ def mean_pool_normalize(last_hidden: torch.Tensor, attention_mask: torch.Tensor)
 def contrastive_loss(emb_a: torch.Tensor, emb_b: torch.Tensor, scale: float = SCALE) -> torch.Tensor:
     """Symmetric in-batch-negatives cross-entropy: scores = scale * a @ b.T, mean of CE over rows and columns."""
     scores = emb_a @ emb_b.T * scale
-    labels = torch.arange(scores.shape[0])
+    labels = torch.arange(scores.shape[0], device=scores.device)
     ce = torch.nn.functional.cross_entropy
     return (ce(scores, labels) + ce(scores.T, labels)) / 2
+
+
+def pair_batches(steps: int, pairs_per_step: int, max_length: int = MAX_LENGTH) -> list[tuple[dict, dict]]:
+    """``steps`` training batches of the model card's sentence pairs, ``pairs_per_step`` each, taken in order and
+    wrapping around: per step the tokenized anchors and the tokenized positives (CPU tensors, see :func:`tokenize`)."""
+    pairs = sentence_pairs(readme_sentences())
+    tok = load_tokenizer(max_length)
+    out = []
+    for i in range(steps):
+        chunk = [pairs[(i * pairs_per_step + j) % len(pairs)] for j in range(pairs_per_step)]
+        out.append((tokenize([a for a, _ in chunk], tok), tokenize([b for _, b in chunk], tok)))
+    return out
+
+
+def pair_loss(model, batch: tuple[dict, dict], device="cpu") -> torch.Tensor:
+    """The model's training objective on one :func:`pair_batches` batch, moved to ``device``: the sentence
+    embeddings of anchors and positives (two forwards) and :func:`contrastive_loss` of them (a 0-dim tensor)."""
+    a, b = ({k: v.to(device, non_blocking=True) for k, v in x.items()} for x in batch)
+    ea = mean_pool_normalize(model(**a).last_hidden_state, a["attention_mask"])
+    eb = mean_pool_normalize(model(**b).last_hidden_state, b["attention_mask"])
+    return contrastive_loss(ea, eb)
 
 
 def compute_gradients() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
