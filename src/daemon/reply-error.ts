@@ -13,6 +13,7 @@ export const PROTOCOL_ERROR_CODES = [
   'TZIP_SESSION', // unknown or expired session id: say hello again
   'TZIP_HANDLE', // a memory handle that is not this session's, missing, too small, overlapping
   'TZIP_BUSY', // too many requests of this session in flight
+  'TZIP_LIMIT', // a per-session limit (regions, CUDA IPC handles, bytes in flight) reached: the message names it, its value and the `tzip serve` flag raising it
   'TZIP_NO_DEVICE', // GPU memory named, but the daemon has no GPU or does not see this one (the client falls back)
   'TZIP_CUDA', // a CUDA runtime call of the daemon failed (the message has the CUDA error)
   'TZIP_INTERNAL', // a bug in the daemon
