@@ -22,7 +22,9 @@
 namespace tzip {
 namespace gpu {
 
-/// Error codes, per frame (decode) or per call. Values match the order of tzip::ErrorCode plus 1 (0 = success).
+/// Error codes, per frame (decode) or per call: the native codes of the one error table (src/errors.json) with its
+/// numeric values, which are those of tzip::ErrorCode (cuda/src/errors.h; the addon static_asserts that they agree and
+/// test/error-codes.test.ts checks this enum against the table). 0 = success. Values are stable: never renumber.
 enum ErrorCode : int32_t {
   kOk = 0,
   kInvalidArgument = 1,  // TZIP_INVALID_ARGUMENT
@@ -30,7 +32,8 @@ enum ErrorCode : int32_t {
   kTruncated = 3,        // TZIP_TRUNCATED
   kChecksum = 4,         // TZIP_CHECKSUM
   kUnsupported = 5,      // TZIP_UNSUPPORTED
-  kCudaError = 6,        // a CUDA runtime call failed (message says which)
+  kCudaError = 6,        // TZIP_CUDA: a CUDA runtime call failed (message says which)
+  kOutOfMemory = 7,      // TZIP_OUT_OF_MEMORY: a device or pinned host allocation failed (cudaErrorMemoryAllocation)
 };
 const char* error_code_name(int32_t code);
 
