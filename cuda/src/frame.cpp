@@ -54,17 +54,6 @@ uint32_t digest_of_digests(const std::vector<uint32_t>& digests) {
 
 }  // namespace
 
-const char* error_code_name(ErrorCode c) {
-  switch (c) {
-    case ErrorCode::InvalidArgument: return "TZIP_INVALID_ARGUMENT";
-    case ErrorCode::Corrupt: return "TZIP_CORRUPT";
-    case ErrorCode::Truncated: return "TZIP_TRUNCATED";
-    case ErrorCode::Checksum: return "TZIP_CHECKSUM";
-    case ErrorCode::Unsupported: return "TZIP_UNSUPPORTED";
-  }
-  return "TZIP_ERROR";
-}
-
 bool parse_codec_name(const std::string& name, Codec* out, bool* is_auto) {
   *is_auto = name == "auto";
   if (*is_auto) { *out = Codec::MAX; return true; }

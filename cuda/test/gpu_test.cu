@@ -180,13 +180,13 @@ std::vector<uint8_t> cpu_encode(const Case& c) {
   return out;
 }
 
-/// CPU decode; returns 0 or the gpu::ErrorCode matching the exception.
+/// CPU decode; returns 0 or the gpu::ErrorCode matching the exception (tzip::ErrorCode has the same values).
 int cpu_decode(const uint8_t* f, uint64_t len, uint8_t* out, uint64_t out_len, bool verify) {
   try {
     decode_frame(f, len, out, out_len, verify, 2);
     return 0;
   } catch (const Error& e) {
-    return int(e.code()) + 1;
+    return int(e.code());
   }
 }
 
