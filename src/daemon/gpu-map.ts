@@ -13,6 +13,7 @@
  *   GPU reply). They are destroyed when the session ends, after its last request.
  */
 import { gpuApi, type GpuApi } from './gpu.js';
+import { limitError } from './limits.js';
 import { CUDA_IPC_HANDLE_BYTES } from './schema.js';
 import { ReplyError } from './reply-error.js';
 
@@ -119,7 +120,10 @@ export const ipcAllocations = new IpcAllocations();
 
 /** Caps of one session's GPU state. */
 export interface GpuCaps {
-  /** Allocations a session holds before the least recently used are let go. */
+  /**
+   * Allocations a session holds open at most (DaemonLimits.maxIpcHandlesPerSession): idle ones are
+   * let go, least recently used first, to make room; beyond, TZIP_LIMIT.
+   */
   maxAllocations: number;
   /** Client events a session keeps open before the least recently used are destroyed. */
   maxEvents: number;
@@ -138,6 +142,8 @@ export class GpuSession {
   private readonly held = new Set<string>();
   private readonly clientEvents = new Map<string, OpenedEvent>();
   private readonly ownEvents = new Map<number, { event: bigint; handle: Buffer }>();
+  /** The allocation keys of each request being resolved or run (GpuRequest.keys): not let go to make room. */
+  private readonly requests = new Set<Set<string>>();
   private inflight = 0;
   private closing = false;
 
@@ -163,8 +169,39 @@ export class GpuSession {
     return this.closing;
   }
 
-  /** The base pointer of `handle`'s allocation on `device` (see {@link IpcAllocations.acquire}). */
+  /**
+   * A request starts: `keys` (its allocations, filled as it resolves its handles) are in use until
+   * {@link untrack}.
+   */
+  track(keys: Set<string>): void {
+    this.requests.add(keys);
+  }
+
+  /** The request of `keys` is over (resolved and run, or refused). */
+  untrack(keys: Set<string>): void {
+    if (this.requests.delete(keys) && this.inflight === 0) this.trimAllocations();
+  }
+
+  /**
+   * The base pointer of `handle`'s allocation on `device` (see {@link IpcAllocations.acquire}).
+   * @throws ReplyError TZIP_LIMIT when the session holds `maxAllocations` allocations, all in use
+   *   by its requests (checked before CUDA opens the handle); TZIP_HANDLE as IpcAllocations.acquire.
+   */
   allocation(handle: Uint8Array, device: number): { key: string; base: bigint } {
+    const key = allocationKey(handle, device);
+    if (!this.held.has(key) && this.held.size >= this.caps.maxAllocations) {
+      const used = this.inUse();
+      for (const k of this.held) {
+        if (this.held.size < this.caps.maxAllocations) break;
+        if (used.has(k)) continue;
+        this.held.delete(k);
+        this.table.letGo(this.holder, k);
+      }
+      if (this.held.size >= this.caps.maxAllocations) {
+        throw limitError('maxIpcHandlesPerSession', this.caps.maxAllocations,
+          `this session holds ${this.held.size} CUDA IPC allocations open, in use by its requests in flight`);
+      }
+    }
     const got = this.table.acquire(this.holder, handle, device);
     this.held.delete(got.key);
     this.held.add(got.key);
@@ -257,9 +294,19 @@ export class GpuSession {
     if (this.inflight === 0) this.destroyEvents();
   }
 
+  /** Keys of the allocations the session's requests use. */
+  private inUse(): Set<string> {
+    const all = new Set<string>();
+    for (const keys of this.requests) for (const k of keys) all.add(k);
+    return all;
+  }
+
   private trimAllocations(): void {
+    if (this.held.size <= this.caps.maxAllocations) return;
+    const used = this.inUse();
     for (const key of this.held) {
       if (this.held.size <= this.caps.maxAllocations) break;
+      if (used.has(key)) continue;
       this.held.delete(key);
       this.table.letGo(this.holder, key);
     }

@@ -94,6 +94,12 @@ export class GpuRequest {
 
   constructor(private readonly session: Session) {
     this.state = session.gpu();
+    this.state.track(this.keys);
+  }
+
+  /** The request is over (run or refused): its allocations may be let go to make room again. */
+  finish(): void {
+    this.state.untrack(this.keys);
   }
 
   /**

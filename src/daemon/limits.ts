@@ -1,6 +1,8 @@
 /**
- * The daemon's limits and timings, with their defaults (all overridable by `tzip serve` options).
+ * The daemon's limits and timings, with their defaults (all overridable by `tzip serve` options), and
+ * the error a session gets when it reaches one of its per-session limits (docs/security.md, "Limits").
  */
+import { ReplyError } from './reply-error.js';
 
 /** Limits and timings of one daemon. */
 export interface DaemonLimits {
@@ -25,8 +27,26 @@ export interface DaemonLimits {
   heartbeatMs: number;
   /** Mapped shared-memory bytes cached per session before the least recently used mappings are dropped. */
   maxMappedBytesPerSession: number;
-  /** Mappings cached per session before the least recently used are dropped (the kernel caps mappings per process). */
-  maxMappingsPerSession: number;
+  /**
+   * Shared-memory files a session holds mapped at most (its registered regions; the kernel caps
+   * mappings per process): idle ones are dropped least recently used first to make room, and a
+   * request that needs one more while all are in use by the session's requests in flight gets
+   * TZIP_LIMIT. `tzip serve --max-regions`.
+   */
+  maxRegionsPerSession: number;
+  /**
+   * CUDA IPC allocations a session holds open at most (cudaIpcOpenMemHandle; each maps the
+   * client's allocation into the daemon's address space): idle ones are closed least recently used
+   * first to make room, and a request that needs one more while all are in use by the session's
+   * requests in flight gets TZIP_LIMIT. `tzip serve --max-ipc-handles`.
+   */
+  maxIpcHandlesPerSession: number;
+  /**
+   * Tensor bytes of a session's requests in flight at most (compress: the tensors' bytes;
+   * decompress: the destinations' bytes); a request that would go beyond gets TZIP_LIMIT (one
+   * request larger than the limit can never be served: split it). `tzip serve --max-inflight-bytes`.
+   */
+  maxInflightBytesPerSession: number;
   /** Codec worker threads per tensor (the addon's default: all cores). */
   threads: number | undefined;
   /** Exit after this many ms with no session (0: never). */
@@ -59,7 +79,9 @@ export function defaultLimits(): DaemonLimits {
     leaseMs,
     heartbeatMs: Math.floor(leaseMs / 3),
     maxMappedBytesPerSession: 64 * 2 ** 30,
-    maxMappingsPerSession: 1024,
+    maxRegionsPerSession: 1024,
+    maxIpcHandlesPerSession: 1024,
+    maxInflightBytesPerSession: 256 * 2 ** 30,
     threads: undefined,
     idleExitMs: 0,
     inlineMaxBytes: 16 << 10,
@@ -74,3 +96,27 @@ export function defaultLimits(): DaemonLimits {
 export function runsInline(limits: DaemonLimits, items: number, bytes: number): boolean {
   return items <= limits.inlineMaxItems && bytes <= limits.inlineMaxBytes;
 }
+
+/**
+ * The per-session limits: the `tzip serve` flag that sets each (`option`: its commander attribute),
+ * and what it counts (for messages, `--help` and docs/security.md).
+ */
+export const SESSION_LIMITS = {
+  maxRegionsPerSession: { flag: '--max-regions', option: 'maxRegions', what: 'shared-memory files mapped per session' },
+  maxIpcHandlesPerSession: { flag: '--max-ipc-handles', option: 'maxIpcHandles', what: 'CUDA IPC allocations open per session' },
+  maxInflightBytesPerSession: { flag: '--max-inflight-bytes', option: 'maxInflightBytes', what: 'tensor bytes of requests in flight per session' },
+} as const;
+
+/** A per-session limit's name. */
+export type SessionLimit = keyof typeof SESSION_LIMITS;
+
+/**
+ * The TZIP_LIMIT reply of a session at its limit `name` of `value`: what happened (`detail`), the
+ * limit and its value, and the flag that raises it. The daemon goes on serving; other sessions have
+ * limits of their own.
+ */
+export function limitError(name: SessionLimit, value: number, detail: string): ReplyError {
+  const l = SESSION_LIMITS[name];
+  return new ReplyError('TZIP_LIMIT', `${detail}: above the limit ${name} = ${value} (${l.what}); raise it with \`tzip serve ${l.flag} N\``);
+}
+

@@ -38,44 +38,53 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
   }
   if (req.tensors.some((item) => tensorOnGpu(item.tensor) || item.out.kind === 'cuda_ipc')) return handleGpuCompress(req, session, stats);
   const epoch = nextEpoch();
-  const plans = req.tensors.map((item, i) => {
-    const input = resolveTensor(session, item.tensor, false, `tensor ${i}`, i, epoch);
-    const out = resolveHandle(session, item.out, true, `output of tensor ${i}`, i, epoch);
-    const need = maxCompressedSize(input.layout.nbytes, input.layout.shape.length, req.chunk_size);
-    if (out.bytes.length < need) {
-      throw new ReplyError('TZIP_HANDLE', `output of tensor ${i}: region of ${out.bytes.length} bytes is smaller than maxCompressedSize ${need}`, { index: i, need });
-    }
-    return { input, out, codec: (item.codec ?? req.codec ?? 'auto') as Codec };
-  });
-  const regions: ResolvedRegion[] = [];
-  for (const p of plans) regions.push(p.input.region, p.out);
-  checkOverlaps(regions);
-
-  const inline = runsInline(limits, plans.length, plans.reduce((n, p) => n + p.input.layout.nbytes, 0));
-  const settled = await Promise.allSettled(plans.map(async (p) => {
-    const frame = await compress(p.input.region.bytes, {
-      inline,
-      dtype: p.input.layout.dtype,
-      shape: p.input.layout.shape,
-      codec: p.codec,
-      threads: req.threads ?? limits.threads,
-      chunkSize: req.chunk_size,
-      out: p.out.bytes,
+  let unreserve: (() => void) | undefined;
+  try {
+    const plans = req.tensors.map((item, i) => {
+      const input = resolveTensor(session, item.tensor, false, `tensor ${i}`, i, epoch);
+      const out = resolveHandle(session, item.out, true, `output of tensor ${i}`, i, epoch);
+      const need = maxCompressedSize(input.layout.nbytes, input.layout.shape.length, req.chunk_size);
+      if (out.bytes.length < need) {
+        throw new ReplyError('TZIP_HANDLE', `output of tensor ${i}: region of ${out.bytes.length} bytes is smaller than maxCompressedSize ${need}`, { index: i, need });
+      }
+      return { input, out, codec: (item.codec ?? req.codec ?? 'auto') as Codec };
     });
-    return { bytes: frame.length, codec: readHeader(frame).codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
-  }));
-  checkNotShrunk(session, regions);
-  const frames: FrameResult[] = [];
-  for (let i = 0; i < settled.length; i++) {
-    const s = settled[i] as PromiseSettledResult<FrameResult>;
-    if (s.status === 'rejected') {
-      const wire = toWireError(s.reason, i);
-      throw new ReplyError(wire.code, `tensor ${i}: ${wire.message}`, { index: i });
+    const regions: ResolvedRegion[] = [];
+    for (const p of plans) regions.push(p.input.region, p.out);
+    checkOverlaps(regions);
+    const bytes = plans.reduce((n, p) => n + p.input.layout.nbytes, 0);
+    unreserve = session.reserveBytes(bytes);
+
+    const inline = runsInline(limits, plans.length, bytes);
+    const settled = await Promise.allSettled(plans.map(async (p) => {
+      const frame = await compress(p.input.region.bytes, {
+        inline,
+        dtype: p.input.layout.dtype,
+        shape: p.input.layout.shape,
+        codec: p.codec,
+        threads: req.threads ?? limits.threads,
+        chunkSize: req.chunk_size,
+        out: p.out.bytes,
+      });
+      return { bytes: frame.length, codec: readHeader(frame).codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
+    }));
+    checkNotShrunk(session, regions);
+    const frames: FrameResult[] = [];
+    for (let i = 0; i < settled.length; i++) {
+      const s = settled[i] as PromiseSettledResult<FrameResult>;
+      if (s.status === 'rejected') {
+        const wire = toWireError(s.reason, i);
+        throw new ReplyError(wire.code, `tensor ${i}: ${wire.message}`, { index: i });
+      }
+      frames.push(s.value);
     }
-    frames.push(s.value);
+    countCompressed(stats, plans, frames);
+    return { frames };
+  } finally {
+    unreserve?.();
+    // The files of this request may be dropped to make room again (shm-map.ts).
+    session.mappings.endRequest(epoch);
   }
-  countCompressed(stats, plans, frames);
-  return { frames };
 }
 
 /**

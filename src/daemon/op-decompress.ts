@@ -61,41 +61,50 @@ export async function handleDecompress(req: DecompressRequest, session: Session,
   }
   if (req.frames.some((item) => item.frame.kind === 'cuda_ipc' || tensorOnGpu(item.out))) return handleGpuDecompress(req, session, stats);
   const epoch = nextEpoch();
-  const plans = req.frames.map((item, i) => {
-    const frame = resolveHandle(session, item.frame, false, `frame ${i}`, i, epoch);
-    let header: FrameHeader;
-    try {
-      header = readHeader(frame.bytes);
-    } catch (err) {
-      const wire = toWireError(err, i);
-      throw new ReplyError(wire.code, `frame ${i}: ${wire.message}`, { index: i });
-    }
-    checkFrameSize(i, header, frame.bytes.length);
-    const out = resolveTensor(session, item.out, true, `destination of frame ${i}`, i, epoch);
-    checkFrameDestination(i, header, out.layout);
-    return { frame, header, out };
-  });
-  const regions: ResolvedRegion[] = [];
-  for (const p of plans) regions.push(p.frame, p.out.region);
-  checkOverlaps(regions);
+  let unreserve: (() => void) | undefined;
+  try {
+    const plans = req.frames.map((item, i) => {
+      const frame = resolveHandle(session, item.frame, false, `frame ${i}`, i, epoch);
+      let header: FrameHeader;
+      try {
+        header = readHeader(frame.bytes);
+      } catch (err) {
+        const wire = toWireError(err, i);
+        throw new ReplyError(wire.code, `frame ${i}: ${wire.message}`, { index: i });
+      }
+      checkFrameSize(i, header, frame.bytes.length);
+      const out = resolveTensor(session, item.out, true, `destination of frame ${i}`, i, epoch);
+      checkFrameDestination(i, header, out.layout);
+      return { frame, header, out };
+    });
+    const regions: ResolvedRegion[] = [];
+    for (const p of plans) regions.push(p.frame, p.out.region);
+    checkOverlaps(regions);
+    const bytes = plans.reduce((n, p) => n + p.header.nbytes, 0);
+    unreserve = session.reserveBytes(bytes);
 
-  const inline = runsInline(limits, plans.length, plans.reduce((n, p) => n + p.header.nbytes, 0));
-  const settled = await Promise.allSettled(plans.map((p) =>
-    decompress(p.frame.bytes, { out: p.out.region.bytes, verify: req.verify ?? true, threads: req.threads ?? limits.threads, inline })));
-  checkNotShrunk(session, regions);
-  for (let i = 0; i < settled.length; i++) {
-    const s = settled[i] as PromiseSettledResult<unknown>;
-    if (s.status === 'rejected') {
-      const wire = toWireError(s.reason, i);
-      throw new ReplyError(wire.code, `frame ${i}: ${wire.message}`, { index: i });
+    const inline = runsInline(limits, plans.length, bytes);
+    const settled = await Promise.allSettled(plans.map((p) =>
+      decompress(p.frame.bytes, { out: p.out.region.bytes, verify: req.verify ?? true, threads: req.threads ?? limits.threads, inline })));
+    checkNotShrunk(session, regions);
+    for (let i = 0; i < settled.length; i++) {
+      const s = settled[i] as PromiseSettledResult<unknown>;
+      if (s.status === 'rejected') {
+        const wire = toWireError(s.reason, i);
+        throw new ReplyError(wire.code, `frame ${i}: ${wire.message}`, { index: i });
+      }
     }
+    let inBytes = 0;
+    let outBytes = 0;
+    for (const p of plans) {
+      inBytes += p.frame.bytes.length;
+      outBytes += p.header.nbytes;
+    }
+    stats.addCodec('decompress', plans.length, inBytes, outBytes);
+    return { tensors: plans.map((p) => ({ nbytes: p.header.nbytes, dtype: p.header.dtype, shape: p.header.shape, codec: p.header.codec })) };
+  } finally {
+    unreserve?.();
+    // The files of this request may be dropped to make room again (shm-map.ts).
+    session.mappings.endRequest(epoch);
   }
-  let inBytes = 0;
-  let outBytes = 0;
-  for (const p of plans) {
-    inBytes += p.frame.bytes.length;
-    outBytes += p.header.nbytes;
-  }
-  stats.addCodec('decompress', plans.length, inBytes, outBytes);
-  return { tensors: plans.map((p) => ({ nbytes: p.header.nbytes, dtype: p.header.dtype, shape: p.header.shape, codec: p.header.codec })) };
 }

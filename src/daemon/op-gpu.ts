@@ -112,54 +112,61 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
     expectGpu(item.out, `output of tensor ${i}`, i);
   });
   const r = new GpuRequest(session);
-  const plans = req.tensors.map((item, i) => {
-    const input = r.tensor(item.tensor, false, `tensor ${i}`, i);
-    const out = r.handle(item.out, true, `output of tensor ${i}`, i);
-    const need = maxCompressedSize(input.layout.nbytes, input.layout.shape.length, req.chunk_size);
-    if (out.size < need) {
-      throw new ReplyError('TZIP_HANDLE', `output of tensor ${i}: region of ${out.size} bytes is smaller than maxCompressedSize ${need}`, { index: i, need });
-    }
-    return { input, out, codec: (item.codec ?? req.codec ?? 'auto') as Codec, need };
-  });
-  const extents: Extent[] = [];
-  for (const p of plans) extents.push(p.input.extent, p.out.extent);
-  return runGpuBatch(r, extents, req.wait_event, async ({ gpu, device, waitEvent, own }) => {
-    let written: GpuCompressed[];
-    try {
-      written = await gpu.gpuCompress(plans.map((p) => ({
-        data: p.input.ptr,
-        nbytes: p.input.layout.nbytes,
-        dtype: p.input.layout.dtype,
-        codec: p.codec,
-        shape: p.input.layout.shape,
-        frame: p.out.ptr,
-        frameCapacity: p.out.size,
-      })), runOptions(device, { chunkSize: req.chunk_size, waitEvent, recordEvent: own.event }));
-    } catch (err) {
-      throw batchError(err, 'tensor');
-    }
-    if (written.length !== plans.length) {
-      throw new ReplyError('TZIP_INTERNAL', `the GPU codec reported ${written.length} frames for ${plans.length} tensors`);
-    }
-    const frames = plans.map((p, i): FrameResult => {
-      const w = written[i] as GpuCompressed;
-      const bytes = Number(w.frameBytes);
-      if (!Number.isSafeInteger(bytes) || bytes <= 0 || bytes > p.need) {
-        throw new ReplyError('TZIP_INTERNAL', `tensor ${i}: the GPU codec reported a frame of ${String(w.frameBytes)} bytes (at most ${p.need} expected)`, { index: i });
+  let unreserve: (() => void) | undefined;
+  try {
+    const plans = req.tensors.map((item, i) => {
+      const input = r.tensor(item.tensor, false, `tensor ${i}`, i);
+      const out = r.handle(item.out, true, `output of tensor ${i}`, i);
+      const need = maxCompressedSize(input.layout.nbytes, input.layout.shape.length, req.chunk_size);
+      if (out.size < need) {
+        throw new ReplyError('TZIP_HANDLE', `output of tensor ${i}: region of ${out.size} bytes is smaller than maxCompressedSize ${need}`, { index: i, need });
       }
-      // The codec the frame records must be what the codec asked resolves to (only `auto` on a float tensor is the
-      // device's choice, between fast and max).
-      const expected = recordedCodec(p.codec, p.input.layout.dtype, p.input.layout.nbytes);
-      const ok = expected !== null ? w.codec === expected : w.codec === 'fast' || w.codec === 'max';
-      if (!ok) {
-        throw new ReplyError('TZIP_INTERNAL', `tensor ${i}: the GPU codec reported codec '${String(w.codec)}' for codec '${p.codec}' on ${p.input.layout.dtype}`, { index: i });
-      }
-      return { bytes, codec: w.codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
+      return { input, out, codec: (item.codec ?? req.codec ?? 'auto') as Codec, need };
     });
-    countCompressed(stats, plans, frames);
-    stats.gpuRequests++;
-    return { frames, event_handle: own.handle };
-  });
+    const extents: Extent[] = [];
+    for (const p of plans) extents.push(p.input.extent, p.out.extent);
+    unreserve = session.reserveBytes(plans.reduce((n, p) => n + p.input.layout.nbytes, 0));
+    return await runGpuBatch(r, extents, req.wait_event, async ({ gpu, device, waitEvent, own }) => {
+      let written: GpuCompressed[];
+      try {
+        written = await gpu.gpuCompress(plans.map((p) => ({
+          data: p.input.ptr,
+          nbytes: p.input.layout.nbytes,
+          dtype: p.input.layout.dtype,
+          codec: p.codec,
+          shape: p.input.layout.shape,
+          frame: p.out.ptr,
+          frameCapacity: p.out.size,
+        })), runOptions(device, { chunkSize: req.chunk_size, waitEvent, recordEvent: own.event }));
+      } catch (err) {
+        throw batchError(err, 'tensor');
+      }
+      if (written.length !== plans.length) {
+        throw new ReplyError('TZIP_INTERNAL', `the GPU codec reported ${written.length} frames for ${plans.length} tensors`);
+      }
+      const frames = plans.map((p, i): FrameResult => {
+        const w = written[i] as GpuCompressed;
+        const bytes = Number(w.frameBytes);
+        if (!Number.isSafeInteger(bytes) || bytes <= 0 || bytes > p.need) {
+          throw new ReplyError('TZIP_INTERNAL', `tensor ${i}: the GPU codec reported a frame of ${String(w.frameBytes)} bytes (at most ${p.need} expected)`, { index: i });
+        }
+        // The codec the frame records must be what the codec asked resolves to (only `auto` on a float tensor is the
+        // device's choice, between fast and max).
+        const expected = recordedCodec(p.codec, p.input.layout.dtype, p.input.layout.nbytes);
+        const ok = expected !== null ? w.codec === expected : w.codec === 'fast' || w.codec === 'max';
+        if (!ok) {
+          throw new ReplyError('TZIP_INTERNAL', `tensor ${i}: the GPU codec reported codec '${String(w.codec)}' for codec '${p.codec}' on ${p.input.layout.dtype}`, { index: i });
+        }
+        return { bytes, codec: w.codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
+      });
+      countCompressed(stats, plans, frames);
+      stats.gpuRequests++;
+      return { frames, event_handle: own.handle };
+    });
+  } finally {
+    unreserve?.();
+    r.finish();
+  }
 }
 
 /**
@@ -175,45 +182,52 @@ export async function handleGpuDecompress(req: DecompressRequest, session: Sessi
     expectGpu(item.out, `destination of frame ${i}`, i);
   });
   const r = new GpuRequest(session);
-  const plans = req.frames.map((item, i) => {
-    const frame = r.handle(item.frame, false, `frame ${i}`, i);
-    const out = r.tensor(item.out, true, `destination of frame ${i}`, i);
-    return { frame, out };
-  });
-  const extents: Extent[] = [];
-  for (const p of plans) extents.push(p.frame.extent, p.out.extent);
-  return runGpuBatch(r, extents, req.wait_event, async ({ gpu, device, waitEvent, own }) => {
-    let headers: FrameHeader[];
-    try {
-      headers = await gpu.gpuDecompress(plans.map((p) => ({
-        frame: p.frame.ptr,
-        frameBytes: p.frame.size,
-        out: p.out.ptr,
-        outBytes: p.out.layout.nbytes,
-      })), runOptions(device, { verify: req.verify ?? true, waitEvent, recordEvent: own.event }));
-    } catch (err) {
-      throw batchError(err, 'frame');
-    }
-    if (headers.length !== plans.length) {
-      throw new ReplyError('TZIP_INTERNAL', `the GPU codec returned ${headers.length} frame headers for ${plans.length} frames`);
-    }
-    // The addon read every frame's header back after the decode (in the call's one copy of its
-    // results): check them against their destinations as the CPU path does before decoding (the
-    // outputs are scratch).
-    const tensors = plans.map((p, i): TensorResult => {
-      const header = headers[i] as FrameHeader;
-      checkFrameSize(i, header, p.frame.size);
-      checkFrameDestination(i, header, p.out.layout);
-      return { nbytes: header.nbytes, dtype: header.dtype, shape: header.shape, codec: header.codec };
+  let unreserve: (() => void) | undefined;
+  try {
+    const plans = req.frames.map((item, i) => {
+      const frame = r.handle(item.frame, false, `frame ${i}`, i);
+      const out = r.tensor(item.out, true, `destination of frame ${i}`, i);
+      return { frame, out };
     });
-    let inBytes = 0;
-    let outBytes = 0;
-    for (const p of plans) {
-      inBytes += p.frame.size;
-      outBytes += p.out.layout.nbytes;
-    }
-    stats.addCodec('decompress', plans.length, inBytes, outBytes);
-    stats.gpuRequests++;
-    return { tensors, event_handle: own.handle };
-  });
+    const extents: Extent[] = [];
+    for (const p of plans) extents.push(p.frame.extent, p.out.extent);
+    unreserve = session.reserveBytes(plans.reduce((n, p) => n + p.out.layout.nbytes, 0));
+    return await runGpuBatch(r, extents, req.wait_event, async ({ gpu, device, waitEvent, own }) => {
+      let headers: FrameHeader[];
+      try {
+        headers = await gpu.gpuDecompress(plans.map((p) => ({
+          frame: p.frame.ptr,
+          frameBytes: p.frame.size,
+          out: p.out.ptr,
+          outBytes: p.out.layout.nbytes,
+        })), runOptions(device, { verify: req.verify ?? true, waitEvent, recordEvent: own.event }));
+      } catch (err) {
+        throw batchError(err, 'frame');
+      }
+      if (headers.length !== plans.length) {
+        throw new ReplyError('TZIP_INTERNAL', `the GPU codec returned ${headers.length} frame headers for ${plans.length} frames`);
+      }
+      // The addon read every frame's header back after the decode (in the call's one copy of its
+      // results): check them against their destinations as the CPU path does before decoding (the
+      // outputs are scratch).
+      const tensors = plans.map((p, i): TensorResult => {
+        const header = headers[i] as FrameHeader;
+        checkFrameSize(i, header, p.frame.size);
+        checkFrameDestination(i, header, p.out.layout);
+        return { nbytes: header.nbytes, dtype: header.dtype, shape: header.shape, codec: header.codec };
+      });
+      let inBytes = 0;
+      let outBytes = 0;
+      for (const p of plans) {
+        inBytes += p.frame.size;
+        outBytes += p.out.layout.nbytes;
+      }
+      stats.addCodec('decompress', plans.length, inBytes, outBytes);
+      stats.gpuRequests++;
+      return { tensors, event_handle: own.handle };
+    });
+  } finally {
+    unreserve?.();
+    r.finish();
+  }
 }

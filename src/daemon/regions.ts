@@ -15,7 +15,7 @@ export const MIXED_REQUEST =
 
 /** Where a region lies, for overlap checks: `start` and `length` within the memory named `name`. */
 export interface Extent {
-  /** The file (no leading '/') or the GPU allocation (a key of its handle). */
+  /** The memory: a file's identity (`dev:ino`, shm-map.ts: two names of one file are one file) or the GPU allocation (a key of its handle). */
   name: string;
   start: number;
   length: number;
@@ -31,6 +31,8 @@ export interface ResolvedRegion {
   bytes: Buffer;
   /** The file (no leading '/'). */
   name: string;
+  /** The file's identity (`dev:ino`; the name when unknown): what overlap checks compare, so that hard links to one file do not pass for two files. */
+  id?: string | undefined;
   /** Offset of `bytes` in the file. */
   start: number;
   writable: boolean;
@@ -58,10 +60,12 @@ export function resolveHandle(session: Session, handle: MemoryHandle, writable: 
     if (err instanceof ReplyError) throw new ReplyError(err.code, `${what}: ${err.message}`, { ...err.extra, index });
     throw err;
   }
+  // Both are at most 2^53 - 1 (the schema), so their sum is exact enough to compare: beyond 2^53 it is beyond any file.
   if (handle.offset + handle.size > file.length) {
     throw new ReplyError('TZIP_HANDLE', `${what}: region [${handle.offset}, ${handle.offset + handle.size}) is beyond the end of /dev/shm/${name} (${file.length} bytes)`, { index });
   }
-  return { bytes: file.subarray(handle.offset, handle.offset + handle.size), name, start: handle.offset, writable, what, index };
+  const id = session.mappings.idOf(name);
+  return { bytes: file.subarray(handle.offset, handle.offset + handle.size), name, id, start: handle.offset, writable, what, index };
 }
 
 /** A tensor resolved: its frame layout and its bytes (exactly `layout.nbytes`). */
@@ -110,7 +114,7 @@ export function tensorLayout(tensor: Tensor, what: string, index: number): Frame
 }
 
 function extentOf(r: ResolvedRegion | Extent): Extent {
-  return 'bytes' in r ? { name: r.name, start: r.start, length: r.bytes.length, writable: r.writable, what: r.what, index: r.index } : r;
+  return 'bytes' in r ? { name: r.id ?? r.name, start: r.start, length: r.bytes.length, writable: r.writable, what: r.what, index: r.index, place: `/dev/shm/${r.name}` } : r;
 }
 
 /**

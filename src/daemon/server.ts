@@ -36,6 +36,12 @@ const TRACE = process.env.TZIP_TRACE !== undefined;
 /** libzmq's ZMQ_ROUTER_NOTIFY option and its flags (connect | disconnect). */
 const ZMQ_ROUTER_NOTIFY = 97;
 const ZMQ_NOTIFY_CONNECT_AND_DISCONNECT = 3;
+/**
+ * libzmq's ZMQ_IPC_FILTER_UID (zmq.h, deprecated in favour of ZAP but built into the libzmq 4.3.5 of
+ * zeromq.js 6.8): an ipc:// peer whose SO_PEERCRED uid is not in the list is disconnected at accept,
+ * before a byte of it is read (docs/security.md, "Who can connect").
+ */
+const ZMQ_IPC_FILTER_UID = 59;
 
 /** How to start a {@link Daemon}. */
 export interface DaemonOptions {
@@ -55,9 +61,11 @@ function makeRouter(limits: DaemonLimits, curve?: CurveKeys): Router {
     linger: 0, sendHighWaterMark: 10_000, receiveHighWaterMark: 10_000,
     ...(curve !== undefined ? { curveServer: true, curveSecretKey: curve.serverSecret, zapDomain: ZAP_DOMAIN } : {}),
   });
-  // zeromq.js has no property for this (draft) option; its generic setter is protected in the typings.
-  (router as unknown as { setInt32Option(option: number, value: number): void })
-    .setInt32Option(ZMQ_ROUTER_NOTIFY, ZMQ_NOTIFY_CONNECT_AND_DISCONNECT);
+  // zeromq.js has no property for these options; its generic setter is protected in the typings.
+  const raw = router as unknown as { setInt32Option(option: number, value: number): void };
+  raw.setInt32Option(ZMQ_ROUTER_NOTIFY, ZMQ_NOTIFY_CONNECT_AND_DISCONNECT);
+  // The ipc socket: only this user's processes, by the kernel's peer credentials (on top of the folder's mode 0700).
+  if (curve === undefined && typeof process.getuid === 'function') raw.setInt32Option(ZMQ_IPC_FILTER_UID, process.getuid());
   router.maxMessageSize = limits.transportMaxMessageBytes;
   return router;
 }
@@ -355,6 +363,9 @@ export class Daemon {
         max_batch: this.limits.maxBatch,
         max_ndim: this.limits.maxNdim,
         max_inflight: this.limits.maxInflightPerSession,
+        max_regions: this.limits.maxRegionsPerSession,
+        max_ipc_handles: this.limits.maxIpcHandlesPerSession,
+        max_inflight_bytes: this.limits.maxInflightBytesPerSession,
       },
     };
   }
@@ -391,6 +402,7 @@ export class Daemon {
           name: s.name,
           requests: s.requests,
           inflight: s.inflight,
+          inflight_bytes: s.inflightBytes,
           sockets: s.routingIds.size,
           mapped: { files: s.mappings.count, bytes: s.mappings.bytes },
           gpu: { allocations: s.gpuIfAny?.allocations ?? 0, events: s.gpuIfAny?.events ?? 0 },

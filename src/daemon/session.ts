@@ -13,9 +13,9 @@
  * process (`torch_<pid>_...`, the file_system sharing strategy).
  */
 import { randomBytes } from 'node:crypto';
-import { GpuSession } from './gpu-map.js';
+import { DEFAULT_GPU_CAPS, GpuSession } from './gpu-map.js';
 import { processStartTime } from './lock.js';
-import type { DaemonLimits } from './limits.js';
+import { limitError, type DaemonLimits } from './limits.js';
 import { ReplyError } from './reply-error.js';
 import { ShmMappings } from './shm-map.js';
 
@@ -28,6 +28,8 @@ export class Session {
   readonly createdAt = Date.now();
   lastSeen = Date.now();
   inflight = 0;
+  /** Tensor bytes of this session's requests in flight (see {@link DaemonLimits.maxInflightBytesPerSession}). */
+  inflightBytes = 0;
   requests = 0;
   readonly routingIds = new Set<string>();
   readonly mappings: ShmMappings;
@@ -42,9 +44,9 @@ export class Session {
     readonly shmPrefix: string,
     readonly name: string,
     readonly version: number,
-    limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxMappingsPerSession'>,
+    private readonly limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxRegionsPerSession' | 'maxIpcHandlesPerSession' | 'maxInflightBytesPerSession'>,
   ) {
-    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxMappings: limits.maxMappingsPerSession });
+    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxRegions: limits.maxRegionsPerSession }, this.sid);
     this.pidStart = processStartTime(pid);
     this.torchPrefix = `torch_${pid}_`;
   }
@@ -62,8 +64,28 @@ export class Session {
 
   /** The session's GPU state (made on first use). */
   gpu(): GpuSession {
-    if (this.gpuState === undefined) this.gpuState = new GpuSession(this.sid);
+    if (this.gpuState === undefined) this.gpuState = new GpuSession(this.sid, { maxAllocations: this.limits.maxIpcHandlesPerSession, maxEvents: DEFAULT_GPU_CAPS.maxEvents });
     return this.gpuState;
+  }
+
+  /**
+   * Counts `bytes` (a request's tensor bytes) in flight until the returned function is called.
+   * @throws ReplyError TZIP_LIMIT when the session's requests in flight would hold more than
+   *   {@link DaemonLimits.maxInflightBytesPerSession}.
+   */
+  reserveBytes(bytes: number): () => void {
+    const limit = this.limits.maxInflightBytesPerSession;
+    if (this.inflightBytes + bytes > limit) {
+      throw limitError('maxInflightBytesPerSession', limit,
+        `this request's tensors are ${bytes} bytes and this session's requests in flight hold ${this.inflightBytes} bytes`);
+    }
+    this.inflightBytes += bytes;
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      this.inflightBytes -= bytes;
+    };
   }
 
   /** The session's GPU state if it ever made one. */
