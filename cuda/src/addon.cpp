@@ -97,7 +97,7 @@ class CompressWorker : public Napi::AsyncWorker {
       if (dst == nullptr) {
         const uint64_t cap = tzip::max_frame_bytes(in_.size, uint32_t(shape_.size()), chunk_);
         out_ = static_cast<uint8_t*>(std::malloc(cap ? cap : 1));
-        if (!out_) throw Error(ErrorCode::InvalidArgument, "out of memory allocating " + std::to_string(cap) + " bytes");
+        if (!out_) throw tzip::addon::out_of_memory(cap, "the frame");
         dst = out_;
       }
       tzip::EncodeOptions opt;
@@ -108,12 +108,8 @@ class CompressWorker : public Napi::AsyncWorker {
       if (out_ != nullptr) {
         if (uint8_t* shrunk = static_cast<uint8_t*>(std::realloc(out_, len_ ? len_ : 1))) out_ = shrunk;
       }
-    } catch (const Error& e) {
-      error_ = std::make_unique<Error>(e);
-    } catch (const std::bad_alloc&) {
-      error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, "out of memory");
-    } catch (const std::exception& e) {
-      error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, std::string("the codec failed: ") + e.what());
+    } catch (const std::exception&) {
+      error_ = std::make_unique<tzip::addon::CodedError>(tzip::addon::current_error());
     }
   }
   void OnOK() override {
@@ -146,7 +142,7 @@ class CompressWorker : public Napi::AsyncWorker {
   uint8_t* given_ = nullptr;  // options.out's bytes
   uint8_t* out_ = nullptr;    // or the frame's own memory
   uint64_t len_ = 0;
-  std::unique_ptr<Error> error_;
+  std::unique_ptr<tzip::addon::CodedError> error_;
 };
 
 Napi::Value Compress(const Napi::CallbackInfo& info) {
@@ -189,9 +185,11 @@ Napi::Value Compress(const Napi::CallbackInfo& info) {
       out = o.Get("out").As<Napi::Uint8Array>();
     }
     return start(new CompressWorker(env, info[0], in, dtype, std::move(shape), codec, is_auto, threads_opt(o), chunk, out), o);
-  } catch (const Error& e) {
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception&) {
     auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(make_error(env, e).Value());
+    d.Reject(make_error(env, tzip::addon::current_error()).Value());
     return d.Promise();
   }
 }
@@ -212,12 +210,8 @@ class DecompressWorker : public Napi::AsyncWorker {
   void Execute() override {
     try {
       tzip::decode_frame(f_.data, f_.size, out_, out_len_, verify_, threads_);
-    } catch (const Error& e) {
-      error_ = std::make_unique<Error>(e);
-    } catch (const std::bad_alloc&) {
-      error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, "out of memory");
-    } catch (const std::exception& e) {
-      error_ = std::make_unique<Error>(ErrorCode::InvalidArgument, std::string("the codec failed: ") + e.what());
+    } catch (const std::exception&) {
+      error_ = std::make_unique<tzip::addon::CodedError>(tzip::addon::current_error());
     }
   }
   void OnOK() override {
@@ -233,7 +227,7 @@ class DecompressWorker : public Napi::AsyncWorker {
   uint64_t out_len_ = 0;
   bool verify_;
   uint32_t threads_;
-  std::unique_ptr<Error> error_;
+  std::unique_ptr<tzip::addon::CodedError> error_;
 };
 
 Napi::Value Decompress(const Napi::CallbackInfo& info) {
@@ -250,18 +244,15 @@ Napi::Value Decompress(const Napi::CallbackInfo& info) {
       if (out.ByteLength() != h.nbytes)
         invalid("options.out is " + std::to_string(out.ByteLength()) + " bytes, the frame holds " + std::to_string(h.nbytes));
     } else {
-      try {
-        out = Napi::Buffer<uint8_t>::New(env, size_t(h.nbytes));
-      } catch (const Napi::Error&) {
-        throw Error(ErrorCode::Unsupported, "cannot allocate a Buffer of " + std::to_string(h.nbytes) +
-                                                " bytes for the decoded tensor; pass options.out");
-      }
+      out = tzip::addon::new_buffer(env, h.nbytes, "the decoded tensor (or pass options.out)");
     }
     const bool verify = !o.Has("verify") || o.Get("verify").IsUndefined() || o.Get("verify").ToBoolean().Value();
     return start(new DecompressWorker(env, info[0], f, out, verify, threads_opt(o)), o);
-  } catch (const Error& e) {
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception&) {
     auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(make_error(env, e).Value());
+    d.Reject(make_error(env, tzip::addon::current_error()).Value());
     return d.Promise();
   }
 }
@@ -274,8 +265,10 @@ Napi::Value ReadHeader(const Napi::CallbackInfo& info) {
     if (info.Length() < 1) invalid("readHeader(frame) needs a frame");
     const Bytes f = bytes_of(info[0], "frame");
     return tzip::addon::frame_header_object(env, tzip::parse_frame_header(f.data, f.size));
-  } catch (const Error& e) {
-    throw make_error(env, e);
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception&) {
+    throw make_error(env, tzip::addon::current_error());
   }
 }
 
@@ -290,8 +283,10 @@ Napi::Value MaxCompressedSize(const Napi::CallbackInfo& info) {
     if (chunk < tzip::kMinChunkBytes || chunk > tzip::kMaxChunkBytes || chunk % tzip::kChunkBytesMultiple)
       invalid("chunkSize must be a multiple of 256 between 4096 and 65536 bytes");
     return bigsafe(env, tzip::max_frame_bytes(n, uint32_t(ndim), uint32_t(chunk)));
-  } catch (const Error& e) {
-    throw make_error(env, e);
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception&) {
+    throw make_error(env, tzip::addon::current_error());
   }
 }
 
@@ -317,8 +312,10 @@ Napi::Value Entropy(const Napi::CallbackInfo& info) {
     }
     r.Set("planes", planes);
     return r;
-  } catch (const Error& e) {
-    throw make_error(env, e);
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception&) {
+    throw make_error(env, tzip::addon::current_error());
   }
 }
 
@@ -368,14 +365,20 @@ Napi::Value MapShared(const Napi::CallbackInfo& info) {
     void* p = mmap(nullptr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
     const int err = errno;
     close(fd);
-    if (p == MAP_FAILED) invalid("cannot map " + path + ": " + std::strerror(err));
+    if (p == MAP_FAILED) {
+      const std::string why = "cannot map " + path + " (" + std::to_string(size) + " bytes): " + std::strerror(err);
+      if (err == ENOMEM) throw Error(ErrorCode::OutOfMemory, "out of memory: " + why);  // address space or map count
+      invalid(why);
+    }
     tzip::addon::guard_register(p, size);  // a client that shrinks the file now costs it its request, not the daemon
     return Napi::Buffer<uint8_t>::New(env, static_cast<uint8_t*>(p), size, [size](Napi::Env, uint8_t* q) {
       tzip::addon::guard_unregister(q);
       munmap(q, size);
     });
-  } catch (const Error& e) {
-    throw make_error(env, e);
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception&) {
+    throw make_error(env, tzip::addon::current_error());
   }
 }
 
@@ -389,7 +392,17 @@ Napi::Value MapSharedFaulted(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(env, tzip::addon::guard_faulted(info[0].As<Napi::Buffer<uint8_t>>().Data()));
 }
 
+// errorCodes: { TZIP_INVALID_ARGUMENT: 1, ... }, the native codes this build was compiled with (errors.h), which
+// test/error-codes.test.ts compares with the one error table, src/errors.json.
+Napi::Object ErrorCodes(Napi::Env env) {
+  Napi::Object codes = Napi::Object::New(env);
+  for (const ErrorCode c : tzip::kErrorCodes) codes.Set(tzip::error_code_name(c), Napi::Number::New(env, int32_t(c)));
+  codes.Freeze();
+  return codes;
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("errorCodes", ErrorCodes(env));
   exports.Set("mapShared", Napi::Function::New(env, MapShared));
   exports.Set("mapSharedFaulted", Napi::Function::New(env, MapSharedFaulted));
   exports.Set("compress", Napi::Function::New(env, Compress));

@@ -4,6 +4,8 @@
 #include <napi.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <exception>
 #include <new>
 #include <string>
 
@@ -12,37 +14,76 @@
 
 namespace tzip::addon {
 
-/// A JavaScript Error with `.code` (and `.needBytes` for truncated headers) from a codec core error.
+/// A JavaScript Error with `.code` (the code's name), `.needBytes` for truncated headers and, for a CodedError of a
+/// batched GPU call, `.itemErrors` (per item its code's name, '' for an item that succeeded).
 inline Napi::Error make_error(Napi::Env env, const tzip::Error& e) {
   Napi::Error err = Napi::Error::New(env, e.what());
   err.Set("code", Napi::String::New(env, tzip::error_code_name(e.code())));
   if (e.need_bytes()) err.Set("needBytes", Napi::Number::New(env, double(e.need_bytes())));
-  return err;
-}
-
-/// A JavaScript Error with `.code` (and `.itemErrors` for batched decodes) from an addon error.
-inline Napi::Error make_error(Napi::Env env, const CodedError& e) {
-  Napi::Error err = Napi::Error::New(env, e.what());
-  err.Set("code", Napi::String::New(env, e.code()));
-  if (!e.item_errors.empty()) {
-    Napi::Array items = Napi::Array::New(env, e.item_errors.size());
-    for (uint32_t i = 0; i < e.item_errors.size(); ++i) items.Set(i, Napi::String::New(env, e.item_errors[i]));
+  const auto* coded = dynamic_cast<const CodedError*>(&e);
+  if (coded != nullptr && !coded->item_errors.empty()) {
+    Napi::Array items = Napi::Array::New(env, coded->item_errors.size());
+    for (uint32_t i = 0; i < coded->item_errors.size(); ++i) {
+      const int32_t c = coded->item_errors[i];
+      items.Set(i, Napi::String::New(env, c == 0 ? "" : tzip::error_code_name(tzip::ErrorCode(c))));
+    }
     err.Set("itemErrors", items);
   }
   return err;
 }
 
-/// Runs `f` (a synchronous N-API function body) and turns codec and addon errors into JavaScript exceptions.
+/// The error of a failed host allocation of `bytes` bytes for `what`.
+inline CodedError out_of_memory(uint64_t bytes, const std::string& what) {
+  return CodedError(tzip::ErrorCode::OutOfMemory, "out of memory: cannot allocate " + std::to_string(bytes) +
+                                                      " bytes for " + what);
+}
+
+/// Any exception a codec call or an addon function threw, as an addon error: codec and addon errors as they are,
+/// std::bad_alloc as TZIP_OUT_OF_MEMORY, anything else (a bug) as TZIP_INTERNAL. Call it inside a catch block.
+inline CodedError current_error() {
+  try {
+    throw;
+  } catch (const CodedError& e) {
+    return e;
+  } catch (const tzip::Error& e) {
+    CodedError c(e.code(), e.what());
+    return c;
+  } catch (const std::bad_alloc&) {
+    return CodedError(tzip::ErrorCode::OutOfMemory, "out of memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return CodedError(tzip::ErrorCode::Internal, std::string("internal error: ") + e.what());
+  }
+}
+
+/// Runs `f` (a synchronous N-API function body) and turns codec and addon errors into JavaScript exceptions
+/// (std::bad_alloc: TZIP_OUT_OF_MEMORY; another C++ exception: TZIP_INTERNAL, rather than terminating the process).
 template <class F>
 Napi::Value guarded(Napi::Env env, F&& f) {
   try {
     return f();
-  } catch (const tzip::Error& e) {
-    throw make_error(env, e);
-  } catch (const CodedError& e) {
-    throw make_error(env, e);
-  } catch (const std::bad_alloc&) {
-    throw make_error(env, CodedError("TZIP_INVALID_ARGUMENT", "out of memory"));
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception&) {
+    throw make_error(env, current_error());
+  }
+}
+
+/// A new Buffer of `n` bytes (not zeroed) for `what`: malloc'd and handed to V8 as an external buffer, so that a failed
+/// allocation is TZIP_OUT_OF_MEMORY instead of V8's fatal out-of-memory abort; a size above Node's Buffer limit
+/// (buffer.constants.MAX_LENGTH) is TZIP_UNSUPPORTED.
+inline Napi::Buffer<uint8_t> new_buffer(Napi::Env env, uint64_t n, const std::string& what) {
+  if (n == 0) return Napi::Buffer<uint8_t>::New(env, 0);
+  auto* p = static_cast<uint8_t*>(std::malloc(size_t(n)));
+  if (p == nullptr) throw out_of_memory(n, what);
+  try {
+    return Napi::Buffer<uint8_t>::New(env, p, size_t(n), [](Napi::Env, uint8_t* q) { std::free(q); });
+  } catch (const Napi::Error& e) {
+    std::free(p);
+    const Napi::Value code = e.Value().Get("code");
+    if (code.IsString() && code.As<Napi::String>().Utf8Value() == "ERR_BUFFER_TOO_LARGE")
+      throw CodedError(tzip::ErrorCode::Unsupported, "cannot make a Buffer of " + std::to_string(n) + " bytes for " +
+                                                         what + ": above Node's Buffer size limit");
+    throw out_of_memory(n, what);
   }
 }
 

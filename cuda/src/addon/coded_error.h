@@ -1,26 +1,42 @@
-// An error of the addon's GPU and CUDA IPC entry points: a JavaScript error code (docs/addon.md) and a message, plus,
-// for batched decodes, one code per item. The codec core's tzip::Error has no TZIP_CUDA; this one carries any code.
+// An error of the addon's entry points: a native code of the one error table (errors.h, src/errors.json) and a
+// message, plus, for batched GPU calls, one code per item. It is a tzip::Error, so every handler of the codec core's
+// errors takes it too (make_error in args.h gives JavaScript the per-item codes).
 #pragma once
-#include <stdexcept>
+#include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
+
+#include "errors.h"
+#include "gpu/codec.h"
 
 namespace tzip::addon {
 
-class CodedError : public std::runtime_error {
+class CodedError : public tzip::Error {
  public:
-  CodedError(std::string code, const std::string& message) : std::runtime_error(message), code_(std::move(code)) {}
-  const std::string& code() const { return code_; }
-  /// gpuDecompress: per item, the error code or "" (becomes err.itemErrors); empty otherwise.
-  std::vector<std::string> item_errors;
-
- private:
-  std::string code_;
+  CodedError(tzip::ErrorCode code, const std::string& message) : tzip::Error(code, message) {}
+  /// gpuCompress/gpuDecompress: per item, its code, 0 for an item that succeeded (becomes err.itemErrors, with '' for
+  /// 0); empty otherwise.
+  std::vector<int32_t> item_errors;
 };
 
+// The GPU codec's codes are the native codes with the same values (one table, src/errors.json).
+static_assert(int32_t(tzip::ErrorCode::InvalidArgument) == tzip::gpu::kInvalidArgument, "one error table");
+static_assert(int32_t(tzip::ErrorCode::Corrupt) == tzip::gpu::kCorrupt, "one error table");
+static_assert(int32_t(tzip::ErrorCode::Truncated) == tzip::gpu::kTruncated, "one error table");
+static_assert(int32_t(tzip::ErrorCode::Checksum) == tzip::gpu::kChecksum, "one error table");
+static_assert(int32_t(tzip::ErrorCode::Unsupported) == tzip::gpu::kUnsupported, "one error table");
+static_assert(int32_t(tzip::ErrorCode::Cuda) == tzip::gpu::kCudaError, "one error table");
+static_assert(int32_t(tzip::ErrorCode::OutOfMemory) == tzip::gpu::kOutOfMemory, "one error table");
+
+/// A non-zero code of the GPU codec (per call or per decoded frame) as a native code. A value that is none of the GPU
+/// codec's (a result array the decoder never wrote, after a failed launch) is TZIP_CUDA.
+inline tzip::ErrorCode from_gpu(int32_t code) {
+  return code >= tzip::gpu::kInvalidArgument && code <= tzip::gpu::kOutOfMemory ? tzip::ErrorCode(code)
+                                                                                 : tzip::ErrorCode::Cuda;
+}
+
 [[noreturn]] inline void throw_invalid(const std::string& message) {
-  throw CodedError("TZIP_INVALID_ARGUMENT", message);
+  throw CodedError(tzip::ErrorCode::InvalidArgument, message);
 }
 
 }  // namespace tzip::addon

@@ -63,7 +63,7 @@ const gpu::Probe& gpu_probe() {
 
 void require_gpu() {
   const gpu::Probe& p = gpu_probe();
-  if (!p.available) throw CodedError("TZIP_UNSUPPORTED", "no GPU can be used: " + p.reason);
+  if (!p.available) throw CodedError(tzip::ErrorCode::Unsupported, "no GPU can be used: " + p.reason);
 }
 
 void check_device(int64_t device) {
@@ -76,7 +76,9 @@ void check_device(int64_t device) {
 void cuda_check(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return;
   cudaGetLastError();  // clear a non-sticky error so that later calls start clean
-  throw CodedError("TZIP_CUDA", what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  // A failed device or pinned allocation is out-of-memory, not a CUDA fault: the same call may succeed later.
+  throw CodedError(e == cudaErrorMemoryAllocation ? tzip::ErrorCode::OutOfMemory : tzip::ErrorCode::Cuda,
+                   what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
 std::string cuda_error_name_of_text(const std::string& message) {

@@ -27,7 +27,8 @@ void require_gpu();
 /// Throws TZIP_INVALID_ARGUMENT unless `device` is an ordinal of a visible GPU (call require_gpu() first).
 void check_device(int64_t device);
 
-/// Throws TZIP_CUDA ("<what>: cudaErrorX: text") when e is not cudaSuccess; clears the runtime's last error.
+/// Throws TZIP_CUDA ("<what>: cudaErrorX: text") when e is not cudaSuccess, TZIP_OUT_OF_MEMORY for
+/// cudaErrorMemoryAllocation; clears the runtime's last error.
 void cuda_check(cudaError_t e, const std::string& what);
 
 /// "cudaErrorX" for a CUDA runtime error text (as in a tzip::gpu::Status message), or "" when none matches.

@@ -84,13 +84,17 @@ uint64_t field_u64(const Napi::Object& o, const char* key, const std::string& wh
   return try_u64(v, &x) ? x : u64_of(v, who + key);
 }
 
-/// A gpu::Status error as an addon error; CUDA failures get the CUDA error name where the text identifies it.
+/// A gpu::Status error as an addon error; CUDA failures get the CUDA error name where the text identifies it, and a
+/// failed allocation (cudaErrorMemoryAllocation, also when the GPU codec reports it as a plain CUDA error) is
+/// TZIP_OUT_OF_MEMORY.
 CodedError status_error(const gpu::Status& st, const char* fn) {
-  if (st.code == gpu::kCudaError) {
+  if (st.code == gpu::kCudaError || st.code == gpu::kOutOfMemory) {
     const std::string name = cuda_error_name_of_text(st.message);
-    return CodedError("TZIP_CUDA", std::string(fn) + ": " + st.message + (name.empty() ? "" : " (" + name + ")"));
+    const bool oom = st.code == gpu::kOutOfMemory || name == "cudaErrorMemoryAllocation";
+    return CodedError(oom ? tzip::ErrorCode::OutOfMemory : tzip::ErrorCode::Cuda,
+                      std::string(fn) + ": " + st.message + (name.empty() ? "" : " (" + name + ")"));
   }
-  return CodedError(gpu::error_code_name(st.code), std::string(fn) + ": " + st.message);
+  return CodedError(from_gpu(st.code), std::string(fn) + ": " + st.message);
 }
 
 cudaEvent_t event_of(uint64_t v) { return reinterpret_cast<cudaEvent_t>(static_cast<uintptr_t>(v)); }
@@ -196,14 +200,8 @@ class GpuWorker : public Napi::AsyncWorker {
     try {
       DeviceScope scope(opt_.device);
       Run();
-    } catch (const CodedError& e) {
-      error_ = std::make_unique<CodedError>(e);
-    } catch (const tzip::Error& e) {
-      error_ = std::make_unique<CodedError>(tzip::error_code_name(e.code()), e.what());
-    } catch (const std::bad_alloc&) {
-      error_ = std::make_unique<CodedError>("TZIP_INVALID_ARGUMENT", "out of memory");
-    } catch (const std::exception& e) {
-      error_ = std::make_unique<CodedError>("TZIP_INTERNAL", std::string("internal error: ") + e.what());
+    } catch (const std::exception&) {
+      error_ = std::make_unique<CodedError>(current_error());
     }
   }
   void OnOK() override {
@@ -243,13 +241,11 @@ template <class F>
 Napi::Value promise_of(Napi::Env env, F&& f) {
   try {
     return f();
-  } catch (const tzip::Error& e) {
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const std::exception&) {
     auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(make_error(env, e).Value());
-    return d.Promise();
-  } catch (const CodedError& e) {
-    auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(make_error(env, e).Value());
+    d.Reject(make_error(env, current_error()).Value());
     return d.Promise();
   }
 }
@@ -378,11 +374,11 @@ class GpuCompressWorker : public GpuWorker {
       // The encoder resolves "auto" on a float tensor to fast or max; anything else means the frame's memory was
       // written by someone else during the call.
       if (c != uint8_t(Codec::FAST) && c != uint8_t(Codec::MAX)) {
-        CodedError err("TZIP_CORRUPT", "gpuCompress: item " + std::to_string(i) + ": the frame written at item.frame "
+        CodedError err(tzip::ErrorCode::Corrupt, "gpuCompress: item " + std::to_string(i) + ": the frame written at item.frame "
                                        "records codec id " + std::to_string(c) + " instead of fast or max: its memory "
                                        "was changed during the call");
-        err.item_errors.assign(n, "");
-        err.item_errors[i] = "TZIP_CORRUPT";
+        err.item_errors.assign(n, 0);
+        err.item_errors[i] = int32_t(tzip::ErrorCode::Corrupt);
         throw err;
       }
       codecs_[i] = c;
@@ -441,15 +437,17 @@ DecodeSpec decode_spec(const Napi::Object& o, uint32_t i) {
 }
 
 /// What a per-frame error code of the GPU decoder means, for messages.
-const char* decode_error_text(const std::string& code) {
-  if (code == "TZIP_CORRUPT") return "corrupt frame";
-  if (code == "TZIP_TRUNCATED") return "truncated frame (frameBytes is less than the frame's size)";
-  if (code == "TZIP_CHECKSUM") return "checksum mismatch: the decoded bytes do not match the frame's digests";
-  if (code == "TZIP_UNSUPPORTED")
-    return "unsupported frame: a newer format version, a pre-release version-1 frame (re-compress the original tensor), "
-           "or unknown flags";
-  if (code == "TZIP_INVALID_ARGUMENT") return "outBytes differs from the frame's nbytes";
-  return "the GPU decoder failed";
+const char* decode_error_text(tzip::ErrorCode code) {
+  switch (code) {
+    case tzip::ErrorCode::Corrupt: return "corrupt frame";
+    case tzip::ErrorCode::Truncated: return "truncated frame (frameBytes is less than the frame's size)";
+    case tzip::ErrorCode::Checksum: return "checksum mismatch: the decoded bytes do not match the frame's digests";
+    case tzip::ErrorCode::Unsupported:
+      return "unsupported frame: a newer format version, a pre-release version-1 frame (re-compress the original "
+             "tensor), or unknown flags";
+    case tzip::ErrorCode::InvalidArgument: return "outBytes differs from the frame's nbytes";
+    default: return "the GPU decoder failed";
+  }
 }
 
 class GpuDecompressWorker : public GpuWorker {
@@ -481,7 +479,7 @@ class GpuDecompressWorker : public GpuWorker {
     for (size_t i = 0; i < n; ++i) spans[i] = gpu::FrameSpan{items[i].frame, items[i].frame_bytes};
     // gather_frame_bytes takes fewer than 2^32 bytes: refuse a larger batch before anything is queued.
     if (uint64_t(n) * kPrefix >= uint64_t(UINT32_MAX))
-      throw CodedError("TZIP_INVALID_ARGUMENT", "gpuDecompress: " + std::to_string(n) + " frames in one call; at most " +
+      throw CodedError(tzip::ErrorCode::InvalidArgument, "gpuDecompress: " + std::to_string(n) + " frames in one call; at most " +
                                                     std::to_string(UINT32_MAX / kPrefix) + " (the headers read back)");
     std::vector<uint8_t> results(n ? prefix_off + kPrefix * n : 0);
     run_on_stream(opt_, results.size(), results.data(), [&](cudaStream_t stream, void* d_results) {
@@ -498,13 +496,11 @@ class GpuDecompressWorker : public GpuWorker {
     }, trace_on() ? &times_ : nullptr);
     std::vector<int32_t> codes(n, 0);
     if (n) std::memcpy(codes.data(), results.data(), 4 * n);
-    std::vector<std::string> names(n);
+    std::vector<int32_t> item_codes(n, 0);
     std::vector<size_t> failed;
     for (size_t i = 0; i < n; ++i) {
-      const int32_t c = codes[i];
-      if (c == gpu::kOk) continue;
-      names[i] = c == gpu::kCudaError || c < gpu::kInvalidArgument || c > gpu::kCudaError ? "TZIP_CUDA"
-                                                                                          : gpu::error_code_name(c);
+      if (codes[i] == gpu::kOk) continue;
+      item_codes[i] = int32_t(from_gpu(codes[i]));
       failed.push_back(i);
     }
     if (failed.empty()) {
@@ -512,15 +508,16 @@ class GpuDecompressWorker : public GpuWorker {
       return;
     }
     const size_t first = failed.front();
+    const tzip::ErrorCode first_code = tzip::ErrorCode(item_codes[first]);
     std::string msg = "gpuDecompress: item " + std::to_string(first) + " of " + std::to_string(n) + ": " +
-                      names[first] + ": " + decode_error_text(names[first]);
+                      tzip::error_code_name(first_code) + ": " + decode_error_text(first_code);
     if (failed.size() > 1) {
       msg += " (" + std::to_string(failed.size()) + " items failed:";
       for (size_t k = 0; k < failed.size() && k < 16; ++k) msg += " " + std::to_string(failed[k]);
       msg += failed.size() > 16 ? " ...)" : ")";
     }
-    CodedError err(names[first], msg);
-    err.item_errors = std::move(names);
+    CodedError err(first_code, msg);
+    err.item_errors = std::move(item_codes);
     throw err;
   }
   Napi::Value Result(Napi::Env env) override {
@@ -543,10 +540,10 @@ class GpuDecompressWorker : public GpuWorker {
         headers[i] = parse_frame_prefix(prefixes + stride * i, std::min<uint64_t>(specs_[i].frame_bytes, stride));
       } catch (const tzip::Error& e) {
         const std::string code = tzip::error_code_name(e.code());
-        CodedError err(code, "gpuDecompress: item " + std::to_string(i) + " of " + std::to_string(n) + ": " + code +
-                                 ": the frame's header, read back after the decode: " + e.what());
-        err.item_errors.assign(n, "");
-        err.item_errors[i] = code;
+        CodedError err(e.code(), "gpuDecompress: item " + std::to_string(i) + " of " + std::to_string(n) + ": " +
+                                     code + ": the frame's header, read back after the decode: " + e.what());
+        err.item_errors.assign(n, 0);
+        err.item_errors[i] = int32_t(e.code());
         throw err;
       }
     }

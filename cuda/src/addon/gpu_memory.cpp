@@ -118,12 +118,7 @@ Napi::Value GpuCopyFromDevice(const Napi::CallbackInfo& info) {
     if (n == 0) return Napi::Buffer<uint8_t>::New(env, 0);
     DeviceScope scope(dev);
     check_device_range(p, n, dev, "gpuCopyFromDevice: source");
-    Napi::Buffer<uint8_t> out;
-    try {
-      out = Napi::Buffer<uint8_t>::New(env, size_t(n));
-    } catch (const Napi::Error&) {
-      throw CodedError("TZIP_UNSUPPORTED", "cannot allocate a Buffer of " + std::to_string(n) + " bytes");
-    }
+    Napi::Buffer<uint8_t> out = new_buffer(env, n, "gpuCopyFromDevice");
     cuda_check(cudaMemcpy(out.Data(), as_ptr(p), n, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
     return out;
   });
