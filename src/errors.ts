@@ -4,7 +4,11 @@
  * file and tensor they concern are attached so that every message names them.
  */
 
-/** Error codes. The first six come from the native addon (docs/addon.md); the rest are added here. */
+/**
+ * Codes a {@link TzipError} carries: the native codes (cuda/src/errors.h: the codec core's and the addon's), then the
+ * file layer's. One table, src/errors.json, gives every code of tzip with its value and meaning; test/error-codes.test.ts
+ * checks this list against it (its "native" and "files" rows, in value order).
+ */
 export const TZIP_ERROR_CODES = [
   'TZIP_INVALID_ARGUMENT', // bad options (codec name, thread count, shape/size mismatch)
   'TZIP_CORRUPT', // malformed stream or file
@@ -12,6 +16,8 @@ export const TZIP_ERROR_CODES = [
   'TZIP_CHECKSUM', // decoded bytes do not match the stored chunk digests (docs/format.md, section 9)
   'TZIP_UNSUPPORTED', // a format version this build does not read (newer, or pre-release frame version 1), unknown flags, or a size this build cannot handle
   'TZIP_CUDA', // a CUDA runtime call failed (the message has the CUDA error name and text)
+  'TZIP_OUT_OF_MEMORY', // a host or GPU allocation failed (std::bad_alloc, malloc, mmap, cudaErrorMemoryAllocation)
+  'TZIP_INTERNAL', // a bug: an unexpected C++ exception caught by the addon
   'TZIP_IO', // the operating system refused a read/write/open (missing file, permissions, disk full)
   'TZIP_USAGE', // the caller asked for something that does not exist (e.g. an unknown tensor name)
 ] as const;
@@ -93,10 +99,22 @@ function isSystemError(err: unknown): err is NodeJS.ErrnoException {
 }
 
 /**
+ * Whether `err` says that memory ran out: V8's "Array buffer allocation failed" RangeError (a Buffer or typed array
+ * that could not be allocated), Node's ERR_MEMORY_ALLOCATION_FAILED, or a system call's ENOMEM.
+ */
+export function isOutOfMemory(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const code = (err as { code?: unknown }).code;
+  if (code === 'ENOMEM' || code === 'ERR_MEMORY_ALLOCATION_FAILED') return true;
+  return err instanceof RangeError && /allocation failed/i.test(err.message);
+}
+
+/**
  * Maps any thrown value into a {@link TzipError} with the given context:
  * - a TzipError gets the missing context added;
  * - an addon error (an Error whose `.code` is one of {@link TZIP_ERROR_CODES}) keeps its code, message,
  *   `needBytes` and `itemErrors`;
+ * - memory that ran out ({@link isOutOfMemory}) becomes TZIP_OUT_OF_MEMORY;
  * - a Node system error (ENOENT, EACCES, EISDIR, ENOSPC, ...) becomes TZIP_IO with the errno code in the text;
  * - anything else is rethrown unchanged (a bug, not bad input).
  * @throws the input itself when it is none of the above.
@@ -113,6 +131,9 @@ export function toTzipError(err: unknown, context: ErrorContext = {}): TzipError
       itemErrors: Array.isArray(itemErrors) ? itemErrors.map(String) : undefined,
       cause: err,
     });
+  }
+  if (isOutOfMemory(err)) {
+    return new TzipError('TZIP_OUT_OF_MEMORY', `out of memory: ${(err as Error).message}`, { ...context, cause: err });
   }
   if (isSystemError(err)) {
     // "ENOENT: no such file or directory, open '/x'" -> "ENOENT: no such file or directory (open)"

@@ -1,16 +1,57 @@
-"""Exceptions of the daemon client (re-exported by :mod:`tzip.client`)."""
+"""Exceptions of the daemon client (re-exported by :mod:`tzip.client`) and the error codes they carry.
+
+The codes are those of tzip's one error table, ``src/errors.json`` in the repository (name, stable value, meaning,
+who raises it); ``python-bridge/tests/test_error_codes.py`` checks :data:`ERROR_CODES` and the exception classes
+below against it.
+"""
 
 from __future__ import annotations
 
-__all__ = ["TzipDaemonError", "DaemonUnavailableError", "DaemonSpawnError", "DeviceUnavailableError"]
+__all__ = ["ERROR_CODES", "TzipDaemonError", "OutOfMemoryError", "DaemonUnavailableError", "DaemonSpawnError",
+           "DeviceUnavailableError"]
+
+#: Every error code of tzip, by name, with its stable numeric value (src/errors.json; the C++ enums carry the values).
+ERROR_CODES: dict[str, int] = {
+    "TZIP_INVALID_ARGUMENT": 1,
+    "TZIP_CORRUPT": 2,
+    "TZIP_TRUNCATED": 3,
+    "TZIP_CHECKSUM": 4,
+    "TZIP_UNSUPPORTED": 5,
+    "TZIP_CUDA": 6,
+    "TZIP_OUT_OF_MEMORY": 7,
+    "TZIP_INTERNAL": 8,
+    "TZIP_IO": 20,
+    "TZIP_USAGE": 21,
+    "TZIP_PROTOCOL": 40,
+    "TZIP_TOO_LARGE": 41,
+    "TZIP_VERSION": 42,
+    "TZIP_SESSION": 43,
+    "TZIP_HANDLE": 44,
+    "TZIP_BUSY": 45,
+    "TZIP_LIMIT": 46,
+    "TZIP_NO_DEVICE": 47,
+}
+
+# The subclass TzipDaemonError(code, ...) becomes for a code, as OSError(errno, ...) becomes FileNotFoundError
+# (PEP 3151): callers that build the error from a reply's code need not know the subclasses. Filled below.
+_CLASS_OF_CODE: dict[str, type[TzipDaemonError]] = {}
 
 
 class TzipDaemonError(RuntimeError):
     """The daemon answered a request with an error.
 
-    ``code`` is the daemon's error code (docs/protocol.md, "Errors": TZIP_HANDLE, TZIP_UNSUPPORTED,
-    TZIP_CORRUPT, ...), ``index`` the position in the batch of the tensor or frame at fault (or None).
+    ``code`` is the daemon's error code (docs/protocol.md, "Errors"; :data:`ERROR_CODES`: TZIP_HANDLE,
+    TZIP_UNSUPPORTED, TZIP_CORRUPT, ...), ``index`` the position in the batch of the tensor or frame at fault (or
+    None), ``need`` the bytes a too small region needs (or None). Constructing it with a code that has its own
+    subclass (TZIP_OUT_OF_MEMORY: :class:`OutOfMemoryError`, TZIP_NO_DEVICE: :class:`DeviceUnavailableError`) gives
+    an instance of that subclass.
     """
+
+    def __new__(cls, code: str, message: str, index: int | None = None, need: int | None = None):
+        sub = _CLASS_OF_CODE.get(code)
+        if sub is not None and issubclass(sub, cls):
+            cls = sub
+        return super().__new__(cls, code, message, index, need)
 
     def __init__(self, code: str, message: str, index: int | None = None, need: int | None = None):
         super().__init__(f"{code}: {message}")
@@ -18,6 +59,21 @@ class TzipDaemonError(RuntimeError):
         self.detail = message
         self.index = index
         self.need = need
+
+    def __reduce__(self):
+        # Pickles (multiprocessing, torch.distributed's object collectives) rebuild it with the same arguments.
+        return (type(self), (self.code, self.detail, self.index, self.need))
+
+
+class OutOfMemoryError(TzipDaemonError, MemoryError):
+    """The daemon ran out of memory serving the request: code ``TZIP_OUT_OF_MEMORY``.
+
+    A host allocation of the daemon (its codec buffers, mapping the request's shared memory) or a GPU allocation
+    (the GPU codec's scratch memory: ``cudaErrorMemoryAllocation``) failed. Nothing was altered; the same request may
+    succeed once memory is free (fewer or smaller tensors per request, or fewer requests at once). It is a
+    :class:`MemoryError` too, so ``except MemoryError`` handlers see it; it is not a ``torch.OutOfMemoryError``, which
+    PyTorch raises for the caller's own CUDA allocations.
+    """
 
 
 class DaemonUnavailableError(ConnectionError):
@@ -33,3 +89,6 @@ class DeviceUnavailableError(TzipDaemonError):
 
     Raised by ``strict=True`` clients when they would otherwise store CUDA tensors uncompressed.
     """
+
+
+_CLASS_OF_CODE.update({"TZIP_OUT_OF_MEMORY": OutOfMemoryError, "TZIP_NO_DEVICE": DeviceUnavailableError})

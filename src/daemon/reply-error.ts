@@ -1,11 +1,14 @@
 /**
  * Errors the daemon answers with: an error reply `{id, ok: false, error: {code, message, ...}}`
  * (docs/protocol.md, "Errors"). The codec's and the file layer's {@link TzipError} codes pass
- * through unchanged; the protocol adds its own.
+ * through unchanged (TZIP_OUT_OF_MEMORY, TZIP_CUDA, TZIP_INTERNAL among them); the protocol adds its own.
  */
-import { TZIP_ERROR_CODES, TzipError, type TzipErrorCode } from '../errors.js';
+import { TZIP_ERROR_CODES, TzipError, isOutOfMemory, type TzipErrorCode } from '../errors.js';
 
-/** Codes of error replies that only the protocol produces. */
+/**
+ * Codes of error replies that only the protocol produces: the "protocol" rows of the one error table,
+ * src/errors.json, in value order (test/error-codes.test.ts checks it).
+ */
 export const PROTOCOL_ERROR_CODES = [
   'TZIP_PROTOCOL', // not MessagePack, not a request map, a field of the wrong type, an unknown op
   'TZIP_TOO_LARGE', // message above the size cap, batch above its cap
@@ -15,15 +18,13 @@ export const PROTOCOL_ERROR_CODES = [
   'TZIP_BUSY', // too many requests of this session in flight
   'TZIP_LIMIT', // a per-session limit (regions, CUDA IPC handles, bytes in flight) reached: the message names it, its value and the `tzip serve` flag raising it
   'TZIP_NO_DEVICE', // GPU memory named, but the daemon has no GPU or does not see this one (the client falls back)
-  'TZIP_CUDA', // a CUDA runtime call of the daemon failed (the message has the CUDA error)
-  'TZIP_INTERNAL', // a bug in the daemon
 ] as const;
 
 /** A code of an error reply. */
 export type ReplyErrorCode = TzipErrorCode | (typeof PROTOCOL_ERROR_CODES)[number];
 
-/** Every code an error reply may carry. */
-export const REPLY_ERROR_CODES: readonly ReplyErrorCode[] = [...new Set<ReplyErrorCode>([...TZIP_ERROR_CODES, ...PROTOCOL_ERROR_CODES])];
+/** Every code an error reply may carry: every code of src/errors.json. */
+export const REPLY_ERROR_CODES: readonly ReplyErrorCode[] = [...TZIP_ERROR_CODES, ...PROTOCOL_ERROR_CODES];
 
 /** Extra fields of an error reply. */
 export interface ReplyErrorExtra {
@@ -61,7 +62,9 @@ export interface WireError {
 
 /**
  * Turns anything a handler threw into the `error` of a reply: ReplyError and TzipError keep their
- * codes; anything else is a daemon bug (TZIP_INTERNAL) whose message is passed on.
+ * codes, as does an error carrying one of {@link REPLY_ERROR_CODES} (the addon's); memory that ran out
+ * ({@link isOutOfMemory}) is TZIP_OUT_OF_MEMORY; anything else is a daemon bug (TZIP_INTERNAL) whose
+ * message is passed on.
  */
 export function toWireError(err: unknown, index?: number): WireError {
   let out: WireError;
@@ -76,6 +79,8 @@ export function toWireError(err: unknown, index?: number): WireError {
     const code = err instanceof Error ? (err as { code?: unknown }).code : undefined;
     if (typeof code === 'string' && (REPLY_ERROR_CODES as readonly string[]).includes(code)) {
       out = { code: code as ReplyErrorCode, message: (err as Error).message };
+    } else if (isOutOfMemory(err)) {
+      out = { code: 'TZIP_OUT_OF_MEMORY', message: `out of memory: ${(err as Error).message}` };
     } else {
       out = { code: 'TZIP_INTERNAL', message: `internal error: ${err instanceof Error ? err.message : String(err)}` };
     }
