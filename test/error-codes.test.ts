@@ -154,8 +154,9 @@ describe('TZIP_OUT_OF_MEMORY', () => {
     : prlimit === undefined ? 'needs prlimit (util-linux)' : '';
   it.skipIf(hostSkip !== '')(`host allocations of the addon that fail under RLIMIT_AS (a child process) reject with it${hostSkip ? ` (skipped: ${hostSkip})` : ''}`, async () => {
     // The child compresses 64 MiB of bytes once, then lowers its own address-space limit to 32 MiB above what it maps
-    // now (prlimit on its pid, the soft limit only, so that it can be raised again), so that the 64 MiB frame of compress() and the 64 MiB Buffer of decompress() without
-    // `out` cannot be allocated; afterwards it raises the limit again and both work: the process stayed sound.
+    // now (prlimit on its pid; the soft limit only, so that it can raise it again), so that neither the 64 MiB frame
+    // of compress() nor the 64 MiB Buffer of decompress() without `out` can be allocated; afterwards it raises the
+    // limit again and both work: the process stayed sound.
     const child = `
       const fs = require('node:fs');
       const { execFileSync } = require('node:child_process');
