@@ -1,0 +1,8 @@
+// libFuzzer target: frames of codec bytes with fuzzed chunk bodies behind a valid header (input layout and properties:
+// fuzz_codec_frame.h). Seeds: the chunks of real bytes frames (golden vectors, the MiniLM model; fuzz/make-seeds.mjs).
+#include "fuzz_codec_frame.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  tzip_fuzz::fuzz_codec_frame(tzip::Codec::BYTES, data, size);
+  return 0;
+}
