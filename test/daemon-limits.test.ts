@@ -196,7 +196,7 @@ describe('per-session limits over the socket', () => {
 describe('what the limits count', () => {
   it('mappings in use by a request in flight are kept; idle ones make room', () => {
     const owners = new FileOwners();
-    const m = new ShmMappings({ maxBytes: 1 << 30, maxRegions: 2 }, 'session-1', owners);
+    const m = new ShmMappings({ maxBytes: 1 << 30, maxRegions: 2 }, () => 'session-1', owners);
     const prefix = `tzip-${process.pid}-${Math.floor(Math.random() * 2 ** 32).toString(16).padStart(8, '0')}-`;
     for (const x of ['a', 'b', 'c']) shmFile(`${prefix}${x}`, 4096);
     m.map(`${prefix}a`, false, 1001);

@@ -223,6 +223,27 @@ def test_links_to_another_sessions_file_are_refused(conns, files):
     assert thief.call("compress", tensors=[{"tensor": bf16_tensor(own, n), "out": out(tout, 0, cap)}])["ok"]
 
 
+def test_sessions_of_one_process_share_its_torch_files_but_not_each_others(conns, files):
+    """PyTorch's file_system-strategy files (torch_<pid>_*) are the process's: every session of it may name them at
+    once. A session's own files stay its own, also when linked under a torch_ name."""
+    a, b = conns(), conns()
+    n = 2048
+    data = bf16(n, 5)
+    cap = _frame.max_compressed_size(2 * n, 1)
+    shared = files(f"torch_{os.getpid()}_{os.urandom(4).hex()}_0", 2 * n, data)
+    for c in (a, b):
+        dst = files(c.prefix + "dst", cap)
+        r = c.call("compress", tensors=[{"tensor": bf16_tensor(shared, n), "out": out(dst, 0, cap)}])
+        assert r["ok"], r
+    mine = files(a.prefix + "mine", 2 * n, data)
+    assert a.call("compress", tensors=[{"tensor": bf16_tensor(mine, n), "out": out(a.prefix + "dst", 0, cap)}])["ok"]
+    alias = f"torch_{os.getpid()}_{os.urandom(4).hex()}_1"
+    os.link(f"/dev/shm/{mine}", f"/dev/shm/{alias}")
+    files.made.append(f"/dev/shm/{alias}")
+    r = b.call("compress", tensors=[{"tensor": bf16_tensor(alias, n), "out": out(b.prefix + "dst", 0, cap)}])
+    assert_error(r, "TZIP_HANDLE", contains="another session")
+
+
 def test_released_regions_and_ended_sessions_cannot_be_used(conns, files):
     c = conns()
     n = 2048

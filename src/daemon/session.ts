@@ -46,9 +46,12 @@ export class Session {
     readonly version: number,
     private readonly limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxRegionsPerSession' | 'maxIpcHandlesPerSession' | 'maxInflightBytesPerSession'>,
   ) {
-    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxRegions: limits.maxRegionsPerSession }, this.sid);
-    this.pidStart = processStartTime(pid);
     this.torchPrefix = `torch_${pid}_`;
+    // PyTorch's files of the process are every one of its sessions' (a process may have several clients).
+    const torchOwner = `pid:${pid}`;
+    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxRegions: limits.maxRegionsPerSession },
+      (name) => (name.startsWith(this.torchPrefix) ? torchOwner : this.sid));
+    this.pidStart = processStartTime(pid);
   }
 
   /** Whether /dev/shm/`name` is this session's to hand over. */

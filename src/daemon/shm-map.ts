@@ -101,6 +101,8 @@ interface Mapping {
   buffer: Buffer;
   /** The file's identity ({@link fileIdOf}). */
   id: string;
+  /** Whose it is in {@link FileOwners}. */
+  owner: string;
   ino: number;
   dev: number;
   size: number;
@@ -124,8 +126,12 @@ export class ShmMappings {
   /** Names each request in flight (by epoch) has mapped: those mappings are not dropped to make room. */
   private readonly inUse = new Map<number, Set<string>>();
 
-  /** `owner`: the session id, for {@link FileOwners}. */
-  constructor(private readonly caps: MappingCaps, private readonly owner: string = '', private readonly owners: FileOwners = fileOwners) {}
+  /**
+   * `ownerOf(name)`: whose a file named `name` is in {@link FileOwners} (the session's id; for PyTorch's
+   * `torch_<pid>_` files the pid, as every session of that process may name them).
+   */
+  constructor(private readonly caps: MappingCaps, private readonly ownerOf: (name: string) => string = () => '',
+    private readonly owners: FileOwners = fileOwners) {}
 
   /** Number of mapped files. */
   get count(): number {
@@ -177,7 +183,8 @@ export class ShmMappings {
     this.forget(key);
     this.makeRoom(epoch);
     const id = fileIdOf(st);
-    this.owners.claim(id, this.owner, path);
+    const owner = this.ownerOf(key);
+    this.owners.claim(id, owner, path);
     let buffer: Buffer;
     let mappedWritable: boolean;
     try {
@@ -188,10 +195,10 @@ export class ShmMappings {
         throw new ReplyError('TZIP_HANDLE', `${path} was replaced while the daemon mapped it`);
       }
     } catch (err) {
-      this.owners.release(id, this.owner);
+      this.owners.release(id, owner);
       throw err;
     }
-    this.entries.set(key, { buffer, id, ino: st.ino, dev: st.dev, size: buffer.length, writable: mappedWritable, checkedIn: epoch });
+    this.entries.set(key, { buffer, id, owner, ino: st.ino, dev: st.dev, size: buffer.length, writable: mappedWritable, checkedIn: epoch });
     this.mappedBytes += buffer.length;
     this.use(key, epoch);
     this.evict();
@@ -277,7 +284,7 @@ export class ShmMappings {
     if (m === undefined) return;
     this.entries.delete(key);
     this.mappedBytes -= m.size;
-    this.owners.release(m.id, this.owner);
+    this.owners.release(m.id, m.owner);
   }
 
   /** Drops idle mappings, least recently used first, while above the caps (the newest mapping stays, whatever its size). */
