@@ -7,25 +7,33 @@ opens reads (read_frame) or is refused the same way; a frame that reads decodes 
 Usage: .venv/bin/python fuzz/python/fuzz_container.py [libFuzzer flags] CORPUS... (scripts/fuzz.sh runs it).
 """
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
-import atheris
+try:
+    import atheris
+except ImportError:  # python-bridge/tests/test_fuzz_regressions.py replays check() without atheris
+    atheris = None
 
-with atheris.instrument_imports(include=["tzip"]):
+if atheris is not None and __name__ == "__main__":
+    with atheris.instrument_imports(include=["tzip"]):
+        from tzip import _container, reference
+else:
     from tzip import _container, reference
 
-_DIR = tempfile.mkdtemp(prefix="tzip-fuzz-py-")
-_PATH = os.path.join(_DIR, "in.tzip")
 MAX_DECODE = 1 << 18
 
 
-def check(data: bytes) -> None:
-    with open(_PATH, "wb") as f:
+def check(data: bytes, scratch: str | None = None) -> None:
+    """Writes ``data`` to ``scratch``/in.tzip (default a folder made once, removed when the fuzzer exits) and reads it."""
+    path = os.path.join(scratch or _scratch(), "in.tzip")
+    with open(path, "wb") as f:
         f.write(data)
     try:
-        reader = _container.ContainerReader(_PATH)
+        reader = _container.ContainerReader(path)
     except _container.ContainerError:
         return
     with reader:
@@ -44,13 +52,19 @@ def check(data: bytes) -> None:
             assert (info["dtype"], tuple(info["shape"])) == (e.dtype, tuple(e.shape)), "frame differs from its entry"
 
 
+_SCRATCH: list[str] = []
+
+
+def _scratch() -> str:
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.mkdtemp(prefix="tzip-fuzz-py-"))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return _SCRATCH[0]
+
+
 def main() -> None:
     atheris.Setup(sys.argv, lambda data: check(bytes(data)))
-    try:
-        atheris.Fuzz()
-    finally:
-        import shutil
-        shutil.rmtree(_DIR, ignore_errors=True)
+    atheris.Fuzz()
 
 
 if __name__ == "__main__":

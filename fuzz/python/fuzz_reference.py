@@ -10,9 +10,15 @@ Usage: .venv/bin/python fuzz/python/fuzz_reference.py [libFuzzer flags] CORPUS..
 
 import sys
 
-import atheris
+try:
+    import atheris
+except ImportError:  # python-bridge/tests/test_fuzz_regressions.py replays check() without atheris
+    atheris = None
 
-with atheris.instrument_imports(include=["tzip"]):
+if atheris is not None and __name__ == "__main__":
+    with atheris.instrument_imports(include=["tzip"]):
+        from tzip import _frame, reference
+else:
     from tzip import _frame, reference
 
 import torch
