@@ -133,6 +133,8 @@ def read_header(frame) -> FrameHeader:
     dtype = _DTYPE_NAMES[dtype_code]
     if count * _DTYPE_SIZES[dtype] != nbytes or payload_bytes > nbytes:
         raise _fail(f"shape {list(shape)} of {dtype} does not match {nbytes} bytes / payload {payload_bytes}")
+    if any(buf[_FIXED + 8 * ndim : table_off]):
+        raise _fail("non-zero padding between the shape and the chunk table")
     if xxh32(buf[:40] + b"\0\0\0\0" + buf[44:header_bytes]) != header_digest:
         raise _fail("header digest does not match")
     return FrameHeader(dtype, _CODEC_NAMES[codec_id], tuple(shape), nbytes, chunk_size, n_chunks, header_bytes,
@@ -145,6 +147,8 @@ def decode_raw(frame: torch.Tensor, header: FrameHeader, verify: bool = True) ->
         raise ValueError(f"decode_raw needs a raw frame, this one is {header.codec}")
     if frame.numel() != header.frame_bytes:
         raise _fail(f"{frame.numel()} bytes, the frame is {header.frame_bytes}")
+    if header.payload_bytes != header.nbytes:  # every chunk of a raw frame is stored raw (docs/format.md, section 5)
+        raise _fail(f"a raw frame's payload is its {header.nbytes} bytes, this one says {header.payload_bytes}")
     body = frame[header.header_bytes :]
     if verify and header.nbytes:
         table = frame[_align16(_FIXED + 8 * len(header.shape)) : header.header_bytes].numpy().tobytes()
