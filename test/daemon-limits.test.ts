@@ -196,7 +196,7 @@ describe('per-session limits over the socket', () => {
 describe('what the limits count', () => {
   it('mappings in use by a request in flight are kept; idle ones make room', () => {
     const owners = new FileOwners();
-    const m = new ShmMappings({ maxBytes: 1 << 30, maxRegions: 2 }, () => 'session-1', owners);
+    const m = new ShmMappings({ maxBytes: 1 << 30, maxCached: 2, maxRegions: 2 }, () => 'session-1', owners);
     const prefix = `tzip-${process.pid}-${Math.floor(Math.random() * 2 ** 32).toString(16).padStart(8, '0')}-`;
     for (const x of ['a', 'b', 'c']) shmFile(`${prefix}${x}`, 4096);
     m.map(`${prefix}a`, false, 1001);
@@ -217,6 +217,21 @@ describe('what the limits count', () => {
     expect(m.idOf(`${prefix}b`)).toBeDefined();
     m.endRequest(1002);
     m.endRequest(1003);
+    m.drop();
+    expect(owners.size).toBe(0);
+  });
+
+  it('a request may use more mappings than are kept idle after it, up to the limit', () => {
+    const owners = new FileOwners();
+    const m = new ShmMappings({ maxBytes: 1 << 30, maxCached: 1, maxRegions: 3 }, () => 'session-2', owners);
+    const prefix = `tzip-${process.pid}-${Math.floor(Math.random() * 2 ** 32).toString(16).padStart(8, '0')}-`;
+    for (const x of ['a', 'b', 'c', 'd']) shmFile(`${prefix}${x}`, 4096);
+    for (const x of ['a', 'b', 'c']) m.map(`${prefix}${x}`, false, 2001);
+    expect(m.count).toBe(3);
+    expect(() => m.map(`${prefix}d`, false, 2001)).toThrow(/maxRegionsPerSession = 3/);
+    m.endRequest(2001);
+    expect(m.count).toBe(1); // the most recently used stays
+    expect(m.idOf(`${prefix}c`)).toBeDefined();
     m.drop();
     expect(owners.size).toBe(0);
   });

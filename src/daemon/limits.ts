@@ -27,11 +27,14 @@ export interface DaemonLimits {
   heartbeatMs: number;
   /** Mapped shared-memory bytes cached per session before the least recently used mappings are dropped. */
   maxMappedBytesPerSession: number;
+  /** Idle mappings kept per session after its requests, least recently used dropped first (the kernel caps mappings per process). */
+  maxMappingsPerSession: number;
   /**
-   * Shared-memory files a session holds mapped at most (its registered regions; the kernel caps
-   * mappings per process): idle ones are dropped least recently used first to make room, and a
-   * request that needs one more while all are in use by the session's requests in flight gets
-   * TZIP_LIMIT. `tzip serve --max-regions`.
+   * Shared-memory files a session may have mapped at once (its registered regions), those its
+   * requests in flight use included: at the limit, idle ones are dropped least recently used first
+   * to make room, and a request that needs one more while all are in use gets TZIP_LIMIT.
+   * `tzip serve --max-regions`. (The kernel's vm.max_map_count, 65530 by default, caps the
+   * daemon's mappings of all sessions together: a mapping beyond it is a TZIP_HANDLE "cannot map".)
    */
   maxRegionsPerSession: number;
   /**
@@ -79,8 +82,11 @@ export function defaultLimits(): DaemonLimits {
     leaseMs,
     heartbeatMs: Math.floor(leaseMs / 3),
     maxMappedBytesPerSession: 64 * 2 ** 30,
-    maxRegionsPerSession: 1024,
-    maxIpcHandlesPerSession: 1024,
+    maxMappingsPerSession: 1024,
+    // A request holds at most ~2600 tensors (1 MiB messages), each possibly in its own file (PyTorch's shared tensors).
+    maxRegionsPerSession: 8192,
+    // As many as a request can name (the Python client's GPU requests hold ~1300 tensors); the old least-recently-used cap.
+    maxIpcHandlesPerSession: 4096,
     maxInflightBytesPerSession: 256 * 2 ** 30,
     threads: undefined,
     idleExitMs: 0,

@@ -44,12 +44,12 @@ export class Session {
     readonly shmPrefix: string,
     readonly name: string,
     readonly version: number,
-    private readonly limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxRegionsPerSession' | 'maxIpcHandlesPerSession' | 'maxInflightBytesPerSession'>,
+    private readonly limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxMappingsPerSession' | 'maxRegionsPerSession' | 'maxIpcHandlesPerSession' | 'maxInflightBytesPerSession'>,
   ) {
     this.torchPrefix = `torch_${pid}_`;
     // PyTorch's files of the process are every one of its sessions' (a process may have several clients).
     const torchOwner = `pid:${pid}`;
-    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxRegions: limits.maxRegionsPerSession },
+    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxCached: limits.maxMappingsPerSession, maxRegions: limits.maxRegionsPerSession },
       (name) => (name.startsWith(this.torchPrefix) ? torchOwner : this.sid));
     this.pidStart = processStartTime(pid);
   }

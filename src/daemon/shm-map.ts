@@ -115,7 +115,9 @@ interface Mapping {
 export interface MappingCaps {
   /** Bytes mapped before idle mappings are dropped (the newest mapping stays, whatever its size). */
   maxBytes: number;
-  /** Mappings held at most ({@link DaemonLimits.maxRegionsPerSession}); beyond, TZIP_LIMIT. */
+  /** Idle mappings kept after requests (least recently used dropped first). */
+  maxCached: number;
+  /** Mappings held at most, those in use included ({@link DaemonLimits.maxRegionsPerSession}); beyond, TZIP_LIMIT. */
   maxRegions: number;
 }
 
@@ -289,11 +291,12 @@ export class ShmMappings {
 
   /** Drops idle mappings, least recently used first, while above the caps (the newest mapping stays, whatever its size). */
   private evict(): void {
-    if (this.entries.size <= this.caps.maxRegions && this.mappedBytes <= this.caps.maxBytes) return;
+    const keep = Math.min(this.caps.maxCached, this.caps.maxRegions);
+    if (this.entries.size <= keep && this.mappedBytes <= this.caps.maxBytes) return;
     const pinned = this.pinned();
     let bytes = 0;
     for (const [key, m] of this.entries) {
-      if (this.entries.size <= this.caps.maxRegions && this.mappedBytes <= this.caps.maxBytes) break;
+      if (this.entries.size <= keep && this.mappedBytes <= this.caps.maxBytes) break;
       if (this.entries.size === 1) break;
       if (pinned.has(key)) continue;
       bytes += m.size;
