@@ -112,6 +112,10 @@ for name in "${all[@]}"; do
         tail -n 60 "$log"
         say "$name: CRASH (log $log; reproducer build/fuzz/$name-*; rerun with: build/fuzz/$name <file>)"
         status=1
+      fi
+      # The C++ and the Python reference decoder must agree on every frame the fuzzer kept (fuzz/differential.py).
+      if [ "$name" = fuzz_frame ] && ! .venv/bin/python fuzz/differential.py "$corpus" "$sd" | sed 's/^/fuzz: /'; then
+        say "fuzz_frame: the C++ and reference decoders DISAGREE (lines above)"; status=1
       fi ;;
     js_*)
       say "running $name for ${per}s"
