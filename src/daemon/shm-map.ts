@@ -306,16 +306,25 @@ export class ShmMappings {
   }
 }
 
-/** The file at `path` mapped whole: read-write when it can be opened so, else read-only (refused when `writable`). */
+/**
+ * The file at `path` mapped whole: read-write when it can be opened so, else read-only (refused when `writable`).
+ * @throws ReplyError TZIP_OUT_OF_MEMORY when the daemon's address space has no room (the addon's code: mmap ENOMEM),
+ *   TZIP_HANDLE for every other failure (the file's fault).
+ */
 function mapFile(path: string, writable: boolean): { buffer: Buffer; mappedWritable: boolean } {
+  const refusal = (err: unknown, what: string): ReplyError => {
+    const code = (err as { code?: unknown } | null)?.code;
+    const text = `cannot map ${path}${what}: ${(err as Error).message}`;
+    return new ReplyError(code === 'TZIP_OUT_OF_MEMORY' ? 'TZIP_OUT_OF_MEMORY' : 'TZIP_HANDLE', text);
+  };
   try {
     return { buffer: addonMapper().mapShared(path, true), mappedWritable: true };
   } catch (err) {
-    if (writable) throw new ReplyError('TZIP_HANDLE', `cannot map ${path} for writing: ${(err as Error).message}`);
+    if (writable || (err as { code?: unknown } | null)?.code === 'TZIP_OUT_OF_MEMORY') throw refusal(err, writable ? ' for writing' : '');
     try {
       return { buffer: addonMapper().mapShared(path, false), mappedWritable: false };
     } catch (err2) {
-      throw new ReplyError('TZIP_HANDLE', `cannot map ${path}: ${(err2 as Error).message}`);
+      throw refusal(err2, '');
     }
   }
 }
