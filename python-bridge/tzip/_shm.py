@@ -399,4 +399,14 @@ def _after_fork_in_parent() -> None:
         pool._forked()
 
 
-os.register_at_fork(after_in_parent=_after_fork_in_parent)
+def _after_fork_in_child() -> None:
+    """In a forked child: a fresh registry lock (another thread of the parent may have held the old one at the fork, and
+    no thread here would ever release it: the child's first find() hung) and an empty registry (the parent's segments
+    belong to the parent's session: a client of the child must copy their bytes, not name the parent's files)."""
+    global _lock, _bases, _by_base
+    _lock = threading.RLock()
+    _bases = []
+    _by_base = {}
+
+
+os.register_at_fork(after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
