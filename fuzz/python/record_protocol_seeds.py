@@ -30,7 +30,7 @@ from tzip import _transport  # noqa: E402
 def _cuda_form(message: dict) -> dict:
     """``message`` as the client sends it for CUDA tensors (tzip/_cuda.py: Share.wire, _Buffer.region/body)."""
     pid = os.getpid()
-    size = sum(h["size"] for h in _shm_handles(message))
+    size = max(h["offset"] + h["size"] for h in _shm_handles(message))
     share = {"kind": "cuda_ipc", "device_uuid": "GPU-6f1c2a4e-93b0-4d7e-8a52-0c1d2e3f4a5b", "device_index": 0,
              "handle": bytes([2, 0x63]) + bytes(range(64)), "offset": 0, "size": size,
              "ref_counter_handle": f"/torch_{pid}_1234567890_0".encode(), "ref_counter_offset": 3}
