@@ -57,8 +57,6 @@ def _vm_size(pid: int) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (prlimit, /proc)")
-@pytest.mark.xfail(strict=True, reason="src/daemon/shm-map.ts answers every mapShared failure TZIP_HANDLE; it must pass "
-                   "the addon's TZIP_OUT_OF_MEMORY through (helper E's report); remove this mark with that change")
 def test_daemon_out_of_memory_is_out_of_memory_error_and_the_daemon_serves_on(daemon):  # noqa: F811
     """The daemon's address space is capped (soft RLIMIT_AS, 64 MiB above what it maps) so that it cannot map a
     192 MiB tensor's shared memory: the reply is TZIP_OUT_OF_MEMORY, the client raises OutOfMemoryError; with the

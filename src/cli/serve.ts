@@ -3,7 +3,7 @@
  * a client sends `shutdown`, SIGINT/SIGTERM arrives, or (with --idle-exit) no client came for a while.
  */
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { defaultLimits } from '../daemon/limits.js';
+import { defaultLimits, SESSION_LIMITS, type SessionLimit } from '../daemon/limits.js';
 import { resolveSocketPath } from '../daemon/paths.js';
 import { Daemon } from '../daemon/server.js';
 import { parsePositiveInt, threadsOption, type GlobalOptions } from './options.js';
@@ -13,6 +13,9 @@ interface ServeOptions extends GlobalOptions {
   leaseMs?: number;
   maxMessageBytes?: number;
   maxBatch?: number;
+  maxRegions?: number;
+  maxIpcHandles?: number;
+  maxInflightBytes?: number;
   threads?: number;
   idleExit?: number;
   verbose?: boolean;
@@ -40,6 +43,9 @@ export function registerServe(program: Command): void {
     .addOption(new Option('--lease-ms <ms>', 'a client silent for this long loses its session (default: 10000)').argParser(parsePositiveInt))
     .addOption(new Option('--max-message-bytes <bytes>', 'largest request message served (default: 1048576)').argParser(parsePositiveInt))
     .addOption(new Option('--max-batch <n>', 'most tensors per compress/decompress request (default: 4096)').argParser(parsePositiveInt))
+    .addOption(new Option('--max-regions <n>', `most ${SESSION_LIMITS.maxRegionsPerSession.what} (default: ${defaultLimits().maxRegionsPerSession})`).argParser(parsePositiveInt))
+    .addOption(new Option('--max-ipc-handles <n>', `most ${SESSION_LIMITS.maxIpcHandlesPerSession.what} (default: ${defaultLimits().maxIpcHandlesPerSession})`).argParser(parsePositiveInt))
+    .addOption(new Option('--max-inflight-bytes <bytes>', `most ${SESSION_LIMITS.maxInflightBytesPerSession.what} (default: ${defaultLimits().maxInflightBytesPerSession})`).argParser(parsePositiveInt))
     .addOption(threadsOption())
     .addOption(new Option('--idle-exit <seconds>', 'exit after this long without any client (default: 0, never)').argParser(parseSeconds))
     .addOption(new Option('--tcp <port>', 'also listen on tcp://127.0.0.1:PORT, CURVE only: clients need the keys in the socket folder\'s curve/ (0: a free port)').argParser(parsePort))
@@ -56,6 +62,10 @@ export function registerServe(program: Command): void {
         limits.transportMaxMessageBytes = Math.max(limits.transportMaxMessageBytes, opts.maxMessageBytes);
       }
       if (opts.maxBatch !== undefined) limits.maxBatch = opts.maxBatch;
+      for (const name of Object.keys(SESSION_LIMITS) as SessionLimit[]) {
+        const value = opts[SESSION_LIMITS[name].option];
+        if (value !== undefined) limits[name] = value;
+      }
       if (opts.threads !== undefined) limits.threads = opts.threads;
       if (opts.idleExit !== undefined) limits.idleExitMs = Math.round(opts.idleExit * 1000);
       const socketPath = resolveSocketPath(opts.socket);
