@@ -581,7 +581,7 @@ def report(r: dict[str, Any], command: str) -> str:
                  f"{'CPU and CUDA' if r['cuda'] else 'CPU'} tensors")
     gb = r["bytes"] / 1e9
     lines.append(f"served: {total} round trips (compress + decompress; {r['batches']} of them batches), {r['tensors']} tensors, "
-                 f"{gb:.2f} GB of tensors ({gb * 2 / r['load_s']:.2f} GB/s through the codec both ways)")
+                 f"{gb:.2f} GB of tensors ({gb * 2 / r['load_s']:.2f} GB/s both ways over the {r['load_s']:.0f} s)")
     lines.append(f"bit-exact: {r['checked']} of {total} round trips; errors: "
                  + (", ".join(f"{k} x{v}" for k, v in sorted(r["error_counts"].items())) or "0")
                  + (f"; STOPPED EARLY, MemAvailable {_mb(r['low_memory_stop'])} MB" if r.get("low_memory_stop") else ""))
