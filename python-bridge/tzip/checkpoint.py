@@ -306,6 +306,13 @@ def read_metadata_file(path: str | os.PathLike) -> Metadata:
     return md
 
 
+@dataclass
+class _Unreadable:
+    """The storage_data of a placeholder Metadata: the error of reading a damaged ``.metadata`` (Reader.read_metadata)."""
+
+    error: ContainerError
+
+
 def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
     for dim, (o, n) in enumerate(zip(offsets, lengths)):
         if o != 0 or n != t.size(dim):
@@ -336,22 +343,41 @@ class Reader(StorageReader):
         self.strict = strict
         self.storage_data: dict[MetadataIndex, TzipStorageInfo] = {}
         self.load_id = secrets.token_hex(8)
+        self._metadata_error: ContainerError | None = None  # why the last global read_metadata() failed
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
         if checkpoint_id:
             self.path = Path(checkpoint_id)
         self.load_id = secrets.token_hex(8)
+        self._metadata_error = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
-        md = read_metadata_file(self.path / (METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"))
+        if rank is None:
+            try:
+                md = read_metadata_file(self.path / METADATA_FILE)
+            except ContainerError as e:
+                self._metadata_error = e
+                raise
+        else:
+            path = self.path / f"__{rank}{METADATA_FILE}"
+            if self._metadata_error is not None and not path.exists():
+                # DCP's load swallows any error of the global read_metadata() (it takes it for "no global metadata")
+                # and asks for rank-local metadata; with none either it fails with "metadata is None". A damaged
+                # .metadata is carried to set_up_storage_reader() instead, which raises its ContainerError.
+                md = Metadata(state_dict_metadata={})
+                md.storage_data = _Unreadable(self._metadata_error)
+                return md
+            md = read_metadata_file(path)
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if isinstance(metadata.storage_data, _Unreadable):
+            raise metadata.storage_data.error
         if not isinstance(metadata.storage_data, dict) or not all(isinstance(v, TzipStorageInfo)
                                                                    for v in metadata.storage_data.values()):
             raise ContainerError("TZIP_CORRUPT", "the metadata's storage_data is not tzip.checkpoint's", self.path)

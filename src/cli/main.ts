@@ -12,7 +12,7 @@ import { packageRoot } from '../package-root.js';
 import { registerBench } from './bench.js';
 import { registerCompress } from './compress.js';
 import { registerDecompress } from './decompress.js';
-import { EXIT_CODES_HELP, EXIT_INTERNAL, EXIT_OK, exitCodeFor } from './exit-codes.js';
+import { EXIT_CODES_HELP, EXIT_INTERNAL, EXIT_IO, EXIT_OK, exitCodeFor } from './exit-codes.js';
 import { registerExtract } from './extract.js';
 import { registerInspect } from './inspect.js';
 import { registerServe } from './serve.js';
@@ -71,4 +71,15 @@ async function runCli(argv: readonly string[]): Promise<number> {
   }
 }
 
-process.exitCode = await runCli(process.argv);
+// A failed write of the result (stdout on a full disk, /dev/full, a closed pipe) is an I/O error: exit 3 with the reason
+// instead of an unhandled 'error' event (a stack trace and exit 1, the usage code). Node reports it a tick after the
+// write, possibly after runCli returned.
+let stdoutError: NodeJS.ErrnoException | undefined;
+process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+  if (stdoutError !== undefined) return;
+  stdoutError = err;
+  process.stderr.write(`tzip: cannot write to stdout: ${err.message}\n`);
+  process.exitCode = EXIT_IO;
+});
+const code = await runCli(process.argv);
+process.exitCode = stdoutError !== undefined ? EXIT_IO : code;
