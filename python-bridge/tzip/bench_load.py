@@ -201,6 +201,16 @@ def proc_memory(pid: int) -> dict[str, int] | None:
     return out if "rss" in out else None  # a zombie has no VmRSS
 
 
+def proc_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used (/proc/<pid>/stat), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def mem_available() -> int | None:
     """/proc/meminfo's MemAvailable, bytes."""
     try:
@@ -250,7 +260,8 @@ class _Sampler(threading.Thread):
 
     def sample(self) -> dict[str, Any]:
         s: dict[str, Any] = {"t": round(time.monotonic() - self.t0, 2), "phase": self.phase,
-                             "daemon": proc_memory(self.daemon_pid), "available": mem_available()}
+                             "daemon": proc_memory(self.daemon_pid), "daemon_cpu_s": proc_cpu_seconds(self.daemon_pid),
+                             "available": mem_available()}
         mems = [m for m in (proc_memory(p) for p in list(self.workers)) if m is not None]
         s["clients"] = {"n": len(mems),
                         "own_sum": sum(m.get("anon", 0) + m.get("shmem", 0) for m in mems),
@@ -351,7 +362,11 @@ def _worker(config_path: str, index: int) -> int:
         numel = sum(s.numel() for s in srcs)
         res["samples"].append([req["device"], class_of(nbytes, numel, classes), int(req["batch"]), t1 - t0, t2 - t1])
         del srcs, cts, back, outs, arg
+    t_end = time.monotonic()
     client.close()
+    # How the worker left: its last request ended this long after the deadline, and close() (the goodbye) took this.
+    res["overrun_s"] = t_end - deadline
+    res["close_s"] = time.monotonic() - t_end
     res["memory_at_exit"] = proc_memory(os.getpid())
     tmp = Path(folder, f"result.{index}.json.tmp")
     tmp.write_text(json.dumps(res))
@@ -524,6 +539,8 @@ def run(clients: int = 32, seconds: float = 60.0, max_mb: float = 64, cuda: bool
     result["errors"] = [dict(e, worker=w["index"]) for w in workers for e in w["errors"]]
     result["latency"] = latency_table(samples, classes)
     result["per_worker_round_trips"] = [w["round_trips"] for w in workers]
+    result["overrun_s"] = [w.get("overrun_s") for w in workers]
+    result["close_s"] = [w.get("close_s") for w in workers]
     result["clients_at_exit"] = [w.get("memory_at_exit") for w in workers]
     return result
 
@@ -542,20 +559,25 @@ def _phase_extremes(samples: list[dict], phase: str, key) -> int | None:
 
 def timeline(r: dict[str, Any], every: float = 5.0) -> list[str]:
     """The memory samples, one line per ``every`` seconds (plus the last of each phase)."""
-    lines = ["memory over time (MB; daemon RssAnon/RssShmem/VmRSS; clients: sum of RssAnon+RssShmem, largest VmRSS)",
-             "      t  phase      d.anon d.shmem  d.rss  c.own   c.max  n  sessions mapped.MB  avail.MB" +
+    lines = ["memory over time (MB; daemon RssAnon/RssShmem/VmRSS and its CPU use since the last line, % of one core;",
+             "clients: sum of RssAnon+RssShmem, largest VmRSS)",
+             "      t  phase      d.anon d.shmem  d.rss  d.cpu%  c.own   c.max  n  sessions mapped.MB  avail.MB" +
              ("  gpu.d.MB" if r["cuda"] else "")]
     samples = r["samples"]
     last_t = -1e9
+    last = None
     for i, s in enumerate(samples):
         last_of_phase = i + 1 == len(samples) or samples[i + 1]["phase"] != s["phase"]
         if s["t"] - last_t < every and not last_of_phase:
             continue
-        last_t = s["t"]
+        cpu = "-"
+        if last is not None and s.get("daemon_cpu_s") is not None and last.get("daemon_cpu_s") is not None and s["t"] > last["t"]:
+            cpu = f"{100 * (s['daemon_cpu_s'] - last['daemon_cpu_s']) / (s['t'] - last['t']):.0f}"
+        last_t, last = s["t"], s
         d = s["daemon"] or {}
         c = s["clients"]
         mapped = (s.get("mapped") or {}).get("bytes")
-        line = (f"  {s['t']:5.0f}  {s['phase']:<9} {_mb(d.get('anon')):>6} {_mb(d.get('shmem')):>7} {_mb(d.get('rss')):>6}"
+        line = (f"  {s['t']:5.0f}  {s['phase']:<9} {_mb(d.get('anon')):>6} {_mb(d.get('shmem')):>7} {_mb(d.get('rss')):>6} {cpu:>7}"
                 f" {_mb(c['own_sum']):>6} {_mb(c['rss_max']):>7} {c['n']:>2}  {s.get('sessions', '-')!s:>8} {_mb(mapped):>9}"
                 f" {_mb(s['available']):>9}")
         if r["cuda"]:
@@ -582,6 +604,10 @@ def report(r: dict[str, Any], command: str) -> str:
     gb = r["bytes"] / 1e9
     lines.append(f"served: {total} round trips (compress + decompress; {r['batches']} of them batches), {r['tensors']} tensors, "
                  f"{gb:.2f} GB of tensors ({gb * 2 / r['load_s']:.2f} GB/s both ways over the {r['load_s']:.0f} s)")
+    done = [(o, c) for o, c in zip(r.get("overrun_s", []), r.get("close_s", [])) if o is not None]
+    if done:
+        lines.append(f"leaving: the last request ended up to {max(o for o, _ in done):.1f} s after the deadline, "
+                     f"close() took up to {max(c for _, c in done):.1f} s ({len(done)} workers)")
     lines.append(f"bit-exact: {r['checked']} of {total} round trips; errors: "
                  + (", ".join(f"{k} x{v}" for k, v in sorted(r["error_counts"].items())) or "0")
                  + (f"; STOPPED EARLY, MemAvailable {_mb(r['low_memory_stop'])} MB" if r.get("low_memory_stop") else ""))
