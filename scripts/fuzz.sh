@@ -54,7 +54,8 @@ objs=()
 for f in cuda/src/*.cpp; do
   [ "$(basename "$f")" = addon.cpp ] && continue
   o=build/fuzz/obj/$(basename "$f" .cpp).o; objs+=("$o")
-  if [ ! -f "$o" ] || [ -n "$(find "$f" cuda/include cuda/src -newer "$o" -print -quit)" ]; then
+  # Rebuilt when the source or a header of the core changes (not for the GPU files under cuda/src/gpu).
+  if [ ! -f "$o" ] || [ -n "$(find "$f" cuda/src/*.h cuda/include/tzip -newer "$o" -print -quit)" ]; then
     mkdir -p build/fuzz/obj
     clang++ "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "$f" -o "$o" || { say "core BUILD FAILED"; exit 1; }
   fi
@@ -128,6 +129,7 @@ for name in "${all[@]}"; do
       fi ;;
     py_*)
       script=fuzz/python/fuzz_${name#py_}.py
+      export TZIP_FUZZ_SCRATCH=build/fuzz/scratch-$name  # libFuzzer exits without atexit: a folder that is reused
       if [ ${#regress[@]} -gt 0 ] && ! .venv/bin/python "$script" "${regress[@]}" >"$log" 2>&1; then
         tail -n 40 "$log"; say "$name: a REGRESSION reproducer crashes again (log $log)"; status=1; continue
       fi

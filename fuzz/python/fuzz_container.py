@@ -56,9 +56,16 @@ _SCRATCH: list[str] = []
 
 
 def _scratch() -> str:
+    """$TZIP_FUZZ_SCRATCH (scripts/fuzz.sh: under build/fuzz, since libFuzzer ends the process without running
+    atexit handlers), else a temporary folder removed at a normal exit."""
     if not _SCRATCH:
-        _SCRATCH.append(tempfile.mkdtemp(prefix="tzip-fuzz-py-"))
-        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+        fixed = os.environ.get("TZIP_FUZZ_SCRATCH")
+        if fixed:
+            os.makedirs(fixed, exist_ok=True)
+            _SCRATCH.append(fixed)
+        else:
+            _SCRATCH.append(tempfile.mkdtemp(prefix="tzip-fuzz-py-"))
+            atexit.register(shutil.rmtree, _SCRATCH[0], True)
     return _SCRATCH[0]
 
 
