@@ -256,8 +256,8 @@ FORKER = textwrap.dedent("""
     res = c.decompress(c.compress(big))  # 2 MiB: a result in the client's own shared memory
     assert bits(res) == bits(big) and tzip._shm.find(res.data_ptr(), 2 << 20) is not None
     mine = sorted(os.path.basename(p) for p in os.listdir("/dev/shm") if p.startswith(c.shm_prefix))
-    # another thread of the parent busy with requests while it forks, and one holding the segment registry's lock at
-    # the moment of the fork (as a thread inside _shm.find() would)
+    # another thread of the parent busy with requests while it forks, and one holding the segment registry's lock and
+    # the default client's lock at the moment of the fork (as threads inside _shm.find() or default_client() would)
     stop = threading.Event()
     def busy():
         small = [torch.arange(i + 1, dtype=torch.int32) for i in range(50)]
@@ -265,7 +265,8 @@ FORKER = textwrap.dedent("""
             c.decompress(c.compress(small))
     held, release = threading.Event(), threading.Event()
     def hold():
-        with tzip._shm._lock:
+        # the segment registry's lock and the default client's lock, both held at the moment of the fork
+        with tzip._shm._lock, tzip._default._lock:
             held.set()
             release.wait()
     threads = [threading.Thread(target=busy, daemon=True), threading.Thread(target=hold, daemon=True)]

@@ -21,6 +21,15 @@ _lock = threading.Lock()
 _clients: dict[tuple[int, bool], Client] = {}
 
 
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held the lock at fork: the child's copy would stay locked for ever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def default_client(strict: bool = False) -> Client:
     """This process's shared client (made on first call; see the module docstring).
 
