@@ -378,3 +378,34 @@ def test_a_client_whose_daemon_died_exits_at_once(daemon, mode, record_property)
     record_property("exit_s", round(exit_s, 3))
     print(f"{'-'.join(mode)}: request failed over {noticed_s:.2f} s after the kill; process exit {exit_s:.2f} s")
     assert noticed_s < 5.0 and exit_s < 5.0, (noticed_s, exit_s)
+
+
+# --------------------------------------------------------------------------------------------- close under a slow daemon
+
+CLOSER = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    import tzip.client as tz
+    clients = [tz.Client(sys.argv[1], spawn=False, strict=True) for _ in range(16)]
+    dpid = int(sys.argv[2])
+    os.kill(dpid, signal.SIGSTOP)  # the daemon stops answering, as one starved of CPU under load does
+    try:
+        for c in clients:
+            c._wake.set()  # each heartbeat thread sends a heartbeat now and waits for its reply
+        time.sleep(0.5)
+        ts = [threading.Thread(target=c.close) for c in clients]
+        for t in ts: t.start()
+        for t in ts: t.join()
+    finally:
+        os.kill(dpid, signal.SIGCONT)
+    print("closed", flush=True)
+""")
+
+
+def test_close_while_the_heartbeat_waits_on_a_slow_daemon(daemon):  # noqa: F811
+    """Found by the load test (python -m tzip.bench_load): close() used to close the heartbeat thread's socket while
+    that thread still waited for a reply, and libzmq aborted the process (signaler.cpp: pfd.revents & POLLIN); the
+    late heartbeat then opened an orphaned session. Now close() interrupts the wait and joins the thread first."""
+    p = subprocess.run([PYTHON, "-c", CLOSER, daemon.socket, str(daemon.pid)], capture_output=True, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr.decode()[-2000:])
+    assert p.stdout.decode().strip() == "closed"
+    assert wait_for(lambda: stats(daemon.socket)["sessions"] == 0, 15)  # no session left, none orphaned

@@ -44,6 +44,7 @@ class Transport:
         self._sockets: list[zmq.Socket] = []
         self._ids = itertools.count(1)
         self._closed = False
+        self._interrupted = False
 
     def _socket(self) -> zmq.Socket:
         local = self._local
@@ -95,6 +96,8 @@ class Transport:
             try:
                 raw = sock.recv()
             except zmq.Again:
+                if self._interrupted:
+                    raise DaemonUnavailableError("the tzip client is closing") from None
                 if not alive():
                     self.reset()
                     raise DaemonUnavailableError(f"the tzip daemon at {self.endpoint} went away") from None
@@ -112,6 +115,10 @@ class Transport:
             if isinstance(reply, dict) and reply.get("id") == rid:
                 return reply
             # a late reply to a request abandoned earlier: skip it
+
+    def interrupt(self) -> None:
+        """Makes requests waiting for a reply (on any thread) give up within POLL_MS, raising DaemonUnavailableError."""
+        self._interrupted = True
 
     def close(self) -> None:
         with self._lock:

@@ -337,6 +337,7 @@ class Client:
         self._pending_release: list[str] = []
         self._release_lock = threading.RLock()  # finalizers (garbage collection) take it too
         self._closed = False
+        self._closing = False  # close() runs: no heartbeat, no new session
         self._wake = threading.Event()
         self._workers = workers
         self.gpu_share_min_bytes = int(gpu_share_min_bytes)
@@ -393,6 +394,8 @@ class Client:
         """Opens a session when there is none (starting a daemon when ``spawn``); False when the daemon is away."""
         if self._sid is not None:
             return True
+        if self._closing:
+            return False  # no new session once close() began (the heartbeat thread may be in a call)
         with self._lock:
             if self._sid is not None:
                 return True
@@ -473,7 +476,7 @@ class Client:
                 return reply
             err = reply.get("error") or {}
             code = str(err.get("code"))
-            if code == "TZIP_SESSION" and attempt == 0:
+            if code == "TZIP_SESSION" and attempt == 0 and not self._closing:
                 with self._lock:
                     if self._sid == sid:
                         self._sid = None
@@ -515,7 +518,7 @@ class Client:
         while not self._closed:
             self._wake.wait(self._heartbeat_s)
             self._wake.clear()
-            if self._closed or os.getpid() != self._pid:
+            if self._closed or self._closing or os.getpid() != self._pid:
                 return
             self._results.trim()  # idle result segments go after 30 s, connected or not
             if self._sid is None:
@@ -1263,11 +1266,18 @@ class Client:
             return
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        self._closing = True  # the heartbeat thread sends nothing more and opens no session after the goodbye
+        self._wake.set()
         if self._sid is not None:
             try:
                 self._call("release", {"end": True}, timeout=2.0)
             except (DaemonUnavailableError, TzipDaemonError):
                 pass
+        # A request of the heartbeat thread still waiting gives up within one poll; only then are the sockets closed
+        # (closing a socket another thread waits on aborts the process inside libzmq).
+        self._transport.interrupt()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
         self._closed = True
         self._sid = None
         self._wake.set()
@@ -1279,8 +1289,6 @@ class Client:
             g.daemon_events.clear()
         if self._shares is not None:
             self._shares.clear()
-        if self._heartbeat is not None:
-            self._heartbeat.join(timeout=2.0)
         self._transport.close()
 
     def __enter__(self) -> "Client":
