@@ -172,8 +172,11 @@ export class Daemon {
 
   private startTimers(): void {
     const period = Math.max(50, Math.min(1000, Math.floor(this.limits.leaseMs / 4)));
+    let last = Date.now();
     this.timer = setInterval(() => {
-      this.sessions.sweep();
+      const now = Date.now();
+      this.sessions.sweep(now, now - last - period);
+      last = now;
       if (this.limits.idleExitMs > 0 && this.sessions.size === 0 && this.inflight === 0 &&
           Date.now() - this.lastActivity > this.limits.idleExitMs) {
         void this.stop(`idle for ${Math.round(this.limits.idleExitMs / 1000)} s with no client`);
