@@ -14,12 +14,13 @@ stay on their GPU), so tensor bytes never cross the socket (docs/protocol.md)::
 Also here: the demo inputs (:mod:`tzip.demo_data`) and a pure-Python reference decoder (:mod:`tzip.reference`).
 """
 
-from .client import Client, DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError, connect
+from .client import Client, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError, connect
 from .compressed import CompressedTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "CompressedTensor", "DaemonUnavailableError", "DeviceUnavailableError", "TzipDaemonError", "connect",
+__all__ = ["Client", "CompressedTensor", "DaemonUnavailableError", "DeviceUnavailableError", "OutOfMemoryError", "TzipDaemonError",
+           "connect",
            "save", "load", "__version__"]
 
 # Names loaded on first use, so `import tzip` stays light (torch.distributed and DCP are imported only by what needs

@@ -97,7 +97,7 @@ from ._dlpack import (
     int_alias,
     wire_dtype,
 )
-from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError
+from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
 from ._frame import decode_raw, encode_raw, max_compressed_size, read_header
 from ._spawn import daemon_pid, daemon_running, default_socket_path, pid_alive, spawn_daemon
 from ._transport import Transport
@@ -111,6 +111,7 @@ __all__ = [
     "DaemonUnavailableError",
     "DaemonSpawnError",
     "DeviceUnavailableError",
+    "OutOfMemoryError",
     "CODECS",
     "PROTOCOL_VERSIONS",
 ]

@@ -10,7 +10,7 @@ export const EXIT_OK = 0;
 export const EXIT_USAGE = 1;
 /** Bad or corrupt data, or a failed verification/round trip. */
 export const EXIT_DATA = 2;
-/** I/O error: missing file, permission denied, disk full. */
+/** I/O error (missing file, permission denied, disk full) or out of memory. */
 export const EXIT_IO = 3;
 /** Internal error: a bug in tzip (an error no other code describes). */
 export const EXIT_INTERNAL = 4;
@@ -20,7 +20,7 @@ export const EXIT_CODES_HELP = `Exit codes:
   ${EXIT_OK}  ok
   ${EXIT_USAGE}  usage error (bad arguments or options, unknown tensor name)
   ${EXIT_DATA}  bad or corrupt data, failed verification or round trip
-  ${EXIT_IO}  I/O error (missing file, permission denied, disk full)
+  ${EXIT_IO}  I/O error (missing file, permission denied, disk full) or out of memory
   ${EXIT_INTERNAL}  internal error (a bug: please report it)`;
 
 /** The exit code for an error thrown by a command. */
@@ -32,6 +32,7 @@ export function exitCodeFor(err: unknown): number {
       case 'TZIP_INVALID_ARGUMENT':
         return EXIT_USAGE;
       case 'TZIP_IO':
+      case 'TZIP_OUT_OF_MEMORY':
         return EXIT_IO;
       case 'TZIP_CORRUPT':
       case 'TZIP_TRUNCATED':
