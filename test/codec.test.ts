@@ -254,6 +254,40 @@ describe('hostile frames are rejected with an error, never a crash', () => {
     }
   });
 
+  it('a header cut short says how many bytes it needs (needBytes), at every stage of the header', async () => {
+    // 300 chunks of 4 KiB: a chunk table of several KiB, longer than the first read of `tzip inspect`.
+    const n = 300 * 2048;
+    const frame = await compress(new Uint8Array(2 * n).map((_, i) => (i * 2654435761) >>> 24), {
+      dtype: 'BF16', shape: [n], codec: 'fast', chunkSize: 4096,
+    });
+    const { headerBytes } = readHeader(frame);
+    expect(headerBytes).toBeGreaterThan(4096);
+    for (const len of [10, 48, 60, headerBytes - 1]) {
+      let err: unknown;
+      try {
+        readHeader(frame.subarray(0, len));
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(TzipError);
+      expect((err as TzipError).code).toBe('TZIP_TRUNCATED');
+      const need = (err as TzipError).needBytes;
+      expect(need).toBeGreaterThan(len);
+      expect(need).toBeLessThanOrEqual(headerBytes);
+      // Given what it asked for (again, until the whole header), readHeader succeeds.
+      let have = need as number;
+      for (;;) {
+        try {
+          expect(readHeader(frame.subarray(0, have)).headerBytes).toBe(headerBytes);
+          break;
+        } catch (e) {
+          expect((e as TzipError).needBytes).toBeGreaterThan(have);
+          have = (e as TzipError).needBytes as number;
+        }
+      }
+    }
+  });
+
   it('length field set to 2^64-1, with and without a matching header digest', async () => {
     const { h32Raw } = await xxhash();
     const frame = Buffer.from(await sampleFrame());

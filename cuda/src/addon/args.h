@@ -46,8 +46,7 @@ inline CodedError current_error() {
   } catch (const CodedError& e) {
     return e;
   } catch (const tzip::Error& e) {
-    CodedError c(e.code(), e.what());
-    return c;
+    return CodedError(e.code(), e.what(), e.need_bytes());  // needBytes: tzip inspect reads long headers by it
   } catch (const std::bad_alloc&) {
     return CodedError(tzip::ErrorCode::OutOfMemory, "out of memory (std::bad_alloc)");
   } catch (const std::exception& e) {

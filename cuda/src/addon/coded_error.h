@@ -13,7 +13,9 @@ namespace tzip::addon {
 
 class CodedError : public tzip::Error {
  public:
-  CodedError(tzip::ErrorCode code, const std::string& message) : tzip::Error(code, message) {}
+  /// `need_bytes`: for TZIP_TRUNCATED header errors, the bytes of the frame the caller must supply (0: unknown).
+  CodedError(tzip::ErrorCode code, const std::string& message, uint64_t need_bytes = 0)
+      : tzip::Error(code, message, need_bytes) {}
   /// gpuCompress/gpuDecompress: per item, its code, 0 for an item that succeeded (becomes err.itemErrors, with '' for
   /// 0); empty otherwise.
   std::vector<int32_t> item_errors;
