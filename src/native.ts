@@ -274,7 +274,8 @@ function load(): Addon {
  * addon's worker threads.
  * @returns the frame (a view of `opts.out` when given).
  * @throws TzipError TZIP_INVALID_ARGUMENT when the options are bad, the byte length does not match dtype/shape,
- *   or `opts.out` is smaller than maxCompressedSize or overlaps the input.
+ *   or `opts.out` is smaller than maxCompressedSize or overlaps the input; TZIP_OUT_OF_MEMORY when the frame's or
+ *   the codec's host memory cannot be allocated.
  */
 export async function compress(input: Uint8Array, opts: CompressOptions): Promise<Buffer> {
   const native = load();
@@ -289,7 +290,8 @@ export async function compress(input: Uint8Array, opts: CompressOptions): Promis
 /**
  * Decodes one frame back into the original bytes, checking its chunk digests unless `verify` is false.
  * @returns the original bytes (`opts.out` when given).
- * @throws TzipError TZIP_CORRUPT, TZIP_TRUNCATED, TZIP_CHECKSUM or TZIP_UNSUPPORTED for bad frames.
+ * @throws TzipError TZIP_CORRUPT, TZIP_TRUNCATED, TZIP_CHECKSUM or TZIP_UNSUPPORTED for bad frames;
+ *   TZIP_OUT_OF_MEMORY when the output or the codec's host memory cannot be allocated.
  */
 export async function decompress(frame: Uint8Array, opts: DecompressOptions = {}): Promise<Buffer> {
   const native = load();
@@ -395,7 +397,7 @@ export function gpuDevices(): GpuDevice[] {
  * @returns per item, in order, the size in bytes of the frame written at `item.frame` and the codec it records.
  * @throws TzipError (as a rejection) TZIP_INVALID_ARGUMENT (bad item or option, pointer not device memory of
  *   `opts.device`, frameCapacity below {@link maxCompressedSize}), TZIP_UNSUPPORTED (no GPU), TZIP_CUDA,
- *   TZIP_CORRUPT (a frame's memory was overwritten during the call, so that it no longer records the codec chosen).
+ *   TZIP_OUT_OF_MEMORY (the codec's device scratch or pinned staging memory, cudaErrorMemoryAllocation), TZIP_CORRUPT (a frame's memory was overwritten during the call, so that it no longer records the codec chosen).
  */
 export async function gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunOptions): Promise<GpuCompressed[]> {
   const native = load();
@@ -422,7 +424,8 @@ export async function gpuCompress(items: readonly GpuEncodeItem[], opts: GpuRunO
  *   {@link decompress} gives for the same bytes), whose message names the item index, and whose `itemErrors` holds
  *   per item its code or '' for an item that decoded; the same for a frame whose header bytes fail the checks when read
  *   back after the decode (its memory changed during the call); TZIP_INVALID_ARGUMENT (bad item or option, pointer not
- *   device memory of `opts.device`) and TZIP_CUDA without `itemErrors`; TZIP_UNSUPPORTED when there is no GPU.
+ *   device memory of `opts.device`), TZIP_CUDA and TZIP_OUT_OF_MEMORY (as {@link gpuCompress}) without `itemErrors`;
+ *   TZIP_UNSUPPORTED when there is no GPU.
  */
 export async function gpuDecompress(items: readonly GpuDecodeItem[], opts: GpuRunOptions): Promise<FrameHeader[]> {
   const native = load();
@@ -502,7 +505,7 @@ export function cudaMemGetInfo(device: number): GpuMemInfo {
 /**
  * Allocates device memory (cudaMalloc of max(nbytes, 1) bytes; for tests and tools). Free with {@link gpuFree}.
  * @returns the device pointer.
- * @throws TzipError TZIP_CUDA (e.g. cudaErrorMemoryAllocation), TZIP_INVALID_ARGUMENT, TZIP_UNSUPPORTED.
+ * @throws TzipError TZIP_OUT_OF_MEMORY (cudaErrorMemoryAllocation), TZIP_CUDA, TZIP_INVALID_ARGUMENT, TZIP_UNSUPPORTED.
  */
 export function gpuAlloc(device: number, nbytes: ByteCount): bigint {
   return call((n) => n.gpuAlloc(device, nbytes));
@@ -527,7 +530,7 @@ export function gpuCopyToDevice(ptr: DevicePtr, src: Uint8Array, device: number)
 /**
  * Copies [ptr, ptr + nbytes) of device memory into a new Buffer (synchronous; for tests and tools).
  * @throws TzipError TZIP_INVALID_ARGUMENT (range not device memory of `device`), TZIP_UNSUPPORTED (no GPU, or more
- *   bytes than a Buffer can hold), TZIP_CUDA.
+ *   bytes than a Buffer can hold), TZIP_OUT_OF_MEMORY (the Buffer cannot be allocated), TZIP_CUDA.
  */
 export function gpuCopyFromDevice(ptr: DevicePtr, nbytes: ByteCount, device: number): Buffer {
   return call((n) => n.gpuCopyFromDevice(ptr, nbytes, device));

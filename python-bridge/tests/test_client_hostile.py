@@ -344,3 +344,64 @@ def test_daemon_survived_everything(shared_daemon):
     finally:
         c.close()
 
+
+
+def _allocation_end(t) -> int:
+    """End address of the caching allocator's segment (one cudaMalloc) that holds tensor t."""
+    import torch
+
+    p = t.untyped_storage().data_ptr()
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= p < seg["address"] + seg["total_size"]:
+            return seg["address"] + seg["total_size"]
+    raise AssertionError("tensor not in any segment of the caching allocator")
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+@pytest.mark.skipif(not _gpu_available(), reason="needs a CUDA GPU")
+def test_gpu_ranges_past_their_allocation_are_refused(conn):
+    """A client that declares more bytes than its CUDA allocation holds (its real IPC handle, a larger size) cannot
+    make the daemon's codec read or write past the allocation: the addon checks every range against the allocation
+    holding its first byte (cuMemGetAddressRange), the request gets TZIP_INVALID_ARGUMENT, and the daemon serves the
+    honest request after it, bit-exact."""
+    import torch
+
+    from tzip import _cuda
+    from tzip._frame import max_compressed_size
+    from tzip.reference import decode_frame
+
+    uuid = _cuda.device_uuid(0)
+    n = 4 << 20  # bf16 elements: 8 MiB, a segment of its own in PyTorch's large pool
+    g = torch.Generator(device="cuda").manual_seed(5)
+    src = (torch.randn(n, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    past = _allocation_end(src) - src.data_ptr() + (64 << 20)  # bytes claimed from src's start: 64 MiB beyond its end
+    frames = torch.empty(max_compressed_size(past, 1), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    s_src, s_fr = _cuda.share_storage(src.untyped_storage()), _cuda.share_storage(frames.untyped_storage())
+    try:
+        bad = gpu_tensor(s_src.wire(uuid, 0, size=past), shape=(past // 2,))
+        r = conn.call("compress", tensors=[{"tensor": bad, "out": s_fr.wire(uuid, 0)}], codec="fast")
+        assert_error(r, "TZIP_INVALID_ARGUMENT", contains="past the end of its allocation")
+        # the honest request on the same handles, then its frame decoded by the reference decoder
+        good = gpu_tensor(s_src.wire(uuid, 0, size=2 * n), shape=(n,))
+        r = conn.call("compress", tensors=[{"tensor": good, "out": s_fr.wire(uuid, 0)}], codec="fast")
+        assert r["ok"], r
+        size = r["frames"][0]["bytes"]
+        data, _ = decode_frame(frames[:size].cpu().numpy().tobytes())
+        assert data == src.view(torch.int16).cpu().numpy().tobytes()
+        # decompress into an output that claims to run past its allocation
+        r = conn.call("decompress", frames=[{"frame": s_fr.wire(uuid, 0, size=size), "out": bad}])
+        assert_error(r, "TZIP_INVALID_ARGUMENT", contains="past the end of its allocation")
+        assert conn.alive()
+    finally:
+        conn.call("release", handles=[s_src.handle, s_fr.handle])
+        s_src.release()
+        s_fr.release()

@@ -246,6 +246,24 @@ std::string hex_ptr(uint64_t ptr) {
   return s;
 }
 
+namespace {
+
+/// cuMemGetAddressRange through the runtime's driver entry points (as context_api); null when unavailable.
+using AddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
+AddressRangeFn address_range_fn() {
+  static const AddressRangeFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    const bool ok = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 3020, cudaEnableDefault, &q) == cudaSuccess &&
+                    q == cudaDriverEntryPointSuccess && f;
+    cudaGetLastError();
+    return ok ? reinterpret_cast<AddressRangeFn>(f) : nullptr;
+  }();
+  return fn;
+}
+
+}  // namespace
+
 void check_device_range(uint64_t ptr, uint64_t nbytes, int device, const std::string& what) {
   const std::string span = what + " (" + (nbytes ? std::to_string(nbytes) + " bytes at " : std::string("pointer ")) +
                            hex_ptr(ptr) + ")";
@@ -267,24 +285,23 @@ void check_device_range(uint64_t ptr, uint64_t nbytes, int device, const std::st
                     std::to_string(device) + " (options.device)");
   };
   check_one(ptr);
-  if (nbytes > 1) check_one(ptr + nbytes - 1);
+  if (nbytes <= 1) return;
+  // The whole range in the allocation holding its first byte: an IPC mapping of a client's allocation may lie next to
+  // other device memory of the daemon (another client's mapping, its own scratch), so the last byte being device
+  // memory is not enough. Without the driver entry point, fall back to checking the last byte.
+  const AddressRangeFn range = address_range_fn();
+  unsigned long long base = 0;
+  size_t size = 0;
+  if (range && range(&base, &size, ptr) == 0) {  // CUDA_SUCCESS is 0
+    if (ptr - base + nbytes > size)
+      throw_invalid(span + " runs " + std::to_string(ptr - base + nbytes - size) + " bytes past the end of its allocation (" +
+                    std::to_string(size) + " bytes at " + hex_ptr(base) + ")");
+    return;
+  }
+  check_one(ptr + nbytes - 1);
 }
 
 namespace {
-
-/// cuMemGetAddressRange through the runtime's driver entry points (as context_api); null when unavailable.
-using AddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
-AddressRangeFn address_range_fn() {
-  static const AddressRangeFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    const bool ok = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 3020, cudaEnableDefault, &q) == cudaSuccess &&
-                    q == cudaDriverEntryPointSuccess && f;
-    cudaGetLastError();
-    return ok ? reinterpret_cast<AddressRangeFn>(f) : nullptr;
-  }();
-  return fn;
-}
 
 /// Allocations a checker remembers at most (a batch over more of them checks the rest pointer by pointer).
 constexpr size_t kMaxKnownAllocations = 64;

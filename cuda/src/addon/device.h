@@ -96,9 +96,10 @@ class CompletionEvent {
   cudaEvent_t ev_ = nullptr;
 };
 
-/// Throws TZIP_INVALID_ARGUMENT unless [ptr, ptr + nbytes) starts and ends in device memory of `device` (device or
-/// managed memory, CUDA IPC mappings included). `what` names the pointer in the message ("item 3: data").
-/// nbytes == 0 checks only ptr.
+/// Throws TZIP_INVALID_ARGUMENT unless [ptr, ptr + nbytes) is device memory of `device` (device or managed memory,
+/// CUDA IPC mappings included) and lies in the one allocation holding `ptr` (cuMemGetAddressRange; where the driver
+/// entry point is missing, its last byte must be device memory of `device`). `what` names the pointer in the message
+/// ("item 3: data"). nbytes == 0 checks only ptr.
 void check_device_range(uint64_t ptr, uint64_t nbytes, int device, const std::string& what);
 
 /// check_device_range for the items of one batched call, on the calling thread with `device` current. Once a range

@@ -21,7 +21,7 @@ namespace {
 Status cuda_status(cudaError_t e, const char* what) {
   Status s;
   if (e != cudaSuccess) {
-    s.code = kCudaError;
+    s.code = e == cudaErrorMemoryAllocation ? kOutOfMemory : kCudaError;
     s.message = std::string(what) + ": " + cudaGetErrorString(e);
   }
   return s;
@@ -71,7 +71,8 @@ const char* error_code_name(int32_t code) {
     case kTruncated: return "TZIP_TRUNCATED";
     case kChecksum: return "TZIP_CHECKSUM";
     case kUnsupported: return "TZIP_UNSUPPORTED";
-    case kCudaError: return "TZIP_CUDA_ERROR";
+    case kCudaError: return "TZIP_CUDA";
+    case kOutOfMemory: return "TZIP_OUT_OF_MEMORY";
   }
   return "TZIP_ERROR";
 }

@@ -39,7 +39,7 @@ Status cuda_status(cudaError_t e, const std::string& what) {
   Status s;
   if (e != cudaSuccess) {
     cudaGetLastError();  // clear a non-sticky error
-    s.code = kCudaError;
+    s.code = e == cudaErrorMemoryAllocation ? kOutOfMemory : kCudaError;
     s.message = what + ": " + cudaGetErrorString(e);
   }
   return s;
