@@ -13,8 +13,16 @@ export const MAGIC = Buffer.from([0x89, 0x54, 0x5a, 0x49, 0x50, 0x0d, 0x0a, 0x1a
 export const TRAILER_MAGIC = Buffer.from('TZIX', 'latin1');
 /** Container version this code writes and reads. */
 export const CONTAINER_VERSION = 1;
-/** Bytes of the fixed prefix (magic, version, flags, reserved, original size). */
+/** Bytes of the fixed prefix (magic, version, flags, header digest, original size). */
 export const PREFIX_BYTES = 24;
+/**
+ * Prefix flag bit: the u32 at offset 12 holds the XXH32 (seed 0) of the verbatim safetensors header
+ * (its 8 + N bytes at offset 24). Without it a flipped bit in a tensor name or in __metadata__ would
+ * go unnoticed: no other digest covers those bytes. Files written before the flag existed have it clear.
+ */
+export const FLAG_HEADER_DIGEST = 0x0001;
+/** Every flag bit this code knows; a file with any other bit set is refused as unsupported. */
+const KNOWN_FLAGS = FLAG_HEADER_DIGEST;
 /** Frames and the index start at offsets that are multiples of this many bytes. */
 export const ALIGNMENT = 16;
 /** Bytes per index entry. */
@@ -26,6 +34,11 @@ export const TRAILER_BYTES = 32;
 export interface Prefix {
   /** Size in bytes of the original safetensors file. */
   originalSize: number;
+  /**
+   * XXH32 (seed 0) of the safetensors header's 8 + N bytes, stored with {@link FLAG_HEADER_DIGEST};
+   * undefined for a file without that flag (written before it existed).
+   */
+  headerDigest?: number | undefined;
 }
 
 /** One index entry: which bytes of the data section a frame reproduces, and where the frame is. */
@@ -70,21 +83,22 @@ function readU64(buf: Buffer, at: number, what: string, file: string): number {
   return Number(v);
 }
 
-/** Encodes the 24-byte prefix. */
+/** Encodes the 24-byte prefix; with `headerDigest` it sets {@link FLAG_HEADER_DIGEST} and stores the digest at offset 12. */
 export function encodePrefix(prefix: Prefix): Buffer {
   const buf = Buffer.alloc(PREFIX_BYTES);
   MAGIC.copy(buf, 0);
   buf.writeUInt16LE(CONTAINER_VERSION, 8);
-  buf.writeUInt16LE(0, 10);
-  buf.writeUInt32LE(0, 12);
+  buf.writeUInt16LE(prefix.headerDigest === undefined ? 0 : FLAG_HEADER_DIGEST, 10);
+  buf.writeUInt32LE((prefix.headerDigest ?? 0) >>> 0, 12);
   buf.writeBigUInt64LE(BigInt(prefix.originalSize), 16);
   return buf;
 }
 
 /**
- * Decodes and checks the 24-byte prefix.
- * @throws TzipError TZIP_CORRUPT (bad magic, version 0, non-zero reserved field) or TZIP_UNSUPPORTED
- *   (newer version, unknown flags), naming `file`.
+ * Decodes and checks the 24-byte prefix. The header digest, when present, is checked by the caller
+ * once it has read the header bytes.
+ * @throws TzipError TZIP_CORRUPT (bad magic, version 0, non-zero field at offset 12 without
+ *   {@link FLAG_HEADER_DIGEST}) or TZIP_UNSUPPORTED (newer version, unknown flags), naming `file`.
  */
 export function decodePrefix(buf: Buffer, file: string): Prefix {
   if (buf.byteLength < PREFIX_BYTES || !buf.subarray(0, MAGIC.byteLength).equals(MAGIC)) {
@@ -96,9 +110,16 @@ export function decodePrefix(buf: Buffer, file: string): Prefix {
   }
   if (version !== CONTAINER_VERSION) throw new TzipError('TZIP_CORRUPT', `bad container version ${version}`, { file });
   const flags = buf.readUInt16LE(10);
-  if (flags !== 0) throw new TzipError('TZIP_UNSUPPORTED', `unknown container flags 0x${flags.toString(16)}`, { file });
-  if (buf.readUInt32LE(12) !== 0) throw new TzipError('TZIP_CORRUPT', 'reserved prefix field is not zero', { file });
-  return { originalSize: readU64(buf, 16, 'original file size', file) };
+  if ((flags & ~KNOWN_FLAGS) !== 0) throw new TzipError('TZIP_UNSUPPORTED', `unknown container flags 0x${flags.toString(16)}`, { file });
+  const field = buf.readUInt32LE(12);
+  // Without the flag the field is reserved and zero; a non-zero one there also catches a flip that cleared the flag.
+  if ((flags & FLAG_HEADER_DIGEST) === 0 && field !== 0) {
+    throw new TzipError('TZIP_CORRUPT', 'reserved prefix field is not zero (and the header digest flag is not set)', { file });
+  }
+  return {
+    originalSize: readU64(buf, 16, 'original file size', file),
+    headerDigest: (flags & FLAG_HEADER_DIGEST) !== 0 ? field : undefined,
+  };
 }
 
 /** Encodes the index: 32 bytes per entry. */

@@ -203,11 +203,22 @@ async function validate(path: string, handle: FileHandle): Promise<ReaderState> 
     }
     throw new TzipError('TZIP_CORRUPT', 'not a .tzip file (bad magic bytes)', { file: path });
   }
-  const { originalSize } = decodePrefix(fixed, path);
+  const { originalSize, headerDigest } = decodePrefix(fixed, path);
   const headerLength = parseHeaderLength(fixed.subarray(PREFIX_BYTES), originalSize, path);
   const headerEnd = PREFIX_BYTES + LENGTH_PREFIX_BYTES + headerLength;
   if (headerEnd + TRAILER_BYTES > fileSize) {
     throw new TzipError('TZIP_TRUNCATED', `the ${headerLength}-byte safetensors header and trailer need more than the file's ${fileSize} bytes`, { file: path });
+  }
+  // The header digest is checked before N or the JSON are used for anything else, so a flipped bit
+  // in the length, a tensor name or __metadata__ is reported as what it is, not as a layout mismatch.
+  const headerBytes = await read(PREFIX_BYTES, LENGTH_PREFIX_BYTES + headerLength);
+  if (headerDigest !== undefined) {
+    const actual = await xxh32(headerBytes);
+    if (actual !== headerDigest) {
+      throw new TzipError('TZIP_CHECKSUM',
+        `safetensors header digest mismatch (stored 0x${headerDigest.toString(16)}, computed 0x${actual.toString(16)} over its ${headerBytes.byteLength} bytes): ` +
+        'the stored header length, tensor names, dtypes, shapes, offsets or __metadata__ are damaged', { file: path });
+    }
   }
 
   const trailer = decodeTrailer(await read(fileSize - TRAILER_BYTES, TRAILER_BYTES), fileSize, path);
@@ -225,7 +236,6 @@ async function validate(path: string, handle: FileHandle): Promise<ReaderState> 
   }
   const index = decodeIndex(indexBytes, path);
 
-  const headerBytes = await read(PREFIX_BYTES, LENGTH_PREFIX_BYTES + headerLength);
   const header = parseSafetensorsHeader(headerBytes, originalSize, path);
   const plan = planEntries(header);
   if (plan.length !== index.length) {
@@ -251,10 +261,12 @@ async function validate(path: string, handle: FileHandle): Promise<ReaderState> 
 }
 
 /**
- * Opens a .tzip file for random access, reading and checking its prefix, trailer, index (XXH32
- * digest), safetensors header and the placement of every frame. Frames themselves are not read.
+ * Opens a .tzip file for random access, reading and checking its prefix, safetensors header (its
+ * XXH32 digest where the file has one), trailer, index (XXH32 digest) and the placement of every
+ * frame. Frames themselves are not read.
  * @throws TzipError naming the file: TZIP_IO (cannot open), TZIP_CORRUPT / TZIP_TRUNCATED (bad container),
- *   TZIP_UNSUPPORTED (newer container version).
+ *   TZIP_CHECKSUM (the stored safetensors header does not match its digest), TZIP_UNSUPPORTED (newer
+ *   container version, unknown flags).
  */
 export async function openTzip(path: string): Promise<TzipReader> {
   return openReadOnly(path, async (handle) => new TzipReader(handle, await validate(path, handle)));

@@ -54,7 +54,7 @@ export async function compressFile(inPath: string, outPath: string, options: Com
     const plan = planEntries(header);
 
     const written = await writeAtomically(outPath, async (out) => {
-      await writeExactly(out, encodePrefix({ originalSize: inputBytes }), 0, outPath);
+      await writeExactly(out, encodePrefix({ originalSize: inputBytes, headerDigest: await xxh32(headerBytes) }), 0, outPath);
       await writeExactly(out, headerBytes, PREFIX_BYTES, outPath);
       let position = alignUp(PREFIX_BYTES + headerBytes.byteLength);
       let doneBytes = 0;

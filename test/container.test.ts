@@ -5,13 +5,14 @@ import { readdir, readFile, truncate, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { INDEX_ENTRY_BYTES, PREFIX_BYTES, TRAILER_BYTES } from '../src/container.js';
+import { FLAG_HEADER_DIGEST, INDEX_ENTRY_BYTES, PREFIX_BYTES, TRAILER_BYTES, xxh32 } from '../src/container.js';
 import { TzipError } from '../src/errors.js';
 import { CODECS, type Codec } from '../src/native.js';
 import { openTzip } from '../src/reader.js';
 import { decompressFile, verifyFile } from '../src/restore.js';
 import { compressFile } from '../src/writer.js';
 import { bf16From, buildSafetensors, flip, gap, randomTensor, weightLikeF32, type Piece, type TensorPiece } from './helpers/safetensors-builder.js';
+import { ensureBuilt, runTzip } from './helpers/cli.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('container');
@@ -73,6 +74,8 @@ describe('compress / decompress round trip', () => {
     expect(bytes.readBigUInt64LE(16)).toBe(BigInt(original.byteLength));
     const headerBytes = 8 + Number(original.readBigUInt64LE(0));
     expect(bytes.subarray(PREFIX_BYTES, PREFIX_BYTES + headerBytes)).toEqual(original.subarray(0, headerBytes));
+    expect(bytes.readUInt16LE(10)).toBe(FLAG_HEADER_DIGEST);
+    expect(bytes.readUInt32LE(12)).toBe(await xxh32(original.subarray(0, headerBytes)));
     const trailer = bytes.subarray(bytes.byteLength - TRAILER_BYTES);
     expect(trailer.subarray(24, 28).toString('latin1')).toBe('TZIX');
     const indexOffset = Number(trailer.readBigUInt64LE(0));
@@ -194,7 +197,8 @@ describe('damaged input', () => {
   it('rejects a bad magic, version and flags', async () => {
     await expectOpenError(await damaged('magic', (b) => { b[1] = 0x55; return b; }), ['TZIP_CORRUPT']);
     await expectOpenError(await damaged('version', (b) => { b.writeUInt16LE(2, 8); return b; }), ['TZIP_UNSUPPORTED']);
-    await expectOpenError(await damaged('flags', (b) => { b.writeUInt16LE(1, 10); return b; }), ['TZIP_UNSUPPORTED']);
+    await expectOpenError(await damaged('flags', (b) => { b.writeUInt16LE(FLAG_HEADER_DIGEST | 2, 10); return b; }), ['TZIP_UNSUPPORTED']);
+    await expectOpenError(await damaged('flags-high', (b) => { b.writeUInt16LE(FLAG_HEADER_DIGEST | 0x8000, 10); return b; }), ['TZIP_UNSUPPORTED']);
   });
 
   it('rejects a corrupted index (digest mismatch)', async () => {
@@ -217,9 +221,12 @@ describe('damaged input', () => {
     }
   });
 
-  it('rejects a changed safetensors header that no longer matches the index', async () => {
+  it('rejects a changed safetensors header that no longer matches the index (a file without the header digest)', async () => {
     // Shift one tensor's offsets by one byte: the header still parses but its layout differs from the index.
+    // With the header digest this is a TZIP_CHECKSUM (below); a file written before the digest existed still
+    // catches it by the layout.
     const e = await expectOpenError(await damaged('header', (b) => {
+      asWrittenBeforeTheHeaderDigest(b);
       const text = b.toString('latin1');
       const m = /"f16":\{"dtype":"F16","shape":\[3,5,7\],"data_offsets":\[(\d+),(\d+)\]\}/.exec(text);
       if (m === null) throw new Error('test setup: f16 entry not found');
@@ -272,5 +279,94 @@ describe('damaged input', () => {
     expect(['TZIP_CORRUPT', 'TZIP_TRUNCATED']).toContain((err2 as TzipError).code);
     expect((err2 as TzipError).message).toContain(junk);
     expect((await readdir(tmp())).filter((n) => n.includes('junk.tzip'))).toEqual([]);
+  });
+});
+
+/** Turns a file of this writer into the file the writer made before the header digest existed (flags 0, field 0). */
+function asWrittenBeforeTheHeaderDigest(b: Buffer): Buffer {
+  b.writeUInt16LE(0, 10);
+  b.writeUInt32LE(0, 12);
+  return b;
+}
+
+describe('safetensors header digest (prefix flag 0x0001)', () => {
+  let good: Buffer;
+  let original: Buffer;
+  let headerLength: number;
+  beforeAll(async () => {
+    ensureBuilt();
+    original = buildSafetensors([randomTensor('embeddings', 'F32', [8, 16], 4), randomTensor('bias', 'BF16', [16], 2)],
+      { metadata: { format: 'pt', note: 'step 100' } });
+    headerLength = Number(original.readBigUInt64LE(0));
+    await writeFile(join(tmp(), 'digest.safetensors'), original);
+    await compressFile(join(tmp(), 'digest.safetensors'), join(tmp(), 'digest.tzip'));
+    good = await readFile(join(tmp(), 'digest.tzip'));
+  });
+
+  /** Offset in the .tzip of `text` inside the stored JSON header (each test's text occurs there once). */
+  function inHeader(text: string): number {
+    const at = good.indexOf(text, PREFIX_BYTES + 8, 'latin1');
+    if (at < 0 || at + text.length > PREFIX_BYTES + 8 + headerLength) throw new Error(`test setup: ${text} not in the header`);
+    return at;
+  }
+
+  const flips: [string, () => [number, number]][] = [
+    ['a tensor name ("embeddings" -> "elbeddings")', () => [inHeader('"embeddings"') + 2, 0x01]],
+    ['a __metadata__ value', () => [inHeader('step 100') + 5, 0x02]],
+    ['a dtype', () => [inHeader('"BF16"') + 1, 0x04]],
+    ['the header length N (bit 0)', () => [PREFIX_BYTES, 0x01]],
+    ['the header length N (bit 3)', () => [PREFIX_BYTES, 0x08]],
+    ['the stored digest', () => [13, 0x10]],
+  ];
+
+  it.each(flips)('a flip in %s is TZIP_CHECKSUM from openTzip, verifyFile, decompressFile and the CLI', async (what, where) => {
+    const [at, mask] = where();
+    const bad = Buffer.from(good);
+    flip(bad, at, mask);
+    const path = join(tmp(), `digest-${at}-${mask}.tzip`);
+    await writeFile(path, bad);
+    const attempts = [async () => (await openTzip(path)).close(), () => verifyFile(path), () => decompressFile(path, join(tmp(), 'digest.out'))];
+    for (const attempt of attempts) {
+      const err = await attempt().then(() => undefined, (e: unknown) => e);
+      expect(err, what).toBeInstanceOf(TzipError);
+      expect((err as TzipError).code, what).toBe('TZIP_CHECKSUM');
+      expect((err as TzipError).message).toContain(path);
+      expect((err as TzipError).message).toContain('header digest');
+    }
+    expect((await readdir(tmp())).filter((n) => n.includes('digest.out'))).toEqual([]);
+    for (const command of ['verify', 'decompress']) {
+      const args = command === 'verify' ? ['--json', 'verify', path] : ['--json', 'decompress', path, '-o', join(tmp(), 'digest.out')];
+      const r = await runTzip(args, tmp());
+      expect(r.code, `${command}: ${r.stderr}`).toBe(2);
+      expect((JSON.parse(r.stdout) as { error: { code: string } }).error.code).toBe('TZIP_CHECKSUM');
+    }
+    expect((await readdir(tmp())).filter((n) => n.includes('digest.out'))).toEqual([]);
+  });
+
+  it('a flip that clears the flag leaves a non-zero reserved field: TZIP_CORRUPT', async () => {
+    const bad = Buffer.from(good);
+    flip(bad, 10, FLAG_HEADER_DIGEST);
+    const path = join(tmp(), 'digest-flag-cleared.tzip');
+    await writeFile(path, bad);
+    const err = await openTzip(path).then(async (r) => { await r.close(); return undefined; }, (e: unknown) => e);
+    expect((err as TzipError).code).toBe('TZIP_CORRUPT');
+    expect((err as TzipError).message).toContain('reserved prefix field');
+  });
+
+  it('a file written before the header digest (flags 0) still opens, verifies and decompresses byte for byte', async () => {
+    const path = join(tmp(), 'digest-old-format.tzip');
+    await writeFile(path, asWrittenBeforeTheHeaderDigest(Buffer.from(good)));
+    const reader = await openTzip(path);
+    try {
+      expect(reader.tensorNames().sort()).toEqual(['bias', 'embeddings']);
+      expect(reader.headerBytes.equals(original.subarray(0, 8 + headerLength))).toBe(true);
+    } finally {
+      await reader.close();
+    }
+    expect((await verifyFile(path)).ok).toBe(true);
+    await decompressFile(path, join(tmp(), 'digest-old.out'));
+    expect((await readFile(join(tmp(), 'digest-old.out'))).equals(original)).toBe(true);
+    const r = await runTzip(['verify', path], tmp());
+    expect(r.code, r.stderr).toBe(0);
   });
 });
