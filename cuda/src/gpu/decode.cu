@@ -294,7 +294,14 @@ constexpr uint32_t kTile = 1024;  // elements per tile: 32 steps of 32 lanes
 /// Per-warp shared memory, laid out by byte offsets: C RANS tables, L LUT tables, a ring of RING bytes that bulk copies
 /// fill with the fixed-rate streams of the next tiles, a LUT stream's exceptions and the ring's mbarriers (STREAM
 /// kernels).
-template <uint32_t C, uint32_t L, uint32_t RING>
+/// Bytes of a warp's shared memory that hold a LUT stream's exceptions in decode kernel class `mode`. Only the bf16
+/// kernel (class 3) copies them there (chunks with at most this many; the others, and every chunk of the other
+/// classes, read them from global memory): in the class-1 kernel the copy path costs registers that its fp32 paths
+/// need (ptxas spills), and class 2 has no room left. 2560 bytes hold the exceptions of every chunk of MiniLM's bf16
+/// weights and gradients (at most 2339 in a 64 KiB chunk); more would leave less L1 for the global reads.
+constexpr uint32_t exc_smem_bytes(int mode) { return mode == 3 ? 2560 : 0; }
+
+template <uint32_t C, uint32_t L, uint32_t RING, uint32_t XS>
 struct WarpLayout {
   static constexpr uint32_t kRansSym = 0;                   // u8 [C][4096]
   static constexpr uint32_t kRansFc = kRansSym + 4096 * C;  // u32 [C][256]
@@ -302,10 +309,7 @@ struct WarpLayout {
   static constexpr uint32_t kRing = kLut + 128 * L;
   static constexpr uint32_t kStage = kRing + RING;          // u8 [kTile] exponent symbols of a tile (tile path)
   static constexpr uint32_t kExc = kStage + (RING > 0 ? kTile : 0);  // u8 [kExcBytes] a LUT stream's exceptions
-  // Class 2 (C > 0) has no room left for exceptions: its LUT chunks with escapes take the step path. 2560 bytes hold
-  // the exceptions of every chunk of the benchmark's real data (at most 2339 in a 64 KiB chunk); more shared memory
-  // would leave less L1 for the loads of chunk headers and tables.
-  static constexpr uint32_t kExcBytes = RING == 0 || C > 0 ? 0 : 2560;
+  static constexpr uint32_t kExcBytes = RING > 0 ? XS : 0;  // exc_smem_bytes
   static constexpr uint32_t kBars = kExc + kExcBytes;       // u64 [4] the ring slots' mbarriers, u32 their parities
   static constexpr uint32_t kBytes = kBars + (RING > 0 ? 48 : 0);
   static_assert(kRing % 16 == 0 && kBytes % 16 == 0, "bulk copies need 16-byte aligned slots in every warp's area");
@@ -601,12 +605,14 @@ __device__ __forceinline__ constexpr bool bf16_rotated(uint32_t fid, uint32_t k)
 /// With a LUT exponent stream a tile takes three steps: (1) every sub-tile's codes are looked up (four at a time with
 /// __byte_perm when KW <= 4; an escape looks up the zero padding entry) into the warp's exponent `stage` in shared
 /// memory, escapes noted as nibble flags; (2) one warp scan of the per-sub-tile escape counts, packed 8 bits each,
-/// gives each lane the exception index of its first escape in each sub-tile, and the lane writes its exceptions (from
-/// `exc_smem`, where run_tiles copied the chunk's exceptions) over its escapes in the stage; (3) symbols are merged
+/// gives each lane the exception index of its first escape in each sub-tile, and the lane writes its exceptions over
+/// its escapes in the stage (from `exc_smem`, where run_tiles copied a chunk's exceptions when they fit; with GEXC
+/// from the section in global memory, where the warp's reads of neighbouring indices share L1 lines, so that no
+/// number of exceptions sends a chunk to the step path); (3) symbols are merged
 /// into elements, stored and hashed. A lane only ever touches its own bytes of the stage (no __syncwarp needed).
 /// The packed scan is exact although a sub-tile may hold 256 escapes (one more than a field holds): every exclusive
 /// prefix is at most 31 lanes x 8 = 248, and the totals are taken from lane 31's exclusive prefix plus its own counts.
-template <uint32_t FID, uint32_t KW, bool LUTE>
+template <uint32_t FID, uint32_t KW, bool LUTE, bool GEXC>
 __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint32_t& t, uint32_t tiles_full,
                                           uint8_t* dst, const uint8_t* lut, uint8_t* stage, const uint8_t* exc_smem,
                                           uint32_t& cursor, bool verify, Xxh32& dg) {
@@ -705,7 +711,13 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint3
           while (m) {
             const uint32_t b = uint32_t(__ffs(m) - 1);  // 4 x (x: element within the lane's V)
             m &= m - 1;
-            const uint32_t sv = exc_smem[idx++];
+            uint32_t sv;
+            if constexpr (GEXC) {
+              sv = __ldg(s0.exc + idx++);
+              if constexpr (kRot) sv = rotr1_bytes(sv);  // a byte rotated within itself
+            } else {
+              sv = exc_smem[idx++];  // rotated by the copy
+            }
             if (w0 < 8 && (sv >> w0)) bad = true;
             if constexpr (kStaged) sp[b >> 2] = uint8_t(sv);
             else es[sub] |= Sym(sv) << (2 * b);  // an escape looked up the zero entry
@@ -778,14 +790,15 @@ __device__ __forceinline__ bool tile_loop(const StreamState* ss, Ring& rg, uint3
   return true;
 }
 
-/// Runs the tile path on tiles [t, tiles_full). A LUT exponent stream's exceptions are first copied to `exc_smem`
-/// (the caller takes this path only when they fit there).
-template <uint32_t FID>
+/// Runs the tile path on tiles [t, tiles_full). A LUT exponent stream's exceptions are first copied to `exc_smem` when
+/// they fit there (XCAP bytes), else read from global memory (tile_loop, GEXC).
+template <uint32_t FID, uint32_t XCAP>
 __device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint32_t& t, uint32_t tiles_full,
                                           uint8_t* dst, const uint8_t* lut, uint8_t* stage, uint8_t* exc_smem,
                                           uint32_t& cursor, bool verify, Xxh32& dg) {
   const StreamState& s0 = ss[0];
-  if (s0.mode == uint32_t(StreamMode::LUT)) {
+  const bool gexc = XCAP == 0 || s0.n_exc > XCAP;
+  if (s0.mode == uint32_t(StreamMode::LUT) && !gexc) {
     // The section starts 16-aligned (docs/format.md, 8.3): 16-byte loads, then the last n_exc % 16 bytes.
     const bool rot = bf16_rotated(FID, s0.param);
     const uint32_t nv = s0.n_exc / 16;
@@ -797,12 +810,15 @@ __device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint3
     for (uint32_t b = nv * 16 + lane_id(); b < s0.n_exc; b += 32) exc_smem[b] = uint8_t(rot ? rotr1_bytes(s0.exc[b]) : s0.exc[b]);
     __syncwarp();
   }
-#define TZIP_TILES(KW, LUTE) \
-  tile_loop<FID, KW, LUTE>(ss, rg, t, tiles_full, dst, lut, stage, exc_smem, cursor, verify, dg)
-  if (s0.mode == uint32_t(StreamMode::CONST)) return TZIP_TILES(0, false);
+#define TZIP_TILES(KW, LUTE)                                                                                       \
+  (gexc ? tile_loop<FID, KW, LUTE, true>(ss, rg, t, tiles_full, dst, lut, stage, exc_smem, cursor, verify, dg)  \
+        : tile_loop<FID, KW, LUTE, XCAP == 0>(ss, rg, t, tiles_full, dst, lut, stage, exc_smem, cursor, verify, dg))
+  // CONST and RAW exponent streams have no exceptions.
+#define TZIP_FIXED(KW) tile_loop<FID, KW, false, false>(ss, rg, t, tiles_full, dst, lut, stage, exc_smem, cursor, verify, dg)
+  if (s0.mode == uint32_t(StreamMode::CONST)) return TZIP_FIXED(0);
   if (s0.mode == uint32_t(StreamMode::RAW)) {
-    if constexpr (FID == kFamF16) return TZIP_TILES(5, false);
-    else return TZIP_TILES(8, false);
+    if constexpr (FID == kFamF16) return TZIP_FIXED(5);
+    else return TZIP_FIXED(8);
   }
   switch (s0.param) {
     case 1: return TZIP_TILES(1, true);
@@ -820,6 +836,7 @@ __device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint3
       return false;
   }
 #undef TZIP_TILES
+#undef TZIP_FIXED
 }
 
 /// Decodes one coded chunk with one warp. Returns kChunkOk, kChunkBad (corrupt) or kChunkDefer (needs more tables
@@ -827,11 +844,11 @@ __device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint3
 /// was written).
 /// STREAM: fixed-rate streams come through the shared-memory ring (bulk copies, tiles ahead); otherwise they are read
 /// from global memory where they are (any alignment).
-template <uint32_t FID, uint32_t C, uint32_t L, uint32_t RING>
+template <uint32_t FID, uint32_t C, uint32_t L, uint32_t RING, uint32_t XS>
 __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len, uint8_t* dst, uint8_t* ws,
                             bool tile_ok, bool pairs, bool verify, Xxh32& dg, uint32_t& dg_from) {
   using F = Fam<FID>;
-  using WL = WarpLayout<C, L, RING>;
+  using WL = WarpLayout<C, L, RING, XS>;
   constexpr bool STREAM = RING > 0;
   constexpr uint32_t E = F::kEsize, NS = F::kCount;
   const uint32_t lane = lane_id();
@@ -1027,9 +1044,7 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
 
   uint32_t t = 0;
   if constexpr (F::kSplit && STREAM) {
-    // The tile path reads a LUT stream's exceptions from shared memory: chunks with more take the step path.
-    bool ok = tile_ok && ss[0].mode != uint32_t(StreamMode::RANS) &&
-              (ss[0].mode != uint32_t(StreamMode::LUT) || ss[0].n_exc <= WL::kExcBytes);
+    bool ok = tile_ok && ss[0].mode != uint32_t(StreamMode::RANS);
 #pragma unroll
     for (uint32_t j = 1; j < NS; ++j)
       ok = ok && (ss[j].mode == uint32_t(StreamMode::CONST) || ss[j].mode == uint32_t(StreamMode::RAW));
@@ -1037,7 +1052,7 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
     if (ok && tiles_full) {
       uint32_t cursor = 0;
       const uint8_t* lut = lut_base + 128 * ss[0].slot;
-      if (!run_tiles<FID>(ss, rg, t, tiles_full, dst, lut, ws + WL::kStage, ws + WL::kExc, cursor, verify, dg)) {
+      if (!run_tiles<FID, WL::kExcBytes>(ss, rg, t, tiles_full, dst, lut, ws + WL::kStage, ws + WL::kExc, cursor, verify, dg)) {
         ring_drain(rg);
         return kBadAt(__LINE__);
       }
@@ -1212,7 +1227,8 @@ __device__ void verify_task(const DecArgs& a, uint32_t ti, uint64_t which) {
 template <uint32_t C, uint32_t L, uint32_t W, uint32_t RING, int MODE>  // MODE: the class (1, 2, 3), 0 fallback
 __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t tile_ok, uint32_t defer_all) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  using WL = WarpLayout<C, L, RING>;
+  constexpr uint32_t XS = exc_smem_bytes(MODE);
+  using WL = WarpLayout<C, L, RING, XS>;
   const uint32_t warp = threadIdx.x / 32, lane = lane_id();
   uint8_t* ws = smem_raw + WL::kBytes * warp;
   if constexpr (RING > 0) ring_init(reinterpret_cast<uint64_t*>(ws + WL::kBars));
@@ -1275,21 +1291,21 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
       const uint32_t fam = family_of(Dtype(T.dtype), Codec(T.codec));
       if constexpr (MODE == 3) {
         // Class 3 holds only bf16 fast frames: the other families' code would cost this kernel its registers.
-        r = fam == kFamBF16 ? decode_coded<kFamBF16, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from)
+        r = fam == kFamBF16 ? decode_coded<kFamBF16, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from)
                             : int(kChunkBad);
       } else switch (fam) {
-        case kFamBF16: r = decode_coded<kFamBF16, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
-        case kFamF16: r = decode_coded<kFamF16, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
-        case kFamF32: r = decode_coded<kFamF32, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+        case kFamBF16: r = decode_coded<kFamBF16, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+        case kFamF16: r = decode_coded<kFamF16, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+        case kFamF32: r = decode_coded<kFamF32, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
         default:
           if constexpr (MODE == 1) {
             r = kChunkBad;  // class 1 holds only fast and raw frames, whose families are the three above
           } else {
             switch (family_of(Dtype(T.dtype), Codec(T.codec))) {
-              case kFamP1: r = decode_coded<kFamP1, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
-              case kFamP2: r = decode_coded<kFamP2, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
-              case kFamP4: r = decode_coded<kFamP4, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
-              default: r = decode_coded<kFamP8, C, L, RING>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+              case kFamP1: r = decode_coded<kFamP1, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+              case kFamP2: r = decode_coded<kFamP2, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+              case kFamP4: r = decode_coded<kFamP4, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
+              default: r = decode_coded<kFamP8, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from); break;
             }
           }
       }
@@ -1358,7 +1374,7 @@ constexpr int kMode = 0;
 Status TZIP_PART_FN(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok,
                     uint32_t defer_all) {
   auto k = decode_kernel<kC, kL, kW, kRingBytes, kMode>;
-  size_t smem = WarpLayout<kC, kL, kRingBytes>::kBytes * kW;
+  size_t smem = WarpLayout<kC, kL, kRingBytes, exc_smem_bytes(kMode)>::kBytes * kW;
   int grid = 0;
   Status st = detail::persistent_grid(reinterpret_cast<const void*>(k), kW * 32, &smem, sm_budget, sm_count, ~0ull,
                                       &grid);
