@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -320,7 +321,7 @@ def regions(path: Path) -> dict[str, tuple[int, int]]:
             "index": (size - 32 - 32 * n, size)}
 
 
-def flip_positions(path: Path, per_region: int, seed: int, skip: tuple[str, ...] = ("json",)) -> list[tuple[str, int, int]]:
+def flip_positions(path: Path, per_region: int, seed: int, skip: tuple[str, ...] = ()) -> list[tuple[str, int, int]]:
     """(region, byte, bit) for ``per_region`` random bytes of each region but ``skip`` (fixed seed)."""
     rng = random.Random(seed)
     out = []
@@ -338,8 +339,8 @@ def flipped(data: bytes, pos: int, bit: int) -> bytes:
 
 def test_cli_on_damaged_files_reports_damage_never_other_data(sources, tmp_path):
     """`tzip decompress` (every digest checked while the safetensors file is rebuilt) and `tzip verify` on truncated
-    and bit-flipped copies of a `tzip compress` file (prefix, frames, index, trailer): exit 2 with a damage code and no
-    output file."""
+    and bit-flipped copies of a `tzip compress` file (prefix, JSON header, frames, index, trailer): exit 2 with a damage
+    code and no output file."""
     good = sources["small.tzip"].read_bytes()
     bad, out = tmp_path / "bad.tzip", tmp_path / "out.safetensors"
     cases = [("cut", n, 0) for n in (0, 9, len(good) // 2, len(good) - 1)] + flip_positions(sources["small.tzip"], 3, 15)
@@ -355,15 +356,12 @@ def test_cli_on_damaged_files_reports_damage_never_other_data(sources, tmp_path)
             assert v.returncode == 2, (region, pos, v.stdout, v.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason="format gap (issue 15): the safetensors JSON header stored in a .tzip file "
-                                       "(tensor names, dtypes, __metadata__) has no digest, so a flipped bit in a name "
-                                       "or a metadata value is decompressed as a different file with exit 0; "
-                                       "proposed fix in /work/notes/reliability-B.md")
 def test_a_flip_in_the_stored_safetensors_header_is_detected(sources, tmp_path):
+    """The gap of issue 15, closed by the prefix's header digest (docs/container.md, flag bit 0)."""
     good = sources["small.tzip"].read_bytes()
     original = sources["small"].read_bytes()
     a, b = regions(sources["small.tzip"])["json"]
-    name_at = good.index(b'"', a + 8) + 2  # the second letter of the first tensor name (after '{"')
+    name_at = good.index(b'"', a) + 2  # the second letter of the first tensor name (the JSON starts '{"')
     assert good[name_at - 1 : name_at + 9] == b"embeddings", good[a : a + 80]
     bad, out = tmp_path / "bad.tzip", tmp_path / "out.safetensors"
     bad.write_bytes(flipped(good, name_at, 0))  # "embeddings..." -> "elbeddings..."
@@ -373,8 +371,8 @@ def test_a_flip_in_the_stored_safetensors_header_is_detected(sources, tmp_path):
 
 
 def test_tzip_load_of_damaged_files_always_raises_or_gives_the_same_tensors(client, sources, tmp_path):
-    """tzip.load of a `tzip compress` file truncated at 40 lengths and with one bit flipped at 240 places of its
-    prefix, frames, index and trailer (fixed seeds): always a damage error (the stored JSON header: see the xfail)."""
+    """tzip.load of a `tzip compress` file truncated at 40 lengths and with one bit flipped at 320 places of its
+    prefix, JSON header, frames, index and trailer (fixed seeds): always a damage error."""
     src = sources["small.tzip"]
     good = src.read_bytes()
     bad = tmp_path / "bad.tzip"
@@ -393,7 +391,7 @@ def test_tzip_load_of_damaged_files_always_raises_or_gives_the_same_tensors(clie
 
 def test_dcp_load_of_damaged_files_always_raises(client, tmp_path):
     """DCP load of a checkpoint whose data file is truncated at 10 lengths and has one bit flipped at 60 places of its
-    prefix, frames, index and trailer, and whose .metadata has one bit flipped at 12 places (fixed seeds): always a
+    prefix, JSON header, frames, index and trailer, and whose .metadata has one bit flipped at 12 places (fixed seeds): always a
     damage error; the undamaged files load bit for bit."""
     folder = tmp_path / "ckpt"
     w = real_weights(1 << 40)
@@ -433,3 +431,99 @@ def test_dcp_load_of_damaged_files_always_raises(client, tmp_path):
         assert load_raises(), pos  # .metadata carries a digest of all of it
     meta.write_bytes(good_meta)
     assert not load_raises()
+
+
+# --------------------------------------------------------------------------------------------- the header digest
+
+
+def _old_format(data: bytes) -> bytes:
+    """The file as writers made it before the header digest (docs/container.md): flags 0, the u32 at offset 12 zero;
+    every other byte is the same."""
+    return data[:10] + bytes(6) + data[16:]
+
+
+@pytest.fixture(scope="module")
+def header_digest_files(sources, client, tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
+    """A .tzip of each writer, with its tensors: `tzip compress` (src/writer.ts) and tzip.save (tzip/_container.py),
+    the latter with a __metadata__ of its own (tzip.save's tree) and an extra string value."""
+    from safetensors.torch import load_file
+
+    d = tmp_path_factory.mktemp("digest")
+    state = {"embeddings.weight": real_weights(1 << 40)["embeddings.position_embeddings.weight"][:8].clone(),
+             "step": torch.tensor(100)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        save(state, d / "saved.tzip", client=client)
+    return {"compress": (sources["small.tzip"], load_file(str(sources["small"]))), "save": (d / "saved.tzip", state)}
+
+
+def _header_flip(data: bytes, what: str) -> tuple[int, int]:
+    """(byte, bit) of a flip in the stored header: a tensor name, the __metadata__ JSON or the length N."""
+    n = int.from_bytes(data[24:32], "little")
+    json_text = data[32 : 32 + n]
+    if what == "name":  # a tensor's key, not its mention in tzip.save's tree (a string in __metadata__)
+        m = re.search(rb'"embeddings[^"\\]*":\{"dtype"', json_text)
+        assert m is not None, json_text[:300]
+        return 32 + m.start() + 2, 0  # "embeddings..." -> "elbeddings..."
+    if what == "metadata":
+        at = json_text.index(b'"format":"pt"') + len(b'"format":"')
+        return 32 + at, 0  # "pt" -> "qt": a value no reader looks at, so only the digest can tell
+    return 24, 0  # N + 1 or N - 1: still within the file, so the digest is computed over the wrong bytes
+
+
+@pytest.mark.parametrize("writer, what", [("compress", "name"), ("compress", "length"), ("save", "name"),
+                                          ("save", "metadata"), ("save", "length")])  # save_file wrote no __metadata__
+def test_a_flip_in_the_stored_header_is_a_checksum_error(header_digest_files, client, tmp_path, writer, what):
+    """One bit flipped in a tensor name, in __metadata__ or in the header length of a file of either writer:
+    TZIP_CHECKSUM from ContainerReader, tzip.load, `tzip verify` and `tzip decompress` (exit 2, no output file)."""
+    path, _ = header_digest_files[writer]
+    good = path.read_bytes()
+    pos, bit = _header_flip(good, what)
+    bad, out = tmp_path / "bad.tzip", tmp_path / "out.safetensors"
+    bad.write_bytes(flipped(good, pos, bit))
+    with pytest.raises(ContainerError) as err:
+        ContainerReader(bad)
+    assert err.value.code == "TZIP_CHECKSUM" and "header digest" in str(err.value) and str(bad) in str(err.value)
+    with pytest.raises(ContainerError) as err:
+        load(bad, client=client)
+    assert err.value.code == "TZIP_CHECKSUM", err.value
+    for args in (["--json", "verify", str(bad)], ["--json", "decompress", str(bad), "-o", str(out)]):
+        r = subprocess.run(tzip_cmd(*args), capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
+        assert json.loads(r.stdout)["error"]["code"] == "TZIP_CHECKSUM", r.stdout
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("writer", ["compress", "save"])
+def test_both_writers_store_the_header_digest(header_digest_files, writer):
+    from tzip._container import FLAG_HEADER_DIGEST
+    from tzip._xxh32 import xxh32
+
+    data = header_digest_files[writer][0].read_bytes()
+    n = int.from_bytes(data[24:32], "little")
+    assert int.from_bytes(data[10:12], "little") == FLAG_HEADER_DIGEST
+    assert int.from_bytes(data[12:16], "little") == xxh32(data[24 : 32 + n])
+
+
+@pytest.mark.parametrize("writer", ["compress", "save"])
+def test_a_file_written_before_the_header_digest_still_reads(header_digest_files, client, sources, tmp_path, writer):
+    """Flags 0 and a zero field at offset 12 (what writers made before the digest): ContainerReader, tzip.load,
+    `tzip verify` and `tzip decompress` read it as before, bit for bit. A flip that clears the flag of a new file leaves
+    the digest in a field that must then be zero: TZIP_CORRUPT."""
+    path, tensors = header_digest_files[writer]
+    good = path.read_bytes()
+    old = tmp_path / "old.tzip"
+    old.write_bytes(_old_format(good))
+    with ContainerReader(old) as r:
+        assert r.header_bytes == good[24 : 32 + int.from_bytes(good[24:32], "little")]
+    back = load(old, client=client)
+    assert set(back) == set(tensors) and all(raw_bytes(back[k]) == raw_bytes(tensors[k]) for k in tensors)
+    assert cli("verify", str(old)).returncode == 0
+    if writer == "compress":
+        cli("decompress", str(old), "-o", str(tmp_path / "old.safetensors"))
+        assert (tmp_path / "old.safetensors").read_bytes() == sources["small"].read_bytes()
+    cleared = tmp_path / "cleared.tzip"
+    cleared.write_bytes(flipped(good, 10, 0))
+    with pytest.raises(ContainerError) as err:
+        load(cleared, client=client)
+    assert err.value.code == "TZIP_CORRUPT" and "reserved prefix field" in str(err.value), err.value

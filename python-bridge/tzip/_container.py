@@ -23,7 +23,8 @@ module only places them, and checks each frame's header against its entry when w
   written or read.
 
 Errors are :class:`ContainerError` with the TS codes: ``TZIP_CORRUPT``, ``TZIP_TRUNCATED``, ``TZIP_UNSUPPORTED``,
-``TZIP_CHECKSUM`` (a chunk digest did not match while decoding), ``TZIP_USAGE`` (no such tensor); each names the file
+``TZIP_CHECKSUM`` (the stored safetensors header does not match its digest, or a chunk digest did not match while
+decoding), ``TZIP_USAGE`` (no such tensor); each names the file
 and, where it applies, the tensor.
 """
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from .client import Client
 
 __all__ = [
-    "MAGIC", "TRAILER_MAGIC", "CONTAINER_VERSION", "PREFIX_BYTES", "ALIGNMENT", "INDEX_ENTRY_BYTES", "TRAILER_BYTES",
+    "MAGIC", "TRAILER_MAGIC", "CONTAINER_VERSION", "PREFIX_BYTES", "FLAG_HEADER_DIGEST", "ALIGNMENT", "INDEX_ENTRY_BYTES", "TRAILER_BYTES",
     "MAX_HEADER_BYTES", "CODEC_MAX_DIMS", "CODEC_DTYPE_BYTES", "ContainerError", "HeaderTensor", "SafetensorsHeader",
     "Entry", "align16", "codec_layout", "parse_header_length", "parse_safetensors_header", "plan_entries",
     "encode_safetensors_header", "ContainerWriter", "ContainerReader", "atomic_file", "fsync_dir",
@@ -67,8 +68,12 @@ MAGIC = b"\x89TZIP\r\n\x1a"
 TRAILER_MAGIC = b"TZIX"
 #: Container version written and read.
 CONTAINER_VERSION = 1
-#: Bytes of the fixed prefix (magic, version, flags, reserved, original size).
+#: Bytes of the fixed prefix (magic, version, flags, header digest, original size).
 PREFIX_BYTES = 24
+#: Prefix flag bit: the u32 at offset 12 is the XXH32 (seed 0) of the safetensors header's ``8 + N`` bytes (no other
+#: digest covers the tensor names, dtypes, offsets and ``__metadata__``). Files written before it have it clear.
+FLAG_HEADER_DIGEST = 0x0001
+_KNOWN_FLAGS = FLAG_HEADER_DIGEST
 #: Frames and the index start at multiples of this many bytes.
 ALIGNMENT = 16
 INDEX_ENTRY_BYTES = 32
@@ -348,7 +353,8 @@ class ContainerWriter:
     ``header_bytes`` are the safetensors header (``8 + N`` bytes, see :func:`encode_safetensors_header`) of a file
     whose data section is ``data_length`` bytes long. :attr:`entries` is the entry plan; frames must be given to
     :meth:`write_frame` in that order (each frame's header is checked against its entry), then :meth:`finish` writes
-    the index and trailer. Nothing here syncs or renames: see :func:`atomic_file`.
+    the index and trailer. The prefix carries :data:`FLAG_HEADER_DIGEST` and the XXH32 of ``header_bytes``. Nothing
+    here syncs or renames: see :func:`atomic_file`.
     """
 
     def __init__(self, fd: int, header_bytes: bytes, data_length: int, file: str | os.PathLike = "<container>"):
@@ -358,7 +364,8 @@ class ContainerWriter:
         self.header = parse_safetensors_header(header_bytes, self.original_size, file)
         self.entries: list[Entry] = plan_entries(self.header)
         self._written: list[Entry] = []
-        _write_all(fd, memoryview(_PREFIX.pack(MAGIC, CONTAINER_VERSION, 0, 0, self.original_size)))
+        _write_all(fd, memoryview(_PREFIX.pack(MAGIC, CONTAINER_VERSION, FLAG_HEADER_DIGEST, xxh32(header_bytes),
+                                               self.original_size)))
         _write_all(fd, memoryview(header_bytes))
         self.position = PREFIX_BYTES + len(header_bytes)
 
@@ -467,16 +474,16 @@ class _State:
 
 
 class ContainerReader:
-    """An open ``.tzip`` file (random access). Opening reads and checks the prefix, the trailer, the index (its
-    XXH32), the safetensors header and every frame's placement, as docs/container.md ("Reading") requires; frames
+    """An open ``.tzip`` file (random access). Opening reads and checks the prefix, the safetensors header (its XXH32
+    where the prefix has :data:`FLAG_HEADER_DIGEST`), the trailer, the index (its XXH32) and every frame's placement, as docs/container.md ("Reading") requires; frames
     are read only when asked for. Use as a context manager or call :meth:`close`.
 
     Attributes: ``path``, ``file_size``, ``original_size`` (bytes of the safetensors file it holds),
     ``header_bytes`` (its ``8 + N`` header bytes), ``header`` (:class:`SafetensorsHeader`), ``entries`` (all
     entries, data-section order), ``metadata`` (``__metadata__`` or None).
 
-    Raises ContainerError (TZIP_CORRUPT / TZIP_TRUNCATED / TZIP_UNSUPPORTED) naming the file; OSError when it
-    cannot be opened.
+    Raises ContainerError (TZIP_CORRUPT / TZIP_TRUNCATED / TZIP_UNSUPPORTED; TZIP_CHECKSUM when the stored
+    safetensors header does not match its digest) naming the file; OSError when it cannot be opened.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -517,10 +524,12 @@ class ContainerReader:
                                                      f"{CONTAINER_VERSION}", file)
         if version != CONTAINER_VERSION:
             raise ContainerError("TZIP_CORRUPT", f"bad container version {version}", file)
-        if flags:
+        if flags & ~_KNOWN_FLAGS:
             raise ContainerError("TZIP_UNSUPPORTED", f"unknown container flags 0x{flags:x}", file)
-        if reserved:
-            raise ContainerError("TZIP_CORRUPT", "reserved prefix field is not zero", file)
+        # Without the flag the field is reserved and zero; a non-zero one also catches a flip that cleared the flag.
+        if not flags & FLAG_HEADER_DIGEST and reserved:
+            raise ContainerError("TZIP_CORRUPT", "reserved prefix field is not zero (and the header digest flag is not "
+                                                 "set)", file)
         if original_size > _MAX_SAFE:
             raise ContainerError("TZIP_CORRUPT", f"original file size {original_size} is out of range", file)
         n = parse_header_length(fixed[PREFIX_BYTES:], original_size, file)
@@ -528,6 +537,16 @@ class ContainerReader:
         if header_end + TRAILER_BYTES > file_size:
             raise ContainerError("TZIP_TRUNCATED", f"the {n}-byte safetensors header and trailer need more than the "
                                                    f"file's {file_size} bytes", file)
+        # Checked before N or the JSON are used for anything else, so a flipped bit in the length, a tensor name or
+        # __metadata__ is reported as what it is, not as a layout mismatch (docs/container.md, "Reading").
+        header_bytes = self._read(PREFIX_BYTES, _LENGTH_PREFIX + n)
+        if flags & FLAG_HEADER_DIGEST:
+            actual = xxh32(header_bytes)
+            if actual != reserved:
+                raise ContainerError("TZIP_CHECKSUM", f"safetensors header digest mismatch (stored 0x{reserved:x}, "
+                                                      f"computed 0x{actual:x} over its {len(header_bytes)} bytes): the "
+                                                      "stored header length, tensor names, dtypes, shapes, offsets or "
+                                                      "__metadata__ are damaged", file)
         tb = self._read(file_size - TRAILER_BYTES, TRAILER_BYTES)
         index_offset, count, digest, original2, tmagic, treserved = _TRAILER.unpack(tb)
         if tmagic != TRAILER_MAGIC:
@@ -555,7 +574,6 @@ class ContainerReader:
             for what, v in zip(("data_begin", "data_end", "frame_offset", "frame_bytes"), row):
                 if v > _MAX_SAFE:
                     raise ContainerError("TZIP_CORRUPT", f"index {what} {v} is out of range", file)
-        header_bytes = self._read(PREFIX_BYTES, _LENGTH_PREFIX + n)
         header = parse_safetensors_header(header_bytes, original_size, file)
         plan = plan_entries(header)
         if len(plan) != len(rows):
