@@ -3,10 +3,8 @@
 // and the `tzip serve` flag; the daemon goes on serving it and other sessions; round trips stay bit-exact. The
 // bookkeeping under the limits (mappings kept for requests in flight, bytes reserved, CUDA IPC allocations in use) is
 // checked on the classes directly, where a request can be held in flight without timing.
-import { closeSync, ftruncateSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { Packr, Unpackr } from 'msgpackr';
-import { Dealer } from 'zeromq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { useGpuApiForTests, type GpuApi } from '../src/daemon/gpu.js';
 import { GpuSession, IpcAllocations } from '../src/daemon/gpu-map.js';
@@ -16,51 +14,14 @@ import { Daemon } from '../src/daemon/server.js';
 import { Session } from '../src/daemon/session.js';
 import { FileOwners, ShmMappings } from '../src/daemon/shm-map.js';
 import { compress, maxCompressedSize } from '../src/native.js';
+import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('daemon-limits');
-const packr = new Packr({ useRecords: false });
-const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'number' });
-const files: string[] = [];
 const MAX_REGIONS = 4;
 const MAX_INFLIGHT_BYTES = 1 << 20;
 let daemon: Daemon;
 
-class Conn {
-  readonly sock = new Dealer({ linger: 0 });
-  sid = '';
-  readonly prefix = `tzip-${process.pid}-${Math.floor(Math.random() * 2 ** 32).toString(16).padStart(8, '0')}-`;
-  private next = 1;
-  constructor(endpoint: string) {
-    this.sock.connect(endpoint);
-  }
-  async req(msg: Record<string, unknown>): Promise<Record<string, any>> {
-    await this.sock.send(packr.pack({ id: this.next++, ...msg }));
-    const [reply] = await this.sock.receive();
-    return unpackr.unpack(reply as Buffer) as Record<string, any>;
-  }
-  async hello(): Promise<Record<string, any>> {
-    const r = await this.req({ op: 'hello', versions: [1], pid: process.pid, shm_prefix: this.prefix, name: 'limits' });
-    this.sid = r.sid;
-    return r;
-  }
-  call(op: string, body: Record<string, unknown> = {}) {
-    return this.req({ op, sid: this.sid, ...body });
-  }
-  close() {
-    this.sock.close();
-  }
-}
-
-function shmFile(name: string, size: number, data?: Uint8Array): string {
-  const path = `/dev/shm/${name}`;
-  const fd = openSync(path, 'w+', 0o600);
-  ftruncateSync(fd, size);
-  if (data !== undefined) writeSync(fd, data, 0, data.length, 0);
-  closeSync(fd);
-  files.push(path);
-  return path;
-}
 
 /** Bytes of a small-weight bf16 tensor (narrow exponents, random mantissas and signs). */
 function bf16Weights(n: number, seed = 1): Buffer {
@@ -80,7 +41,7 @@ const tensor = (name: string, elements: number, offset = 0) =>
 const region = (name: string, offset: number, size: number) => ({ kind: 'shm', name, offset, size });
 
 /** Compresses `data` (bf16) from file `inName` into file `outName` and back into a third file: the bytes back. */
-async function roundTrip(c: Conn, data: Buffer, tag: string): Promise<Buffer> {
+async function roundTrip(c: DaemonConn, data: Buffer, tag: string): Promise<Buffer> {
   const n = data.length / 2;
   const cap = maxCompressedSize(data.length, 1);
   const inName = `${c.prefix}${tag}-in`;
@@ -104,7 +65,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await daemon.stop('tests done');
-  for (const f of files) rmSync(f, { force: true });
 });
 
 function expectLimit(r: Record<string, any>, name: keyof typeof SESSION_LIMITS, value: number): void {
@@ -116,7 +76,7 @@ function expectLimit(r: Record<string, any>, name: keyof typeof SESSION_LIMITS, 
 
 describe('per-session limits over the socket', () => {
   it('hello tells the limits', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint, 'limits');
     try {
       const h = await c.hello();
       expect(h.limits.max_regions).toBe(MAX_REGIONS);
@@ -128,8 +88,8 @@ describe('per-session limits over the socket', () => {
   });
 
   it('a request naming more files than --max-regions gets TZIP_LIMIT; the session and others go on', async () => {
-    const a = new Conn(daemon.endpoint);
-    const b = new Conn(daemon.endpoint);
+    const a = new DaemonConn(daemon.endpoint, 'limits');
+    const b = new DaemonConn(daemon.endpoint, 'limits');
     try {
       await a.hello();
       await b.hello();
@@ -161,8 +121,8 @@ describe('per-session limits over the socket', () => {
   });
 
   it('a request above --max-inflight-bytes gets TZIP_LIMIT; smaller ones and other sessions are served', async () => {
-    const a = new Conn(daemon.endpoint);
-    const b = new Conn(daemon.endpoint);
+    const a = new DaemonConn(daemon.endpoint, 'limits');
+    const b = new DaemonConn(daemon.endpoint, 'limits');
     try {
       await a.hello();
       await b.hello();

@@ -1,61 +1,19 @@
 // The daemon in this process, spoken to by a ZeroMQ DEALER over ipc:// with /dev/shm files made here:
 // hello, compress/decompress round trips (bytes compared), error replies that leave it serving,
 // release and disconnect ending sessions, shutdown.
-import { openSync, closeSync, ftruncateSync, readFileSync, rmSync, writeSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { Packr, Unpackr } from 'msgpackr';
-import { Dealer } from 'zeromq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultLimits } from '../src/daemon/limits.js';
 import { Daemon } from '../src/daemon/server.js';
 import { maxCompressedSize } from '../src/native.js';
+import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('daemon-server');
-const packr = new Packr({ useRecords: false });
-const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'number' });
 
 let daemon: Daemon;
-const files: string[] = [];
 
-class Conn {
-  readonly sock = new Dealer({ linger: 0 });
-  sid = '';
-  readonly prefix = `tzip-${process.pid}-${Math.floor(Math.random() * 2 ** 32).toString(16).padStart(8, '0')}-`;
-  private next = 1;
-  constructor(endpoint: string) {
-    this.sock.connect(endpoint);
-  }
-  async raw(...parts: Buffer[]): Promise<Record<string, any>> {
-    await this.sock.send(parts);
-    const [reply] = await this.sock.receive();
-    return unpackr.unpack(reply as Buffer) as Record<string, any>;
-  }
-  async req(msg: Record<string, unknown>): Promise<Record<string, any>> {
-    return this.raw(packr.pack({ id: this.next++, ...msg }));
-  }
-  async hello(): Promise<Record<string, any>> {
-    const r = await this.req({ op: 'hello', versions: [1], pid: process.pid, shm_prefix: this.prefix, name: 'vitest' });
-    this.sid = r.sid;
-    return r;
-  }
-  call(op: string, body: Record<string, unknown> = {}) {
-    return this.req({ op, sid: this.sid, ...body });
-  }
-  close() {
-    this.sock.close();
-  }
-}
-
-function shmFile(name: string, size: number, data?: Uint8Array): string {
-  const path = `/dev/shm/${name}`;
-  const fd = openSync(path, 'w+', 0o600);
-  ftruncateSync(fd, size);
-  if (data !== undefined) writeSync(fd, data, 0, data.length, 0);
-  closeSync(fd);
-  files.push(path);
-  return path;
-}
 
 beforeAll(async () => {
   const limits = { ...defaultLimits(), leaseMs: 5000 };
@@ -64,7 +22,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await daemon.stop('tests done');
-  for (const f of files) rmSync(f, { force: true });
 });
 
 function bf16Weights(n: number): Buffer {
@@ -81,7 +38,7 @@ function bf16Weights(n: number): Buffer {
 
 describe('daemon in-process', () => {
   it('compresses and decompresses a batch through shared memory', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint);
     try {
       const hello = await c.hello();
       expect(hello.ok).toBe(true);
@@ -148,7 +105,7 @@ describe('daemon in-process', () => {
   });
 
   it('answers garbage with errors and keeps serving', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint);
     try {
       await c.hello();
       expect((await c.raw(Buffer.from('not msgpack at all'))).error.code).toBe('TZIP_PROTOCOL');
@@ -165,13 +122,13 @@ describe('daemon in-process', () => {
 
   it('ends sessions on goodbye and on disconnect', async () => {
     const before = (await statsOf()).sessions_ended;
-    const a = new Conn(daemon.endpoint);
+    const a = new DaemonConn(daemon.endpoint);
     await a.hello();
     const bye = await a.call('release', { end: true });
     expect(bye.ok).toBe(true);
     expect((await a.call('heartbeat')).error.code).toBe('TZIP_SESSION');
     a.close();
-    const b = new Conn(daemon.endpoint);
+    const b = new DaemonConn(daemon.endpoint);
     await b.hello();
     b.close();
     for (let i = 0; i < 100; i++) {
@@ -186,7 +143,7 @@ describe('daemon in-process', () => {
 });
 
 async function statsOf(): Promise<Record<string, any>> {
-  const c = new Conn(daemon.endpoint);
+  const c = new DaemonConn(daemon.endpoint);
   try {
     return await c.req({ op: 'stats' });
   } finally {
