@@ -3,15 +3,12 @@ over one with TZIP_LIMIT (tzip.TzipDaemonError, the message naming the limit, it
 serves that client on within the limit and other clients unaffected, bit-exact. The CUDA IPC allocation limit and the
 bytes in flight of GPU requests need a CUDA GPU (skipped without one, with the reason).
 
-The daemon here is the one `tzip serve` runs (Daemon.start of dist/) with the limits given as JSON, so the tests do
-not depend on how the flags are spelled.
+The daemon here is `tzip serve` with the limits' flags (`--max-regions`, `--max-ipc-handles`, `--max-inflight-bytes`).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 
 import pytest
@@ -21,57 +18,24 @@ import tzip
 from tzip import _cuda
 from tzip._errors import TzipDaemonError
 
-from test_client_support import MAIN, NODE, ROOT, DaemonProcess, RawConn, ensure_built, sock_dir  # noqa: F401
+from test_client_support import DaemonProcess, RawConn, sock_dir  # noqa: F401
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False): "
                                                  "the CUDA IPC limits are tested on a GPU host")
 
-#: Starts the daemon of dist/ on argv[2] with the default limits overridden by the JSON of argv[1].
-_LAUNCH = """
-import { pathToFileURL } from 'node:url';
-const root = process.env.TZIP_ROOT;
-const { Daemon } = await import(pathToFileURL(`${root}/dist/src/daemon/server.js`).href);
-const { defaultLimits } = await import(pathToFileURL(`${root}/dist/src/daemon/limits.js`).href);
-const limits = { ...defaultLimits(), ...JSON.parse(process.argv[1]) };
-const d = await Daemon.start({ socketPath: process.argv[2], limits });
-process.stdout.write(`tzip serve: listening on ${d.endpoint} (pid ${process.pid})\\n`);
-process.once('SIGTERM', () => { void d.stop('SIGTERM received'); });
-await d.stopped;
-"""
-
-
-class LimitedDaemon(DaemonProcess):
-    """A daemon with `limits` (DaemonLimits fields, e.g. {"maxIpcHandlesPerSession": 2})."""
-
-    def __init__(self, socket: str, limits: dict):
-        super().__init__(socket)
-        self.limits = limits
-
-    def start(self, timeout: float = 20.0) -> "LimitedDaemon":
-        ensure_built()
-        logf = open(self.log, "ab")
-        self._log_start = logf.tell()
-        self.proc = subprocess.Popen([NODE, "--input-type=module", "-e", _LAUNCH, json.dumps(self.limits), self.socket],
-                                     stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                     env={**os.environ, "TZIP_ROOT": str(ROOT)})
-        logf.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if os.path.exists(self.socket) and self._lock_pid() == self.proc.pid and self.ready_line() is not None:
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        raise RuntimeError(f"daemon did not start: {self.read_log()}")
+#: DaemonLimits fields -> the `tzip serve` flags that set them (src/cli/serve.ts).
+FLAGS = {"maxRegionsPerSession": "--max-regions", "maxIpcHandlesPerSession": "--max-ipc-handles",
+         "maxInflightBytesPerSession": "--max-inflight-bytes"}
 
 
 @pytest.fixture
 def limited(sock_dir):
-    started: list[LimitedDaemon] = []
+    started: list[DaemonProcess] = []
 
-    def start(**limits) -> LimitedDaemon:
-        d = LimitedDaemon(os.path.join(sock_dir, f"s{len(started)}", "tzip.sock"), limits).start()
+    def start(**limits) -> DaemonProcess:
+        flags = [x for k, v in limits.items() for x in (FLAGS[k], str(v))]
+        d = DaemonProcess(os.path.join(sock_dir, f"s{len(started)}", "tzip.sock"), *flags).start()
         started.append(d)
         return d
 
