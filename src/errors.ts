@@ -13,7 +13,7 @@ export const TZIP_ERROR_CODES = [
   'TZIP_INVALID_ARGUMENT', // bad options (codec name, thread count, shape/size mismatch)
   'TZIP_CORRUPT', // malformed stream or file
   'TZIP_TRUNCATED', // stream or file shorter than its header says
-  'TZIP_CHECKSUM', // decoded bytes do not match the stored chunk digests (docs/format.md, section 9)
+  'TZIP_CHECKSUM', // decoded bytes do not match the stored chunk digests (docs/format.md, section 9), or a .tzip's header digest
   'TZIP_UNSUPPORTED', // a format version this build does not read (newer, or pre-release frame version 1), unknown flags, or a size this build cannot handle
   'TZIP_CUDA', // a CUDA runtime call failed (the message has the CUDA error name and text)
   'TZIP_OUT_OF_MEMORY', // a host or GPU allocation failed (std::bad_alloc, malloc, mmap, cudaErrorMemoryAllocation)
