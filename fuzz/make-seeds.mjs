@@ -111,8 +111,14 @@ for (const file of files) {
     const st = join(stDir, `${base}-${j}.safetensors`);
     await writeSafetensors(st, tensors, meta ?? undefined);
     for (const codec of ['auto', 'raw']) {
-      await compressFile(st, join(tzDir, `${base}-${j}-${codec}.tzip`), { codec, chunkSize: 4096, threads: 1 });
-      k++;
+      const tz = join(tzDir, `${base}-${j}-${codec}.tzip`);
+      await compressFile(st, tz, { codec, chunkSize: 4096, threads: 1 });
+      // The same file as a writer before the header digest wrote it (prefix flags and digest, bytes 10-15, zero):
+      // mutations of its JSON reach the safetensors parser instead of stopping at the digest check.
+      const old = readFileSync(tz);
+      old.fill(0, 10, 16);
+      writeFileSync(join(tzDir, `${base}-${j}-${codec}-v0.tzip`), old);
+      k += 2;
     }
   }
 }
