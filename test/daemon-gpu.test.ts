@@ -6,8 +6,6 @@
 // flight), hostile handles answered with errors. The real GPU runs in python-bridge/tests/test_client_cuda.py.
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
-import { Packr, Unpackr } from 'msgpackr';
-import { Dealer } from 'zeromq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TzipError } from '../src/errors.js';
 import { useGpuApiForTests, type GpuApi } from '../src/daemon/gpu.js';
@@ -15,11 +13,11 @@ import { ipcAllocations } from '../src/daemon/gpu-map.js';
 import { defaultLimits } from '../src/daemon/limits.js';
 import { Daemon } from '../src/daemon/server.js';
 import { compress, decompress, maxCompressedSize, readHeader, type FrameHeader, type GpuCompressed, type GpuDevice } from '../src/native.js';
+import { bf16Weights } from './helpers/bf16-weights.js';
+import { DaemonConn } from './helpers/daemon-conn.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('daemon-gpu');
-const packr = new Packr({ useRecords: false });
-const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'number' });
 const UUID = 'GPU-11111111-2222-3333-4444-555555555555';
 
 /** A fake GPU: allocations of host memory behind fake addresses, and what the daemon did with them. */
@@ -141,31 +139,6 @@ class FakeGpu {
   }
 }
 
-class Conn {
-  readonly sock = new Dealer({ linger: 0 });
-  sid = '';
-  readonly prefix = `tzip-${process.pid}-${randomBytes(6).toString('hex')}-`;
-  private next = 1;
-  constructor(endpoint: string, readonly pid = process.pid) {
-    this.sock.connect(endpoint);
-  }
-  async req(msg: Record<string, unknown>): Promise<Record<string, any>> {
-    await this.sock.send(packr.pack({ id: this.next++, ...msg }));
-    const [reply] = await this.sock.receive();
-    return unpackr.unpack(reply as Buffer) as Record<string, any>;
-  }
-  async hello(): Promise<Record<string, any>> {
-    const r = await this.req({ op: 'hello', versions: [1], pid: this.pid, shm_prefix: this.prefix });
-    this.sid = r.sid;
-    return r;
-  }
-  call(op: string, body: Record<string, unknown> = {}) {
-    return this.req({ op, sid: this.sid, ...body });
-  }
-  close() {
-    this.sock.close();
-  }
-}
 
 let gpu: FakeGpu;
 let daemon: Daemon;
@@ -182,19 +155,10 @@ afterAll(async () => {
   useGpuApiForTests(undefined);
 });
 
-function bf16Weights(n: number, seed = 1): Buffer {
-  const out = Buffer.alloc(n * 2);
-  let s = seed;
-  for (let i = 0; i < n; i++) {
-    s = (s * 1103515245 + 12345) & 0x7fffffff;
-    out.writeUInt16LE(((s >> 8) & 0x8000) | ((117 + (s % 6)) << 7) | ((s >> 3) & 0x7f), i * 2);
-  }
-  return out;
-}
 
 const EVENT = Buffer.alloc(64, 0xee);
 
-function ipc(c: Conn, base: bigint, offset: number, size: number, extra: Record<string, unknown> = {}) {
+function ipc(c: DaemonConn, base: bigint, offset: number, size: number, extra: Record<string, unknown> = {}) {
   return { kind: 'cuda_ipc', device_uuid: UUID.toLowerCase().slice(4), device_index: 3, handle: gpu.handle(base), offset, size,
     ref_counter_handle: Buffer.from(`/torch_${c.pid}_42_0`), ref_counter_offset: 7, ...extra };
 }
@@ -209,7 +173,7 @@ async function settle(what: () => boolean): Promise<void> {
 
 describe('GPU requests (fake GPU)', () => {
   it('says hello with its GPUs', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint);
     try {
       const h = await c.hello();
       expect(h.daemon.gpu).toBe(true);
@@ -221,7 +185,7 @@ describe('GPU requests (fake GPU)', () => {
   });
 
   it('compresses views at storage offsets and decompresses them, events both ways, bytes as the CPU codec', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint);
     try {
       await c.hello();
       const a = bf16Weights(100_000);
@@ -276,7 +240,7 @@ describe('GPU requests (fake GPU)', () => {
   });
 
   it('takes a handle table (protocol version 2): references expand to the regions they name, checked as full handles', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint);
     try {
       const hello = await c.req({ op: 'hello', versions: [1, 2], pid: c.pid, shm_prefix: c.prefix });
       expect(hello.version).toBe(2);
@@ -337,7 +301,7 @@ describe('GPU requests (fake GPU)', () => {
       e = await code('compress', { handles: far, tensors: [{ tensor: bf16(ref(0, 8), [4]), out: ipc(c, base, 16384, cap) }] });
       expect([e.code, e.index]).toEqual(['TZIP_TOO_LARGE', 0]);
       // a session of protocol version 1 sends no handle tables
-      const old = new Conn(daemon.endpoint);
+      const old = new DaemonConn(daemon.endpoint);
       try {
         await old.hello();
         const v1 = await old.call('compress', { handles: [ipc(old, base, storage, 200_000)], tensors: [{ tensor: bf16(ref(64, a.length), [3000]), out: ref(16384, cap) }] });
@@ -353,7 +317,7 @@ describe('GPU requests (fake GPU)', () => {
   });
 
   it('one addon call per request; the codecs and headers the addon reports are used and checked', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint);
     try {
       await c.hello();
       const base = gpu.alloc(8 << 20);
@@ -444,7 +408,7 @@ describe('GPU requests (fake GPU)', () => {
   });
 
   it('refuses bad handles with errors and keeps serving', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint);
     try {
       await c.hello();
       const base = gpu.alloc(1 << 20);
@@ -505,13 +469,13 @@ describe('GPU requests (fake GPU)', () => {
   });
 
   it('opens an allocation once for two sessions of a process, closes it when both let go', async () => {
-    const a = new Conn(daemon.endpoint);
-    const b = new Conn(daemon.endpoint);
+    const a = new DaemonConn(daemon.endpoint);
+    const b = new DaemonConn(daemon.endpoint);
     try {
       await a.hello();
       await b.hello();
       const base = gpu.alloc(1 << 20);
-      const job = (c: Conn) => c.call('compress', { tensors: [{ tensor: bf16(ipc(c, base, 0, 2000), [1000]), out: ipc(c, base, 4096, 8192) }] });
+      const job = (c: DaemonConn) => c.call('compress', { tensors: [{ tensor: bf16(ipc(c, base, 0, 2000), [1000]), out: ipc(c, base, 4096, 8192) }] });
       const opens = gpu.opens;
       expect((await job(a)).ok).toBe(true);
       expect((await job(b)).ok).toBe(true);
@@ -527,7 +491,7 @@ describe('GPU requests (fake GPU)', () => {
   });
 
   it('closes a session\'s handles and events only after its request in flight, when it disconnects', async () => {
-    const c = new Conn(daemon.endpoint);
+    const c = new DaemonConn(daemon.endpoint);
     const base = gpu.alloc(1 << 20);
     await c.hello();
     let release!: () => void;
@@ -548,7 +512,7 @@ describe('GPU requests (fake GPU)', () => {
     await settle(() => gpu.events.size <= eventsBefore);
     expect(gpu.events.size).toBeLessThanOrEqual(eventsBefore); // its events destroyed
     // and the daemon serves the next client
-    const d = new Conn(daemon.endpoint);
+    const d = new DaemonConn(daemon.endpoint);
     try {
       await d.hello();
       const r = await d.call('compress', { tensors: [{ tensor: bf16(ipc(d, base, 0, 2000), [1000]), out: ipc(d, base, 4096, 8192) }] });

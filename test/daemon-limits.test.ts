@@ -15,6 +15,7 @@ import { Session } from '../src/daemon/session.js';
 import { FileOwners, ShmMappings } from '../src/daemon/shm-map.js';
 import { compress, maxCompressedSize } from '../src/native.js';
 import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
+import { bf16Weights } from './helpers/bf16-weights.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('daemon-limits');
@@ -23,16 +24,6 @@ const MAX_INFLIGHT_BYTES = 1 << 20;
 let daemon: Daemon;
 
 
-/** Bytes of a small-weight bf16 tensor (narrow exponents, random mantissas and signs). */
-function bf16Weights(n: number, seed = 1): Buffer {
-  const out = Buffer.alloc(n * 2);
-  let s = seed;
-  for (let i = 0; i < n; i++) {
-    s = (s * 1103515245 + 12345) & 0x7fffffff;
-    out.writeUInt16LE(((s >> 8) & 0x8000) | ((117 + (s % 6)) << 7) | ((s >> 3) & 0x7f), i * 2);
-  }
-  return out;
-}
 
 const BF16 = { code: 4, bits: 16, lanes: 1 };
 const CPU = { type: 1, id: 0 };

@@ -8,6 +8,7 @@ import { defaultLimits } from '../src/daemon/limits.js';
 import { Daemon } from '../src/daemon/server.js';
 import { maxCompressedSize } from '../src/native.js';
 import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
+import { bf16Weights } from './helpers/bf16-weights.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('daemon-server');
@@ -24,17 +25,6 @@ afterAll(async () => {
   await daemon.stop('tests done');
 });
 
-function bf16Weights(n: number): Buffer {
-  const out = Buffer.alloc(n * 2);
-  let s = 1;
-  for (let i = 0; i < n; i++) {
-    s = (s * 1103515245 + 12345) & 0x7fffffff;
-    // small weights: exponents in a narrow range, random mantissas and signs
-    const exp = 117 + (s % 6);
-    out.writeUInt16LE(((s >> 8) & 0x8000) | (exp << 7) | ((s >> 3) & 0x7f), i * 2);
-  }
-  return out;
-}
 
 describe('daemon in-process', () => {
   it('compresses and decompresses a batch through shared memory', async () => {

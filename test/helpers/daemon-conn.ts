@@ -14,7 +14,8 @@ export class DaemonConn {
   sid = '';
   readonly prefix = `tzip-${process.pid}-${Math.floor(Math.random() * 2 ** 32).toString(16).padStart(8, '0')}-`;
   private next = 1;
-  constructor(endpoint: string, private readonly name = 'vitest') {
+  /** `pid`: the pid hello claims (default this process's). */
+  constructor(endpoint: string, private readonly name = 'vitest', readonly pid = process.pid) {
     this.sock.connect(endpoint);
   }
   /** Sends the given frames as they are and returns the decoded reply. */
@@ -27,7 +28,7 @@ export class DaemonConn {
     return this.raw(packr.pack({ id: this.next++, ...msg }));
   }
   async hello(): Promise<Record<string, any>> {
-    const r = await this.req({ op: 'hello', versions: [1], pid: process.pid, shm_prefix: this.prefix, name: this.name });
+    const r = await this.req({ op: 'hello', versions: [1], pid: this.pid, shm_prefix: this.prefix, name: this.name });
     this.sid = r.sid;
     return r;
   }
