@@ -30,7 +30,7 @@ from tzip import _cuda
 from tzip._dlpack import int_alias
 from tzip.compressed import CompressedTensor
 
-from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, shared_daemon, sock_dir, wait_for, ALL_DTYPES  # noqa: F401
+from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, shared_daemon, sock_dir, wait_for, ALL_DTYPES, daemon_stats  # noqa: F401
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False): "
@@ -81,14 +81,6 @@ def sharing_client(shared_daemon):
     c = tz.connect(shared_daemon.socket, spawn=False, strict=True, gpu_share_min_bytes=0)
     yield c
     c.close()
-
-
-def daemon_stats(socket: str) -> dict:
-    c = RawConn(socket)
-    try:
-        return c.req({"id": 1, "op": "stats"})
-    finally:
-        c.close()
 
 
 # --- round trips ---------------------------------------------------------------------------------------------------

@@ -20,15 +20,7 @@ import torch
 import tzip.client as tz
 from tzip._dlpack import int_alias
 
-from test_client_support import MAIN, NODE, PYTHON, ROOT, DaemonProcess, RawConn, daemon, sock_dir, wait_for  # noqa: F401
-
-
-def stats(socket: str) -> dict:
-    c = RawConn(socket)
-    try:
-        return c.req({"id": 1, "op": "stats"})
-    finally:
-        c.close()
+from test_client_support import MAIN, NODE, PYTHON, ROOT, DaemonProcess, RawConn, daemon, sock_dir, wait_for, daemon_stats as stats  # noqa: F401
 
 
 WORKER = textwrap.dedent("""

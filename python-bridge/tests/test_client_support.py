@@ -129,6 +129,15 @@ ALL_DTYPES = [d for d in [
 ] if d is not None]
 
 
+def daemon_stats(socket: str, sid: str | None = None) -> dict:
+    """The daemon's `stats` reply, over a connection of its own (with `sid`: that session's part too)."""
+    c = RawConn(socket)
+    try:
+        return c.req({"id": 1, "op": "stats", **({"sid": sid} if sid else {})})
+    finally:
+        c.close()
+
+
 def wait_for(cond, timeout=10.0, step=0.02):
     """Polls ``cond()`` every ``step`` seconds until it returns something true (returned) or ``timeout`` seconds
     pass (then its last value is returned)."""

@@ -25,7 +25,7 @@ from tzip import _cuda
 from tzip._dlpack import int_alias
 from tzip.compressed import CompressedTensor
 
-from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, sock_dir, wait_for  # noqa: F401
+from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, sock_dir, wait_for, daemon_stats as stats  # noqa: F401
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False): "
@@ -46,14 +46,6 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def weights(n: int, seed: int, device: str = "cuda") -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(n, generator=g) * 0.02).to(torch.bfloat16).to(device)
-
-
-def stats(socket: str) -> dict:
-    c = RawConn(socket)
-    try:
-        return c.req({"id": 1, "op": "stats"})
-    finally:
-        c.close()
 
 
 @pytest.mark.parametrize("n", [100_000, 4 << 20], ids=["staged", "handed-over"])

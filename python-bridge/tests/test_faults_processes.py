@@ -25,15 +25,7 @@ import torch
 import tzip.client as tz
 from tzip._dlpack import int_alias
 
-from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, sock_dir, wait_for  # noqa: F401
-
-
-def stats(socket: str, sid: str | None = None) -> dict:
-    c = RawConn(socket)
-    try:
-        return c.req({"id": 1, "op": "stats", **({"sid": sid} if sid else {})})
-    finally:
-        c.close()
+from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, sock_dir, wait_for, daemon_stats as stats  # noqa: F401
 
 
 def bits(t: torch.Tensor) -> bytes:
