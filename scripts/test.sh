@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.." || exit 1
 say() { printf '\ntest: %s\n' "$*"; }
 
 bash scripts/setup.sh || { say "setup FAILED"; echo "tests: 0 passed, 1 failed"; exit 1; }
+# The real model every part takes as its default input (all-MiniLM-L6-v2's weights and gradients, data/demo): the
+# fuzz seeds and the GPU tests' real tensors come from it. Files already there are kept (about 20 s when not).
+say "demo data (data/demo)"
+.venv/bin/python -m tzip.demo_data --out data/demo || { say "demo data FAILED"; echo "tests: 0 passed, 1 failed"; exit 1; }
 
 results=build/test-results
 rm -rf "$results"; mkdir -p "$results"

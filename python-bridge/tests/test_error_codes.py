@@ -61,7 +61,9 @@ def test_daemon_out_of_memory_is_out_of_memory_error_and_the_daemon_serves_on(da
     """The daemon's address space is capped (soft RLIMIT_AS, 64 MiB above what it maps) so that it cannot map a
     192 MiB tensor's shared memory: the reply is TZIP_OUT_OF_MEMORY, the client raises OutOfMemoryError; with the
     cap lifted the same tensor round-trips bit for bit on the same daemon."""
-    trained = load_file(ROOT / "data" / "demo" / "minilm-weights-f32.safetensors")  # all-MiniLM-L6-v2, as bundled
+    from tzip.demo_data import source_weights_path
+
+    trained = load_file(str(source_weights_path()))  # all-MiniLM-L6-v2's trained weights, as packaged
     weights = torch.cat([t.flatten() for t in trained.values()])
     big = weights.repeat((48 << 20) // weights.numel() + 1)[: 48 << 20].clone()  # 192 MiB
     c = tzip.connect(daemon.socket, spawn=False, strict=True)
