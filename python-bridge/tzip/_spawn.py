@@ -1,41 +1,119 @@
-"""Finding the daemon's socket, telling whether a daemon lives there, and starting one.
+"""Finding the daemon's endpoint and its CLI, telling whether a daemon lives there, and starting one.
 
-The socket path is resolved as the daemon resolves it (src/daemon/paths.ts): ``TZIP_SOCKET``, else
-``$XDG_RUNTIME_DIR/tzip/tzip.sock``, else ``/tmp/tzip-$UID/tzip.sock``. The daemon writes a pid
-file next to the socket (``<socket>.lock``, JSON with pid and process start time); a daemon is
-considered running when that process lives (not a zombie, same start time) and the socket exists.
+Endpoints (:func:`normalize_endpoint`) are accepted as users write them: a plain path (made absolute against
+the current folder), ``ipc:///abs/path`` (ZeroMQ's spelling of the same socket file) or the daemon's TCP
+endpoint ``tcp://127.0.0.1:PORT`` (``tzip serve --tcp PORT``). The socket path is resolved as the daemon
+resolves it (src/daemon/paths.ts): ``TZIP_SOCKET``, else ``$XDG_RUNTIME_DIR/tzip/tzip.sock``, else
+``/tmp/tzip-$UID/tzip.sock``. The daemon writes a pid file next to the socket (``<socket>.lock``, JSON with
+pid and process start time); a daemon is considered running when that process lives (not a zombie, same
+start time) and the socket exists.
 
-A daemon is started as ``node <repo>/dist/src/cli/main.js serve --socket PATH --idle-exit 600``
-(``TZIP_NODE`` overrides the node executable, ``TZIP_CLI`` the CLI script), detached from the
-client (its own session, reparented to init), logging to ``<socket>.log``.
+The tzip CLI that runs the daemon is found (:func:`find_cli`) in this order: ``$TZIP_CLI`` (the CLI script,
+or an executable), else ``tzip`` on ``PATH`` (an ``npm install`` of the tzip package), else the repository
+checkout this package lives in (``<repo>/dist/src/cli/main.js``, for an editable install). A JavaScript CLI
+is run by ``$TZIP_NODE``, else ``node`` on ``PATH``. A daemon is started as ``<cli> serve --socket PATH
+--idle-exit 600``, detached from the client (its own session, reparented to init), logging to
+``<socket>.log``; which CLI was used is logged (logger ``tzip``, INFO), written to that log and kept in
+:data:`last_spawn_cli`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ._errors import DaemonSpawnError
 
-__all__ = ["default_socket_path", "daemon_pid", "daemon_running", "spawn_daemon", "cli_command", "pid_alive"]
+__all__ = ["normalize_endpoint", "default_socket_path", "default_ipc_path", "daemon_pid", "daemon_running",
+           "spawn_daemon", "find_cli", "cli_command", "CliChoice", "pid_alive"]
+
+_log = logging.getLogger("tzip")
 
 #: Seconds a spawned daemon waits with no client before it exits.
 SPAWN_IDLE_EXIT_S = 600
 
+#: Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL (as MAX_SOCKET_PATH_BYTES in
+#: src/daemon/paths.ts): a longer ipc path cannot be bound or connected to.
+MAX_SOCKET_PATH_BYTES = 107
 
-def default_socket_path() -> str:
-    """The socket path the daemon uses by default (environment only)."""
-    env = os.environ.get("TZIP_SOCKET")
-    if env:
-        return os.path.abspath(env)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
+_TCP = re.compile(r"^127\.0\.0\.1:([0-9]{1,5})$")
+
+
+def normalize_endpoint(s: str) -> str:
+    """The daemon endpoint ``s`` names, in the one form the client uses: an absolute socket path or
+    ``tcp://127.0.0.1:PORT``.
+
+    - ``ipc:///abs/path`` (ZeroMQ's spelling: scheme ``ipc://`` then an absolute path) -> ``/abs/path``
+      (normalized: ``..`` and doubled slashes resolved, no symlinks followed);
+    - ``tcp://127.0.0.1:PORT`` with PORT 1..65535 -> itself (the daemon's TCP socket listens on loopback only,
+      docs/protocol.md);
+    - a plain path (no ``scheme://``) -> made absolute against the current folder, as the daemon's
+      ``--socket`` does.
+
+    Raises ValueError, naming ``s`` and the accepted spellings, for an empty string, another scheme
+    (``inproc://``, ``udp://``, ...), a relative or abstract (``@name``) ipc path, a TCP host other than
+    127.0.0.1, a port outside 1..65535, or a socket path longer than 107 bytes (Linux's sun_path).
+    """
+    if not isinstance(s, str):
+        raise ValueError(f"a tzip endpoint is a str, not {type(s).__name__}: {s!r}")
+    accepted = "a socket path, ipc:///abs/path or tcp://127.0.0.1:PORT"
+    if not s:
+        raise ValueError(f"empty tzip endpoint: give {accepted}")
+    m = _SCHEME.match(s)
+    if m is None:
+        path = os.path.abspath(s)
+    else:
+        scheme, rest = m.group(1).lower(), m.group(2)
+        if scheme == "tcp":
+            t = _TCP.match(rest)
+            if t is None or not 1 <= int(t.group(1)) <= 65535:
+                raise ValueError(f"{s!r}: the daemon's TCP endpoint is tcp://127.0.0.1:PORT with PORT 1..65535 "
+                                 "(it listens on loopback only)")
+            return f"tcp://127.0.0.1:{int(t.group(1))}"
+        if scheme != "ipc":
+            raise ValueError(f"{s!r}: unsupported endpoint scheme {m.group(1)}://; give {accepted}")
+        if not rest.startswith("/"):
+            # ZeroMQ would take ipc://tmp/x.sock relative to the current folder: almost always a missing slash.
+            raise ValueError(f"{s!r}: an ipc endpoint needs an absolute path, with three slashes: ipc:///abs/path")
+        path = os.path.normpath(rest)
+        if path.startswith("//"):
+            path = "/" + path.lstrip("/")
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        raise ValueError(f"{s!r}: the socket path is {len(os.fsencode(path))} bytes long; Unix sockets allow at most "
+                         f"{MAX_SOCKET_PATH_BYTES}")
+    return path
+
+
+def default_ipc_path() -> str:
+    """The daemon's default socket path when ``TZIP_SOCKET`` is not set: ``$XDG_RUNTIME_DIR/tzip/tzip.sock``
+    (an absolute XDG_RUNTIME_DIR only), else ``/tmp/tzip-$UID/tzip.sock``."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isabs(runtime):
         return os.path.join(runtime, "tzip", "tzip.sock")
     return os.path.join("/tmp", f"tzip-{os.getuid()}", "tzip.sock")
+
+
+def default_socket_path() -> str:
+    """The daemon endpoint from the environment: ``normalize_endpoint($TZIP_SOCKET)`` when set (an absolute
+    path or ``tcp://127.0.0.1:PORT``), else :func:`default_ipc_path`.
+
+    Raises ValueError (from :func:`normalize_endpoint`) when TZIP_SOCKET is set to something that is no endpoint.
+    """
+    env = os.environ.get("TZIP_SOCKET")
+    if env:
+        try:
+            return normalize_endpoint(env)
+        except ValueError as e:
+            raise ValueError(f"TZIP_SOCKET: {e}") from None
+    return default_ipc_path()
 
 
 def _start_time(pid: int) -> tuple[int | None, str | None]:
@@ -93,21 +171,75 @@ def daemon_running(socket_path: str) -> bool:
 
 
 def _repo_root() -> Path:
-    # python-bridge/tzip/_spawn.py -> the repository root
+    # python-bridge/tzip/_spawn.py -> the repository root (meaningful only when this file lives in a checkout)
     return Path(__file__).resolve().parents[2]
 
 
-def cli_command() -> list[str]:
-    """``[node, cli]`` that runs the tzip CLI."""
+class CliChoice(NamedTuple):
+    """The tzip CLI :func:`find_cli` chose."""
+
+    #: argv prefix that runs the CLI: ``[node, script]`` for a JavaScript CLI, ``[executable]`` otherwise.
+    command: list[str]
+    #: where it was found: ``"TZIP_CLI"``, ``"PATH"`` or ``"checkout"``.
+    source: str
+    #: the file found: $TZIP_CLI, the ``tzip`` on PATH (as PATH names it), or the checkout's main.js.
+    path: str
+
+    def describe(self) -> str:
+        """``$TZIP_CLI (/x/main.js)``, ```tzip` on PATH (/p/bin/tzip)`` or ``the repository checkout (/r/...)``."""
+        where = {"TZIP_CLI": "$TZIP_CLI", "PATH": "`tzip` on PATH", "checkout": "the repository checkout"}[self.source]
+        return f"{where} ({self.path})"
+
+
+def _node() -> str:
     node = os.environ.get("TZIP_NODE") or shutil.which("node")
     if not node:
-        raise DaemonSpawnError("cannot start the tzip daemon: no `node` on PATH (set TZIP_NODE to the node executable)")
-    cli = os.environ.get("TZIP_CLI") or str(_repo_root() / "dist" / "src" / "cli" / "main.js")
-    if not os.path.exists(cli):
-        raise DaemonSpawnError(
-            f"cannot start the tzip daemon: {cli} does not exist (build it with `npm run build:ts`, or set TZIP_CLI)"
-        )
-    return [node, cli]
+        raise DaemonSpawnError("cannot start the tzip daemon: no `node` on PATH (set TZIP_NODE to the node executable; "
+                               "tzip needs Node.js 20 or newer)")
+    return node
+
+
+def _runner(path: str) -> list[str]:
+    """argv prefix that runs the CLI at ``path``: through node when it is (a link to) a JavaScript file, as npm's
+    bin link to dist/src/cli/main.js is, so that TZIP_NODE is honoured; directly when it is another executable."""
+    real = os.path.realpath(path)
+    if real.endswith((".js", ".mjs", ".cjs")) or not os.access(real, os.X_OK):
+        return [_node(), path]
+    return [path]
+
+
+def find_cli() -> CliChoice:
+    """The tzip CLI that starts daemons: ``$TZIP_CLI``, else ``tzip`` on ``PATH``, else this repository checkout's
+    ``dist/src/cli/main.js``.
+
+    Raises DaemonSpawnError when TZIP_CLI is set but names no file (no fallback: an explicit choice that is wrong
+    must not be replaced silently), when none of the three exists (the message lists what was looked for), or when
+    a JavaScript CLI is found but no ``node`` (TZIP_NODE, PATH).
+    """
+    env = os.environ.get("TZIP_CLI")
+    if env:
+        if not os.path.exists(env):
+            raise DaemonSpawnError(f"cannot start the tzip daemon: TZIP_CLI={env} does not exist")
+        return CliChoice(_runner(env), "TZIP_CLI", env)
+    on_path = shutil.which("tzip")
+    if on_path:
+        return CliChoice(_runner(on_path), "PATH", on_path)
+    checkout = _repo_root() / "dist" / "src" / "cli" / "main.js"
+    if checkout.is_file() and (_repo_root() / "package.json").is_file():
+        return CliChoice([_node(), str(checkout)], "checkout", str(checkout))
+    raise DaemonSpawnError(
+        "cannot start the tzip daemon: no tzip CLI found. Looked for $TZIP_CLI (not set), `tzip` on PATH (none), "
+        f"and a repository checkout ({checkout}: missing). Install the npm package (docs/install.md: "
+        "`npm install -g tzip-0.1.0.tgz`), build the checkout (`npm run build:ts`), or set TZIP_CLI to the CLI.")
+
+
+def cli_command() -> list[str]:
+    """argv prefix that runs the tzip CLI (:func:`find_cli`'s command)."""
+    return find_cli().command
+
+
+#: The CLI the last :func:`spawn_daemon` of this process launched (None before any launch).
+last_spawn_cli: CliChoice | None = None
 
 
 def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] | None = None) -> int:
@@ -129,7 +261,16 @@ def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] 
     except FileExistsError:
         pass
     log_path = socket_path + ".log"
-    cmd = [*cli_command(), "serve", "--socket", socket_path, "--idle-exit", str(SPAWN_IDLE_EXIT_S), *(extra_args or [])]
+    cli = find_cli()
+    global last_spawn_cli
+    last_spawn_cli = cli
+    cmd = [*cli.command, "serve", "--socket", socket_path, "--idle-exit", str(SPAWN_IDLE_EXIT_S), *(extra_args or [])]
+    _log.info("tzip: starting a daemon on %s with %s", socket_path, cli.describe())
+    try:
+        with open(log_path, "a") as f:
+            f.write(f"tzip: pid {os.getpid()} starts a daemon with {cli.describe()}: {' '.join(cmd)}\n")
+    except OSError:
+        pass
     # sh backgrounds the daemon and exits at once: the daemon is reparented (no zombie left in this process).
     launcher = ['/bin/sh', '-c', 'log="$1"; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!', "sh", log_path, *cmd]
     out = subprocess.run(launcher, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -137,7 +278,7 @@ def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] 
     try:
         child = int(out.stdout.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise DaemonSpawnError(f"cannot start the tzip daemon ({' '.join(cmd)})") from None
+        raise DaemonSpawnError(f"cannot start the tzip daemon with {cli.describe()} ({' '.join(cmd)})") from None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pid = daemon_pid(socket_path)
@@ -155,4 +296,5 @@ def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] 
             tail = f.read().decode(errors="replace").strip()
     except OSError:
         pass
-    raise DaemonSpawnError(f"the tzip daemon did not start on {socket_path} ({' '.join(cmd)}); log {log_path}:\n{tail}")
+    raise DaemonSpawnError(f"the tzip daemon did not start on {socket_path} with {cli.describe()} ({' '.join(cmd)}); "
+                           f"log {log_path}:\n{tail}")

@@ -20,6 +20,7 @@ import msgpack
 import zmq
 
 from ._errors import DaemonUnavailableError
+from ._spawn import normalize_endpoint
 
 __all__ = ["Transport"]
 
@@ -30,12 +31,14 @@ POLL_MS = 100
 class Transport:
     """Per-thread DEALER sockets to ``ipc://<socket_path>``, or to a ``tcp://`` endpoint with CURVE.
 
-    ``curve``: (server public key, client public key, client secret key), Z85 bytes, for a ``tcp://``
+    ``socket_path``: any spelling :func:`tzip._spawn.normalize_endpoint` accepts (a path, ``ipc:///abs/path``,
+    ``tcp://127.0.0.1:PORT``); raises ValueError for others. ``curve``: (server public key, client public key, client secret key), Z85 bytes, for a ``tcp://``
     endpoint (the daemon's TCP socket speaks only CURVE, docs/protocol.md).
     """
 
     def __init__(self, socket_path: str, curve: tuple[bytes, bytes, bytes] | None = None):
-        self.endpoint = socket_path if socket_path.startswith("tcp://") else f"ipc://{socket_path}"
+        endpoint = normalize_endpoint(socket_path)
+        self.endpoint = endpoint if endpoint.startswith("tcp://") else f"ipc://{endpoint}"
         self._curve = curve
         self._ctx = zmq.Context()
         self._local = threading.local()
