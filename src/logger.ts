@@ -7,7 +7,12 @@
  * when its level is at or above the logger's.
  */
 import { writeSync } from 'node:fs';
-import { pino } from 'pino';
+import { createRequire } from 'node:module';
+import type { pino as Pino } from 'pino';
+
+// pino is loaded by the first JSON logger, not by importing this module: the CLI's commands that never
+// log JSON (and their start-up time) do not pay for it.
+const require = createRequire(import.meta.url);
 
 /** Log levels, lowest first, and `silent`. */
 export const LOG_LEVELS = ['debug', 'info', 'warn', 'error', 'silent'] as const;
@@ -77,6 +82,7 @@ export function createLogger(options: LoggerOptions = {}): Logger {
     }, level);
   }
   // Levels as words ("level":"info"), not pino's numbers: what log tools and people read.
+  const { pino } = require('pino') as { pino: typeof Pino };
   const p = pino({ name, level, base: { pid: process.pid }, formatters: { level: (label) => ({ level: label }) } },
     pino.destination({ fd, sync: true }));
   const at = (l: Exclude<LogLevel, 'silent'>) => (msg: string, fields?: LogFields) => {

@@ -1,87 +1,114 @@
 /**
  * `tzip serve`: runs the daemon that PyTorch processes hand tensors to (docs/protocol.md) until
  * a client sends `shutdown`, SIGINT/SIGTERM arrives, or (with --idle-exit) no client came for a while.
+ *
+ * Its settings come from flags, the environment, a config file and defaults, in that order of
+ * precedence (src/config.ts, docs/configuration.md); `--print-config` shows them and exits. With
+ * `--metrics PORT` it serves Prometheus metrics on 127.0.0.1 (src/daemon/metrics.ts). The
+ * daemon, the metrics and the logger's modules are loaded when the command runs, so registering
+ * it costs the CLI's other commands nothing.
  */
-import { InvalidArgumentError, Option, type Command } from 'commander';
-import { defaultLimits, SESSION_LIMITS, type SessionLimit } from '../daemon/limits.js';
-import { resolveSocketPath } from '../daemon/paths.js';
-import { Daemon } from '../daemon/server.js';
-import { parsePositiveInt, threadsOption, type GlobalOptions } from './options.js';
+import { Option, type Command } from 'commander';
+import { CONFIG_KEYS, CONFIG_KEY_NAMES, configJson, flagAttribute, formatConfigText, resolveConfig, type ConfigKey, type KeySpec, type ServeConfig } from '../config.js';
+import type { DaemonLimits } from '../daemon/limits.js';
+import type { GlobalOptions } from './options.js';
 
 interface ServeOptions extends GlobalOptions {
-  socket?: string;
-  leaseMs?: number;
-  maxMessageBytes?: number;
-  maxBatch?: number;
-  maxRegions?: number;
-  maxIpcHandles?: number;
-  maxInflightBytes?: number;
-  threads?: number;
-  idleExit?: number;
-  verbose?: boolean;
-  tcp?: number;
+  config?: string;
+  printConfig?: boolean;
+  [attribute: string]: unknown;
 }
 
-function parsePort(value: string): number {
-  const n = Number(value);
-  if (!/^\d+$/.test(value.trim()) || n > 65535) throw new InvalidArgumentError(`'${value}' is not a TCP port (0-65535; 0 picks a free one).`);
-  return n;
+/** The help text of a key's flag: what it does, its default, its variable. */
+function flagHelp(spec: KeySpec<unknown>): string {
+  const value = spec.default(process.env);
+  const d = spec.defaultText ?? (typeof value === 'string' ? value : JSON.stringify(value));
+  return `${spec.what} (default: ${d}; env ${spec.env})`;
 }
 
-function parseSeconds(value: string): number {
-  const n = Number(value);
-  if (value.trim() === '' || !Number.isFinite(n) || n < 0) throw new InvalidArgumentError(`'${value}' is not a number of seconds >= 0.`);
-  return n;
+/** The daemon's limits from the configuration (the defaults of src/daemon/limits.ts for the rest). */
+function limitsOf(c: ServeConfig, defaults: DaemonLimits): DaemonLimits {
+  const limits = defaults;
+  limits.leaseMs = c.lease_ms;
+  limits.heartbeatMs = Math.max(1, Math.floor(c.lease_ms / 3));
+  limits.maxMessageBytes = c.max_message_bytes;
+  limits.transportMaxMessageBytes = Math.max(limits.transportMaxMessageBytes, c.max_message_bytes);
+  limits.maxBatch = c.max_batch;
+  limits.maxRegionsPerSession = c.max_regions;
+  limits.maxIpcHandlesPerSession = c.max_ipc_handles;
+  limits.maxInflightBytesPerSession = c.max_inflight_bytes;
+  limits.threads = c.threads ?? undefined;
+  limits.idleExitMs = Math.round(c.idle_exit_s * 1000);
+  return limits;
 }
 
 /** Adds the `serve` command to `program`. */
 export function registerServe(program: Command): void {
-  program
+  const command = program
     .command('serve')
     .description('run the tzip daemon: PyTorch processes (python-bridge, tzip.connect()) send it tensors in shared memory over ZeroMQ')
-    .addOption(new Option('--socket <path>', 'socket path (default: $TZIP_SOCKET, else $XDG_RUNTIME_DIR/tzip/tzip.sock, else /tmp/tzip-$UID/tzip.sock)'))
-    .addOption(new Option('--lease-ms <ms>', 'a client silent for this long loses its session (default: 10000)').argParser(parsePositiveInt))
-    .addOption(new Option('--max-message-bytes <bytes>', 'largest request message served (default: 1048576)').argParser(parsePositiveInt))
-    .addOption(new Option('--max-batch <n>', 'most tensors per compress/decompress request (default: 4096)').argParser(parsePositiveInt))
-    .addOption(new Option('--max-regions <n>', `most ${SESSION_LIMITS.maxRegionsPerSession.what} (default: ${defaultLimits().maxRegionsPerSession})`).argParser(parsePositiveInt))
-    .addOption(new Option('--max-ipc-handles <n>', `most ${SESSION_LIMITS.maxIpcHandlesPerSession.what} (default: ${defaultLimits().maxIpcHandlesPerSession})`).argParser(parsePositiveInt))
-    .addOption(new Option('--max-inflight-bytes <bytes>', `most ${SESSION_LIMITS.maxInflightBytesPerSession.what} (default: ${defaultLimits().maxInflightBytesPerSession})`).argParser(parsePositiveInt))
-    .addOption(threadsOption())
-    .addOption(new Option('--idle-exit <seconds>', 'exit after this long without any client (default: 0, never)').argParser(parseSeconds))
-    .addOption(new Option('--tcp <port>', 'also listen on tcp://127.0.0.1:PORT, CURVE only: clients need the keys in the socket folder\'s curve/ (0: a free port)').argParser(parsePort))
-    .addOption(new Option('--verbose', 'log sessions and connections'))
-    .action(async (_opts: unknown, cmd: Command) => {
-      const opts = cmd.optsWithGlobals<ServeOptions>();
-      const limits = defaultLimits();
-      if (opts.leaseMs !== undefined) {
-        limits.leaseMs = opts.leaseMs;
-        limits.heartbeatMs = Math.max(1, Math.floor(opts.leaseMs / 3));
-      }
-      if (opts.maxMessageBytes !== undefined) {
-        limits.maxMessageBytes = opts.maxMessageBytes;
-        limits.transportMaxMessageBytes = Math.max(limits.transportMaxMessageBytes, opts.maxMessageBytes);
-      }
-      if (opts.maxBatch !== undefined) limits.maxBatch = opts.maxBatch;
-      for (const name of Object.keys(SESSION_LIMITS) as SessionLimit[]) {
-        const value = opts[SESSION_LIMITS[name].option];
-        if (value !== undefined) limits[name] = value;
-      }
-      if (opts.threads !== undefined) limits.threads = opts.threads;
-      if (opts.idleExit !== undefined) limits.idleExitMs = Math.round(opts.idleExit * 1000);
-      const socketPath = resolveSocketPath(opts.socket);
-      const daemon = await Daemon.start({ socketPath, limits, verbose: opts.verbose === true, tcpPort: opts.tcp });
-      const tcp = daemon.tcpEndpoint;
-      const ready = { event: 'listening', socket: socketPath, endpoint: daemon.endpoint, ...(tcp !== undefined ? { tcp } : {}), pid: process.pid };
-      process.stdout.write(opts.json === true
-        ? `${JSON.stringify(ready)}\n`
-        : `tzip serve: listening on ${daemon.endpoint}${tcp !== undefined ? ` and ${tcp} (CURVE)` : ''} (pid ${process.pid})\n`);
-      const onSignal = (signal: NodeJS.Signals): void => {
-        void daemon.stop(`${signal} received`);
-      };
-      process.once('SIGINT', onSignal);
-      process.once('SIGTERM', onSignal);
-      await daemon.stopped;
-      process.removeListener('SIGINT', onSignal);
-      process.removeListener('SIGTERM', onSignal);
+    .addOption(new Option('--config <path>', 'config file (default: $TZIP_CONFIG, else $XDG_CONFIG_HOME/tzip/config.json, else ~/.config/tzip/config.json)'))
+    .addOption(new Option('--print-config', 'print the settings in effect and where each came from (flag, env, file, default), then exit'));
+  for (const key of CONFIG_KEY_NAMES) {
+    const spec = CONFIG_KEYS[key] as KeySpec<unknown>;
+    // Values stay strings here: config.ts parses and checks flags, variables and the file alike.
+    command.addOption(new Option(spec.arg !== undefined ? `${spec.flag} ${spec.arg}` : spec.flag, flagHelp(spec)));
+  }
+  command.addHelpText('after', '\nPrecedence: flags > environment variables > config file > defaults (docs/configuration.md).');
+  command.action(async (_opts: unknown, cmd: Command) => {
+    const opts = cmd.optsWithGlobals<ServeOptions>();
+    const flags: Partial<Record<ConfigKey, string | boolean>> = {};
+    for (const key of CONFIG_KEY_NAMES) {
+      const value = opts[flagAttribute(CONFIG_KEYS[key].flag)];
+      if (typeof value === 'string' || typeof value === 'boolean') flags[key] = value;
+    }
+    const config = await resolveConfig({ flags, configPath: opts.config, env: process.env });
+    if (opts.printConfig === true) {
+      process.stdout.write(opts.json === true ? `${JSON.stringify(configJson(config), null, 2)}\n` : formatConfigText(config));
+      return;
+    }
+    await serve(config.values, opts.json === true);
+  });
+}
+
+/** Runs the daemon with `c` until it stops. */
+async function serve(c: ServeConfig, json: boolean): Promise<void> {
+  const [{ defaultLimits }, { resolveSocketPath }, { Daemon }, { createLogger }] = await Promise.all([
+    import('../daemon/limits.js'), import('../daemon/paths.js'), import('../daemon/server.js'), import('../logger.js'),
+  ]);
+  const logger = createLogger({ level: c.log_level, format: c.log_format });
+  const limits = limitsOf(c, defaultLimits());
+  const socketPath = resolveSocketPath(c.socket);
+  // The metrics port is bound before the daemon's socket: a port in use fails the start before any client can connect.
+  const metrics = c.metrics_port !== null ? new (await import('../daemon/metrics.js')).DaemonMetrics() : undefined;
+  const metricsUrl = metrics !== undefined && c.metrics_port !== null ? await metrics.listen(c.metrics_port) : undefined;
+  let daemon: Awaited<ReturnType<typeof Daemon.start>>;
+  try {
+    daemon = await Daemon.start({
+      socketPath, limits, verbose: c.verbose, tcpPort: c.tcp_port ?? undefined,
+      log: (line: string) => logger.info(line),
     });
+  } catch (err) {
+    await metrics?.close();
+    throw err;
+  }
+  metrics?.attach(daemon);
+  if (metricsUrl !== undefined) logger.info(`metrics on ${metricsUrl}`, { metrics: metricsUrl });
+  const tcp = daemon.tcpEndpoint;
+  const ready = {
+    event: 'listening', socket: socketPath, endpoint: daemon.endpoint, ...(tcp !== undefined ? { tcp } : {}),
+    ...(metricsUrl !== undefined ? { metrics: metricsUrl } : {}), pid: process.pid,
+  };
+  process.stdout.write(json
+    ? `${JSON.stringify(ready)}\n`
+    : `tzip serve: listening on ${daemon.endpoint}${tcp !== undefined ? ` and ${tcp} (CURVE)` : ''}${metricsUrl !== undefined ? `, metrics on ${metricsUrl}` : ''} (pid ${process.pid})\n`);
+  const onSignal = (signal: NodeJS.Signals): void => {
+    void daemon.stop(`${signal} received`);
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  await daemon.stopped;
+  await metrics?.close();
+  process.removeListener('SIGINT', onSignal);
+  process.removeListener('SIGTERM', onSignal);
 }
