@@ -14,6 +14,7 @@ import {
   cudaIpcCloseMemHandle,
   cudaIpcOpenEventHandle,
   cudaIpcOpenMemHandle,
+  cudaMemGetInfo,
   gpuCompress,
   gpuDecompress,
   gpuDevices,
@@ -34,11 +35,13 @@ export interface GpuApi {
   cudaIpcOpenEventHandle: typeof cudaIpcOpenEventHandle;
   cudaEventCreateInterprocess: typeof cudaEventCreateInterprocess;
   cudaEventDestroy: typeof cudaEventDestroy;
+  /** Free and total memory of a device (absent in a test's stand-in: memory then reads as unknown). */
+  cudaMemGetInfo?: typeof cudaMemGetInfo;
 }
 
 const ADDON: GpuApi = {
   gpuDevices, gpuCompress, gpuDecompress, cudaIpcOpenMemHandle, cudaIpcCloseMemHandle, cudaIpcOpenEventHandle,
-  cudaEventCreateInterprocess, cudaEventDestroy,
+  cudaEventCreateInterprocess, cudaEventDestroy, cudaMemGetInfo,
 };
 
 let override: GpuApi | null | undefined;
@@ -94,6 +97,43 @@ export function gpuInventory(): GpuInventory {
 export function resetGpuInventory(): void {
   inventory = undefined;
   ordinals.clear();
+  usedOrdinals.clear();
+}
+
+/** Ordinals of the GPUs a request has run on: the daemon holds a CUDA context on these. */
+const usedOrdinals = new Set<number>();
+
+/** Notes that a request runs on GPU `ordinal` (so that {@link gpuMemory} may ask its memory without making a context). */
+export function noteGpuUsed(ordinal: number): void {
+  usedOrdinals.add(ordinal);
+}
+
+/** One GPU's memory, device-wide (every process's allocations), bytes. */
+export interface GpuMemory {
+  uuid: string;
+  name: string;
+  /** Null until a request has run on the GPU: asking CUDA earlier would make the daemon a context there (hundreds of MB). */
+  memoryUsedBytes: number | null;
+  memoryTotalBytes: number;
+}
+
+/** Memory of every GPU the daemon serves (cudaMemGetInfo; never throws: unknown is null). */
+export function gpuMemory(): GpuMemory[] {
+  const api = gpuApi();
+  return gpuInventory().devices.map((d) => {
+    let used: number | null = null;
+    let total = d.totalMemory;
+    if (usedOrdinals.has(d.ordinal) && api?.cudaMemGetInfo !== undefined) {
+      try {
+        const m = api.cudaMemGetInfo(d.ordinal);
+        used = m.total - m.free;
+        total = m.total;
+      } catch {
+        used = null;
+      }
+    }
+    return { uuid: d.uuid, name: d.name, memoryUsedBytes: used, memoryTotalBytes: total };
+  });
 }
 
 /**

@@ -66,8 +66,8 @@ export interface DaemonLimits {
   inlineMaxItems: number;
 }
 
-/** Protocol versions this daemon speaks, newest last (2: compress/decompress may carry a handle table, docs/protocol.md). */
-export const PROTOCOL_VERSIONS: readonly number[] = [1, 2];
+/** Protocol versions this daemon speaks, newest last (2: compress/decompress may carry a handle table; 3: jobs, streams, settings: docs/protocol.md). */
+export const PROTOCOL_VERSIONS: readonly number[] = [1, 2, 3];
 
 /** Default limits. */
 export function defaultLimits(): DaemonLimits {

@@ -17,8 +17,9 @@ import { handleGpuCompress } from './op-gpu.js';
 import { checkNotShrunk, checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { CompressRequest } from './schema.js';
+import type { AppliedSettings } from './jobs.js';
 import type { Session } from './session.js';
-import type { DaemonStats } from './stats.js';
+import type { RequestTally } from './tally.js';
 
 /** One frame of the reply. */
 export interface FrameResult {
@@ -31,12 +32,20 @@ export interface FrameResult {
   shape: number[];
 }
 
-/** Handles a validated compress request of `session` (GPU memory: op-gpu.ts). */
-export async function handleCompress(req: CompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ frames: FrameResult[]; event_handle?: Buffer }> {
+/**
+ * Handles a validated compress request of `session` (GPU memory: op-gpu.ts) with the job's `settings`: their codec,
+ * when set, for every tensor (jobs.ts).
+ */
+export async function handleCompress(req: CompressRequest, session: Session, limits: DaemonLimits, tally: RequestTally,
+  settings: AppliedSettings): Promise<{ frames: FrameResult[]; event_handle?: Buffer }> {
   if (req.tensors.length > limits.maxBatch) {
     throw new ReplyError('TZIP_TOO_LARGE', `batch of ${req.tensors.length} tensors is above the cap of ${limits.maxBatch}`);
   }
-  if (req.tensors.some((item) => tensorOnGpu(item.tensor) || item.out.kind === 'cuda_ipc')) return handleGpuCompress(req, session, stats);
+  if (req.tensors.some((item) => tensorOnGpu(item.tensor) || item.out.kind === 'cuda_ipc')) {
+    tally.device = 'gpu';
+    return handleGpuCompress(req, session, tally, settings);
+  }
+  tally.device = 'cpu';
   const epoch = nextEpoch();
   let unreserve: (() => void) | undefined;
   try {
@@ -47,7 +56,7 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
       if (out.bytes.length < need) {
         throw new ReplyError('TZIP_HANDLE', `output of tensor ${i}: region of ${out.bytes.length} bytes is smaller than maxCompressedSize ${need}`, { index: i, need });
       }
-      return { input, out, codec: (item.codec ?? req.codec ?? 'auto') as Codec };
+      return { input, out, codec: settings.codec ?? ((item.codec ?? req.codec ?? 'auto') as Codec) };
     });
     const regions: ResolvedRegion[] = [];
     for (const p of plans) regions.push(p.input.region, p.out);
@@ -78,7 +87,7 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
       }
       frames.push(s.value);
     }
-    countCompressed(stats, plans, frames);
+    countCompressed(tally, plans, frames);
     return { frames };
   } finally {
     unreserve?.();
@@ -88,15 +97,15 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
 }
 
 /**
- * Adds a compress batch to the daemon's counters: its tensors' bytes in, its frames' bytes out.
- * Shared by the CPU path and the GPU path (op-gpu.ts).
+ * Adds a compress batch to the request's account and the daemon's counters: its tensors' bytes in, its frames' bytes
+ * out. Shared by the CPU path and the GPU path (op-gpu.ts).
  */
-export function countCompressed(stats: DaemonStats, plans: readonly { input: { layout: { nbytes: number } } }[], frames: readonly FrameResult[]): void {
+export function countCompressed(tally: RequestTally, plans: readonly { input: { layout: { nbytes: number } } }[], frames: readonly FrameResult[]): void {
   let inBytes = 0;
   let outBytes = 0;
   for (let i = 0; i < plans.length; i++) {
     inBytes += (plans[i] as (typeof plans)[number]).input.layout.nbytes;
     outBytes += (frames[i] as FrameResult).bytes;
   }
-  stats.addCodec('compress', plans.length, inBytes, outBytes);
+  tally.coded('compress', plans.length, inBytes, outBytes);
 }

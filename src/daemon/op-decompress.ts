@@ -15,8 +15,9 @@ import { handleGpuDecompress } from './op-gpu.js';
 import { checkNotShrunk, checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { DecompressRequest } from './schema.js';
+import type { AppliedSettings } from './jobs.js';
 import type { Session } from './session.js';
-import type { DaemonStats } from './stats.js';
+import type { RequestTally } from './tally.js';
 
 /** One tensor of the reply: what the frame said. */
 export interface TensorResult {
@@ -54,12 +55,20 @@ export function checkFrameDestination(i: number, header: FrameHeader, out: Frame
   }
 }
 
-/** Handles a validated decompress request of `session` (GPU memory: op-gpu.ts). */
-export async function handleDecompress(req: DecompressRequest, session: Session, limits: DaemonLimits, stats: DaemonStats): Promise<{ tensors: TensorResult[]; event_handle?: Buffer }> {
+/**
+ * Handles a validated decompress request of `session` (GPU memory: op-gpu.ts) with the job's `settings` (their SM
+ * budget on a GPU; a codec setting does not apply: a frame records its codec).
+ */
+export async function handleDecompress(req: DecompressRequest, session: Session, limits: DaemonLimits, tally: RequestTally,
+  settings: AppliedSettings): Promise<{ tensors: TensorResult[]; event_handle?: Buffer }> {
   if (req.frames.length > limits.maxBatch) {
     throw new ReplyError('TZIP_TOO_LARGE', `batch of ${req.frames.length} frames is above the cap of ${limits.maxBatch}`);
   }
-  if (req.frames.some((item) => item.frame.kind === 'cuda_ipc' || tensorOnGpu(item.out))) return handleGpuDecompress(req, session, stats);
+  if (req.frames.some((item) => item.frame.kind === 'cuda_ipc' || tensorOnGpu(item.out))) {
+    tally.device = 'gpu';
+    return handleGpuDecompress(req, session, tally, settings);
+  }
+  tally.device = 'cpu';
   const epoch = nextEpoch();
   let unreserve: (() => void) | undefined;
   try {
@@ -100,7 +109,7 @@ export async function handleDecompress(req: DecompressRequest, session: Session,
       inBytes += p.frame.bytes.length;
       outBytes += p.header.nbytes;
     }
-    stats.addCodec('decompress', plans.length, inBytes, outBytes);
+    tally.coded('decompress', plans.length, inBytes, outBytes);
     return { tensors: plans.map((p) => ({ nbytes: p.header.nbytes, dtype: p.header.dtype, shape: p.header.shape, codec: p.header.codec })) };
   } finally {
     unreserve?.();

@@ -15,7 +15,7 @@
  */
 import type { Codec, FrameCodec, FrameHeader, GpuCompressed } from '../native.js';
 import { maxCompressedSize } from '../native.js';
-import { gpuApi, gpuReplyError, type GpuApi, type GpuRunOptions } from './gpu.js';
+import { gpuApi, gpuReplyError, noteGpuUsed, type GpuApi, type GpuRunOptions } from './gpu.js';
 import { expectGpu, GpuRequest } from './gpu-regions.js';
 import type { DaemonLimits } from './limits.js';
 import { countCompressed, type FrameResult } from './op-compress.js';
@@ -23,8 +23,9 @@ import { checkFrameDestination, checkFrameSize, type TensorResult } from './op-d
 import { checkOverlaps, type Extent } from './regions.js';
 import { ReplyError } from './reply-error.js';
 import type { CompressRequest, DecompressRequest } from './schema.js';
+import type { AppliedSettings } from './jobs.js';
 import type { Session } from './session.js';
-import type { DaemonStats } from './stats.js';
+import type { RequestTally } from './tally.js';
 
 /** Frame dtypes whose `fast`/`max` codecs split the float (others are coded as `bytes`). */
 const SPLIT_FLOATS: ReadonlySet<string> = new Set(['BF16', 'F16', 'F32']);
@@ -47,8 +48,9 @@ function api(): GpuApi {
 }
 
 /** Run options without undefined fields (the addon reads what is there). */
-function runOptions(device: number, extra: { chunkSize?: number | undefined; verify?: boolean | undefined; waitEvent?: bigint | undefined; recordEvent: bigint }): GpuRunOptions {
+function runOptions(device: number, extra: { smBudget: number | undefined; chunkSize?: number | undefined; verify?: boolean | undefined; waitEvent?: bigint | undefined; recordEvent: bigint }): GpuRunOptions {
   const opts: GpuRunOptions = { device, recordEvent: extra.recordEvent };
+  if (extra.smBudget !== undefined) opts.smBudget = extra.smBudget;
   if (extra.chunkSize !== undefined) opts.chunkSize = extra.chunkSize;
   if (extra.verify !== undefined) opts.verify = extra.verify;
   if (extra.waitEvent !== undefined) opts.waitEvent = extra.waitEvent;
@@ -86,6 +88,7 @@ async function runGpuBatch<T>(r: GpuRequest, extents: Extent[], waitEventHandle:
   checkOverlaps(extents);
   const device = r.device as number;
   const gpu = api();
+  noteGpuUsed(device);
   const keys = [...r.keys];
   r.state.begin(keys);
   try {
@@ -106,7 +109,7 @@ async function runGpuBatch<T>(r: GpuRequest, extents: Extent[], waitEventHandle:
  *   index) when the frame read back records a codec the encoder cannot have written: the output's
  *   memory was changed during the call.
  */
-export async function handleGpuCompress(req: CompressRequest, session: Session, stats: DaemonStats): Promise<{ frames: FrameResult[]; event_handle: Buffer }> {
+export async function handleGpuCompress(req: CompressRequest, session: Session, tally: RequestTally, settings: AppliedSettings): Promise<{ frames: FrameResult[]; event_handle: Buffer }> {
   req.tensors.forEach((item, i) => {
     expectGpu(item.tensor, `tensor ${i}`, i);
     expectGpu(item.out, `output of tensor ${i}`, i);
@@ -121,7 +124,7 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
       if (out.size < need) {
         throw new ReplyError('TZIP_HANDLE', `output of tensor ${i}: region of ${out.size} bytes is smaller than maxCompressedSize ${need}`, { index: i, need });
       }
-      return { input, out, codec: (item.codec ?? req.codec ?? 'auto') as Codec, need };
+      return { input, out, codec: settings.codec ?? ((item.codec ?? req.codec ?? 'auto') as Codec), need };
     });
     const extents: Extent[] = [];
     for (const p of plans) extents.push(p.input.extent, p.out.extent);
@@ -137,7 +140,7 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
           shape: p.input.layout.shape,
           frame: p.out.ptr,
           frameCapacity: p.out.size,
-        })), runOptions(device, { chunkSize: req.chunk_size, waitEvent, recordEvent: own.event }));
+        })), runOptions(device, { smBudget: settings.smBudget, chunkSize: req.chunk_size, waitEvent, recordEvent: own.event }));
       } catch (err) {
         throw batchError(err, 'tensor');
       }
@@ -159,8 +162,7 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
         }
         return { bytes, codec: w.codec, dtype: p.input.layout.dtype, shape: p.input.layout.shape };
       });
-      countCompressed(stats, plans, frames);
-      stats.gpuRequests++;
+      countCompressed(tally, plans, frames);
       return { frames, event_handle: own.handle };
     });
   } finally {
@@ -176,7 +178,7 @@ export async function handleGpuCompress(req: CompressRequest, session: Session, 
  *   disagree), TZIP_CORRUPT / TZIP_TRUNCATED / TZIP_CHECKSUM / TZIP_UNSUPPORTED (the frame, with
  *   its index), TZIP_TOO_LARGE, TZIP_CUDA, TZIP_INTERNAL.
  */
-export async function handleGpuDecompress(req: DecompressRequest, session: Session, stats: DaemonStats): Promise<{ tensors: TensorResult[]; event_handle: Buffer }> {
+export async function handleGpuDecompress(req: DecompressRequest, session: Session, tally: RequestTally, settings: AppliedSettings): Promise<{ tensors: TensorResult[]; event_handle: Buffer }> {
   req.frames.forEach((item, i) => {
     expectGpu(item.frame, `frame ${i}`, i);
     expectGpu(item.out, `destination of frame ${i}`, i);
@@ -200,7 +202,7 @@ export async function handleGpuDecompress(req: DecompressRequest, session: Sessi
           frameBytes: p.frame.size,
           out: p.out.ptr,
           outBytes: p.out.layout.nbytes,
-        })), runOptions(device, { verify: req.verify ?? true, waitEvent, recordEvent: own.event }));
+        })), runOptions(device, { smBudget: settings.smBudget, verify: req.verify ?? true, waitEvent, recordEvent: own.event }));
       } catch (err) {
         throw batchError(err, 'frame');
       }
@@ -222,8 +224,7 @@ export async function handleGpuDecompress(req: DecompressRequest, session: Sessi
         inBytes += p.frame.size;
         outBytes += p.out.layout.nbytes;
       }
-      stats.addCodec('decompress', plans.length, inBytes, outBytes);
-      stats.gpuRequests++;
+      tally.coded('decompress', plans.length, inBytes, outBytes);
       return { tensors, event_handle: own.handle };
     });
   } finally {

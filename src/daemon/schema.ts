@@ -171,6 +171,41 @@ const WireTensor = tensorSchema(WireHandle);
 const CodecName = z.enum(CODECS as unknown as [string, ...string[]]);
 const Threads = z.number().int().min(1).max(1024);
 
+/**
+ * Protocol version 3: what a request's bytes are for, as the job's registry counts them (jobs.ts); a request
+ * without one counts as `other`.
+ */
+export const STREAMS = ['gradients', 'optimizer', 'checkpoint', 'sendrecv', 'other'] as const;
+export type StreamName = (typeof STREAMS)[number];
+const Stream = z.enum(STREAMS);
+
+/** SMs the GPU kernels of a request may occupy at a time; 0: all SMs of the device (the addon's `smBudget`). */
+export const MAX_SM_BUDGET = 1024;
+const SmBudget = z.number().int().min(0).max(MAX_SM_BUDGET);
+
+/**
+ * Protocol version 3: the job a session belongs to (a training run: one name shared by all of its ranks), as
+ * `hello` or the `job` op carry it.
+ */
+export const JobInfo = z.strictObject({
+  /** The job's name: sessions that give the same name are one job (`tzip jobs`, `tzip set JOB`). */
+  name: z.string().min(1).max(200),
+  /** Who runs it (free text; default: the daemon's user, the only one who can connect). */
+  user: z.string().max(200).optional(),
+  /** This process's rank in the job (torch.distributed). */
+  rank: z.number().int().min(0).max(2 ** 31 - 1).optional(),
+  world_size: z.number().int().min(1).max(2 ** 31 - 1).optional(),
+  /** The devices the process computes on: GPU UUIDs ("GPU-...", as `nvidia-smi -L` prints them) or "cpu". */
+  devices: z.array(z.string().min(1).max(80)).max(64).optional(),
+  /** The process is an MPS client (CUDA_MPS_PIPE_DIRECTORY set / MPS active); null: it cannot tell. */
+  mps: z.boolean().nullable().optional(),
+});
+export type JobInfo = z.infer<typeof JobInfo>;
+
+/** Codec settings of the `set` op: a codec for every tensor, or `off` (the daemon writes `raw` frames). */
+export const SETTING_CODECS = ['fast', 'max', 'auto', 'off'] as const;
+export type SettingCodec = (typeof SETTING_CODECS)[number];
+
 export const HelloRequest = z.strictObject({
   id: RequestId,
   op: z.literal('hello'),
@@ -181,6 +216,8 @@ export const HelloRequest = z.strictObject({
   shm_prefix: ShmPrefix,
   /** Free text shown in stats. */
   name: z.string().max(200).optional(),
+  /** Protocol version 3: the session's job (attached from the start); null or absent: none. */
+  job: JobInfo.nullable().optional(),
 });
 
 export const HeartbeatRequest = z.strictObject({ id: RequestId, op: z.literal('heartbeat'), sid: SessionId });
@@ -192,6 +229,10 @@ function compressSchema<H extends z.ZodType, T extends z.ZodType>(handle: H, ten
     sid: SessionId,
     /** Default codec of the batch (auto). */
     codec: CodecName.optional(),
+    /** Protocol version 3: what the tensors are, for the job's counters. */
+    stream: Stream.optional(),
+    /** Protocol version 3: SMs of the GPU kernels (0: all; default the daemon's setting, else the addon's 10). */
+    sm_budget: SmBudget.optional(),
     threads: Threads.optional(),
     /** Bytes of input per chunk (default the codec's, 65536). */
     chunk_size: z.number().int().min(4096).max(65536).optional(),
@@ -215,6 +256,10 @@ function decompressSchema<H extends z.ZodType, T extends z.ZodType>(handle: H, t
     sid: SessionId,
     /** Check every chunk's digest (default true). */
     verify: z.boolean().optional(),
+    /** Protocol version 3: as in compress. */
+    stream: Stream.optional(),
+    /** Protocol version 3: as in compress. */
+    sm_budget: SmBudget.optional(),
     threads: Threads.optional(),
     /** GPU requests: as in compress. */
     wait_event: EventHandle.nullable().optional(),
@@ -259,6 +304,34 @@ export const StatsRequest = z.strictObject({ id: RequestId, op: z.literal('stats
 
 export const ShutdownRequest = z.strictObject({ id: RequestId, op: z.literal('shutdown'), sid: SessionId });
 
+/**
+ * Protocol version 3: sets (or, with `job: null`, clears) the session's job at any time; `attached` says whether
+ * the job's integrations are switched on (`tzip.attach()`) or off (`tzip.detach()`).
+ */
+export const JobRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('job'),
+  sid: SessionId,
+  job: JobInfo.nullable(),
+  attached: z.boolean(),
+});
+
+/** Protocol version 3: the job registry (no session needed). */
+export const JobsRequest = z.strictObject({ id: RequestId, op: z.literal('jobs'), sid: SessionId.optional() });
+
+/**
+ * Protocol version 3: a job's settings (`job`) or the daemon's (no `job`), applied from the next request; a
+ * field absent is left as it is, null clears it. No session needed.
+ */
+export const SetRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('set'),
+  sid: SessionId.optional(),
+  job: z.string().min(1).max(200).optional(),
+  codec: z.enum(SETTING_CODECS).nullable().optional(),
+  sm_budget: SmBudget.nullable().optional(),
+});
+
 /** The request schemas by op. */
 export const REQUESTS = {
   hello: HelloRequest,
@@ -268,6 +341,9 @@ export const REQUESTS = {
   release: ReleaseRequest,
   stats: StatsRequest,
   shutdown: ShutdownRequest,
+  job: JobRequest,
+  jobs: JobsRequest,
+  set: SetRequest,
 } as const;
 
 export type Op = keyof typeof REQUESTS;
@@ -280,8 +356,12 @@ export type DecompressRequest = z.infer<typeof DecompressRequest>;
 export type ReleaseRequest = z.infer<typeof ReleaseRequest>;
 export type StatsRequest = z.infer<typeof StatsRequest>;
 export type ShutdownRequest = z.infer<typeof ShutdownRequest>;
+export type JobRequest = z.infer<typeof JobRequest>;
+export type JobsRequest = z.infer<typeof JobsRequest>;
+export type SetRequest = z.infer<typeof SetRequest>;
 export type Request =
-  | HelloRequest | HeartbeatRequest | CompressRequest | DecompressRequest | ReleaseRequest | StatsRequest | ShutdownRequest;
+  | HelloRequest | HeartbeatRequest | CompressRequest | DecompressRequest | ReleaseRequest | StatsRequest | ShutdownRequest
+  | JobRequest | JobsRequest | SetRequest;
 
 /** The envelope read first, to echo the id and pick the schema even when the rest is bad. */
 export const Envelope = z.looseObject({ id: z.unknown().optional(), op: z.unknown().optional() });

@@ -11,24 +11,32 @@ import { chmodSync, readFileSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { Router } from 'zeromq';
 import { TzipError } from '../errors.js';
+import { createLogger, textLogger, type Logger } from '../logger.js';
 import { defaultChunkSize, formatVersion } from '../native.js';
 import { packageRoot } from '../package-root.js';
 import { requestGc } from './gc.js';
-import { gpuInventory } from './gpu.js';
+import { gpuInventory, gpuMemory } from './gpu.js';
 import { ipcAllocations } from './gpu-map.js';
+import { ADDON_SM_BUDGET, JobRegistry, wireSettings, type Job, type Settings } from './jobs.js';
 import { PROTOCOL_VERSIONS, type DaemonLimits } from './limits.js';
 import { DaemonLock } from './lock.js';
+import { daemonUsesMps, sharesMps } from './mps.js';
+import type { RequestEvent, RequestObserver } from './observer.js';
 import { handleCompress } from './op-compress.js';
 import { handleDecompress } from './op-decompress.js';
 import { parseRequest } from './parse-request.js';
 import { loadCurveKeys, ZAP_DOMAIN, ZapHandler, type CurveKeys } from './curve.js';
 import { endpointOf, ensurePrivateDir } from './paths.js';
+import { RateWindow } from './rates.js';
 import { ReplyError, toWireError } from './reply-error.js';
-import type { HelloRequest, Request, StatsRequest } from './schema.js';
+import { STREAMS, type HelloRequest, type JobRequest, type Request, type SetRequest, type StatsRequest } from './schema.js';
 import { Session, SessionTable, type EndReason } from './session.js';
 import { scheduleOrphanCleanup } from './shm-cleanup.js';
 import { DaemonStats } from './stats.js';
+import { RequestTally } from './tally.js';
 import { encodeMessage as encodeReply } from './wire.js';
+
+export type { RequestEvent, RequestObserver } from './observer.js';
 
 /** TZIP_TRACE in the environment: each request's time from arrival to reply goes to the log (and the addon prints
  * its GPU calls' stage times to stderr). */
@@ -47,12 +55,24 @@ const ZMQ_IPC_FILTER_UID = 59;
 export interface DaemonOptions {
   socketPath: string;
   limits: DaemonLimits;
-  /** Where log lines go (default: stderr). */
+  /** The daemon's log (src/logger.ts). Default: text lines on stderr (`tzip serve: ...`), or through `log`. */
+  logger?: Logger | undefined;
+  /** Where text log lines go when no `logger` is given (info and above; one call per line, no newline). */
   log?: ((line: string) => void) | undefined;
-  /** Log every session opening and ending too. */
+  /** Log every session opening and ending, and socket connections, at info (else they are debug lines). */
   verbose?: boolean | undefined;
   /** Also listen on tcp://127.0.0.1:PORT with CURVE (curve.ts); 0 picks a free port. */
   tcpPort?: number | undefined;
+  /** Called once per answered request (observer.ts); what it throws is logged and ignored. */
+  observer?: RequestObserver | undefined;
+}
+
+/** What a request's handling found out, for its job's counters and its observer event. */
+interface RequestContext {
+  /** The request's session, once looked up (or opened, for hello). */
+  session: Session | undefined;
+  /** The account of a compress/decompress request. */
+  tally: RequestTally | undefined;
 }
 
 /** A ROUTER as the daemon uses it: bounded queues, connect/disconnect notifications, a message size cap. */
@@ -83,6 +103,10 @@ function packageVersion(): string {
 export class Daemon {
   readonly stats = new DaemonStats();
   readonly sessions: SessionTable;
+  /** The jobs of its sessions, their settings and counters, and the daemon's settings (jobs.ts). */
+  readonly jobs = new JobRegistry();
+  /** Original (tensor) bytes of the compress and decompress requests of the last 10 s (`jobs` op's `daemon.rates`). */
+  readonly rates = { compress: new RateWindow(10), decompress: new RateWindow(10) };
   /** Resolves when the daemon has stopped (with the reason). */
   readonly stopped: Promise<string>;
   private resolveStopped!: (reason: string) => void;
@@ -95,7 +119,9 @@ export class Daemon {
   private inflight = 0;
   private lastActivity = Date.now();
   private timer: NodeJS.Timeout | undefined;
-  private readonly log: (line: string) => void;
+  /** The daemon's log. */
+  readonly logger: Logger;
+  private readonly observer: RequestObserver | undefined;
   private readonly version = packageVersion();
 
   private constructor(
@@ -103,9 +129,11 @@ export class Daemon {
     readonly limits: DaemonLimits,
     private readonly lock: DaemonLock,
     private readonly verbose: boolean,
-    log: (line: string) => void,
+    logger: Logger,
+    observer: RequestObserver | undefined,
   ) {
-    this.log = log;
+    this.logger = logger;
+    this.observer = observer;
     this.stopped = new Promise((resolve) => {
       this.resolveStopped = resolve;
     });
@@ -120,13 +148,13 @@ export class Daemon {
    *   or the CURVE keys cannot be set up; TZIP_UNSUPPORTED for `tcpPort` without CURVE in ZeroMQ.
    */
   static async start(options: DaemonOptions): Promise<Daemon> {
-    const log = options.log ?? ((line: string) => process.stderr.write(`tzip serve: ${line}\n`));
+    const logger = options.logger ?? (options.log !== undefined ? textLogger(options.log) : createLogger());
     ensurePrivateDir(options.socketPath);
     const lock = await DaemonLock.acquire(options.socketPath);
-    if (lock.replacedStale !== null) log(`replaced the stale lock of pid ${lock.replacedStale.pid} (no longer running)`);
+    if (lock.replacedStale !== null) logger.warn(`replaced the stale lock of pid ${lock.replacedStale.pid} (no longer running)`, { stale_pid: lock.replacedStale.pid });
     let daemon: Daemon;
     try {
-      daemon = new Daemon(options.socketPath, options.limits, lock, options.verbose === true, log);
+      daemon = new Daemon(options.socketPath, options.limits, lock, options.verbose === true, logger, options.observer);
       await daemon.router.bind(endpointOf(options.socketPath));
       chmodSync(options.socketPath, 0o600);
       if (options.tcpPort !== undefined) await daemon.listenTcp(options.tcpPort, options.socketPath);
@@ -136,7 +164,7 @@ export class Daemon {
       throw new TzipError('TZIP_IO', `cannot bind ${endpointOf(options.socketPath)}: ${(err as Error).message}`, { file: options.socketPath, cause: err });
     }
     const gpus = gpuInventory(); // asked once, before the first client waits on it
-    log(gpus.devices.length > 0
+    logger.info(gpus.devices.length > 0
       ? `GPUs served through CUDA IPC: ${gpus.devices.map((d) => `${d.uuid} (${d.name})`).join(', ')}`
       : `no GPU served: ${gpus.reason}`);
     daemon.startTimers();
@@ -147,7 +175,7 @@ export class Daemon {
 
   private async listenTcp(port: number, socketPath: string): Promise<void> {
     const keys = loadCurveKeys(socketPath);
-    const zap = await ZapHandler.start(keys, this.log);
+    const zap = await ZapHandler.start(keys, (line) => this.logger.warn(line));
     const router = makeRouter(this.limits, keys);
     try {
       await router.bind(`tcp://127.0.0.1:${port}`);
@@ -157,7 +185,7 @@ export class Daemon {
       throw new TzipError('TZIP_IO', `cannot bind tcp://127.0.0.1:${port}: ${(err as Error).message}`, { cause: err });
     }
     this.tcp = { router, zap, endpoint: router.lastEndpoint ?? `tcp://127.0.0.1:${port}` };
-    this.log(`also listening on ${this.tcp.endpoint} (CURVE; keys in ${keys.dir})`);
+    this.logger.info(`also listening on ${this.tcp.endpoint} (CURVE; keys in ${keys.dir})`, { endpoint: this.tcp.endpoint });
   }
 
   /** The ZeroMQ endpoint served. */
@@ -176,6 +204,7 @@ export class Daemon {
     this.timer = setInterval(() => {
       const now = Date.now();
       this.sessions.sweep(now, now - last - period);
+      this.jobs.prune(now);
       last = now;
       if (this.limits.idleExitMs > 0 && this.sessions.size === 0 && this.inflight === 0 &&
           Date.now() - this.lastActivity > this.limits.idleExitMs) {
@@ -192,14 +221,14 @@ export class Daemon {
         parts = await router.receive();
       } catch (err) {
         if (router.closed || this.stopping) break;
-        this.log(`receive failed: ${(err as Error).message}`);
+        this.logger.error(`receive failed: ${(err as Error).message}`);
         continue;
       }
       try {
         this.onMessage(parts, router, tag);
       } catch (err) {
         // onMessage answers everything itself; this is a daemon bug, not a reason to stop serving.
-        this.log(`internal error on a message: ${(err as Error).stack ?? String(err)}`);
+        this.logger.error(`internal error on a message: ${(err as Error).stack ?? String(err)}`);
       }
     }
   }
@@ -211,46 +240,54 @@ export class Daemon {
     const key = tag + routing.toString('hex');
     if (rest.length === 1 && (rest[0] as Buffer).length === 0) {
       const what = this.sessions.notify(key);
-      if (this.verbose) this.log(`socket ${key} ${what === 'connect' ? 'connected' : 'disconnected'}`);
+      this.sessionLog(`socket ${key} ${what === 'connect' ? 'connected' : 'disconnected'}`);
       return;
     }
     this.lastActivity = Date.now();
-    const arrived = TRACE ? process.hrtime.bigint() : 0n;
+    const arrived = process.hrtime.bigint();
     // A REQ socket puts an empty delimiter before the body; the reply must carry it too.
     const prefix = rest.length === 2 && (rest[0] as Buffer).length === 0 ? [routing, rest[0] as Buffer] : [routing];
     if (rest.length !== prefix.length) {
-      this.countAndReply(router, prefix, null, 'invalid', new ReplyError('TZIP_PROTOCOL', `a request is one message part; got ${rest.length}`));
+      const code = this.countAndReply(router, prefix, null, 'invalid', new ReplyError('TZIP_PROTOCOL', `a request is one message part; got ${rest.length}`));
+      this.observe('invalid', null, arrived, code);
       return;
     }
     const body = rest[rest.length - 1] as Buffer;
     const parsed = parseRequest(body, this.limits);
     if (parsed.error !== undefined) {
-      this.countAndReply(router, prefix, parsed.id, 'invalid', parsed.error);
+      const code = this.countAndReply(router, prefix, parsed.id, 'invalid', parsed.error);
+      this.observe('invalid', null, arrived, code);
       return;
     }
     const request = parsed.request;
+    const ctx: RequestContext = { session: undefined, tally: undefined };
     this.inflight++;
-    this.dispatch(request, key, parsed.handleTable === true).then(
+    this.dispatch(request, key, parsed.handleTable === true, ctx).then(
       (result) => this.countAndReply(router, prefix, request.id, request.op, undefined, result),
       (err: unknown) => this.countAndReply(router, prefix, request.id, request.op, err),
-    ).finally(() => {
+    ).then((code) => {
+      this.observe(request, ctx, arrived, code);
+    }).finally(() => {
       if (TRACE) {
         // Absolute times on the monotonic clock, the clock of the addon's trace lines ("called at").
         const now = process.hrtime.bigint();
-        this.log(`trace: ${request.op} answered ${(Number(now - arrived) / 1e3).toFixed(1)} us after it arrived (arrived at ${arrived} ns, answered at ${now} ns)`);
+        this.logger.info(`trace: ${request.op} answered ${(Number(now - arrived) / 1e3).toFixed(1)} us after it arrived (arrived at ${arrived} ns, answered at ${now} ns)`);
       }
       this.inflight--;
       if (request.op === 'shutdown') void this.stop('shutdown requested by a client');
     });
   }
 
-  private countAndReply(router: Router, prefix: Buffer[], id: number | null, op: string, err: unknown, result?: object): void {
+  /** Answers a request; returns the error reply's code, or null for a success. */
+  private countAndReply(router: Router, prefix: Buffer[], id: number | null, op: string, err: unknown, result?: object): string | null {
     this.stats.countRequest(op);
     let message: object;
+    let code: string | null = null;
     if (err !== undefined) {
       const error = toWireError(err);
+      code = error.code;
       this.stats.countError(error.code);
-      if (error.code === 'TZIP_INTERNAL') this.log(`${op}: ${err instanceof Error ? err.stack ?? err.message : String(err)}`);
+      if (error.code === 'TZIP_INTERNAL') this.logger.error(`${op}: ${err instanceof Error ? err.stack ?? err.message : String(err)}`, { op, code: error.code });
       message = { id, ok: false, error };
     } else {
       message = { id, ok: true, ...result };
@@ -259,9 +296,55 @@ export class Daemon {
     try {
       body = encodeReply(message);
     } catch (e) {
-      body = encodeReply({ id, ok: false, error: toWireError(e) });
+      const error = toWireError(e);
+      code = error.code;
+      body = encodeReply({ id, ok: false, error });
     }
     this.send(router, [...prefix, body]);
+    return code;
+  }
+
+  /**
+   * After a request's reply: counts a compress/decompress into its job's stream and the daemon's rates, and tells the
+   * observer. `request` is the op name alone for a message that was not a request.
+   */
+  private observe(request: Request | 'invalid', ctx: RequestContext | null, arrived: bigint, error: string | null): void {
+    const seconds = Number(process.hrtime.bigint() - arrived) / 1e9;
+    const op = request === 'invalid' ? 'invalid' : request.op;
+    const session = ctx?.session;
+    const tally = ctx?.tally;
+    const codecOp = request !== 'invalid' && (request.op === 'compress' || request.op === 'decompress') ? request : undefined;
+    const ok = error === null;
+    const event: RequestEvent = {
+      op,
+      job: session !== undefined ? this.jobs.jobOf(session)?.name ?? JobRegistry.jobNameOf(session) : null,
+      stream: codecOp !== undefined ? codecOp.stream ?? 'other' : null,
+      device: tally?.device ?? null,
+      seconds,
+      items: ok ? tally?.items ?? 0 : 0,
+      bytesIn: ok ? tally?.bytesIn ?? 0 : 0,
+      bytesOut: ok ? tally?.bytesOut ?? 0 : 0,
+      error,
+    };
+    if (codecOp !== undefined && session !== undefined) {
+      this.jobs.record(session, codecOp.op, codecOp.stream, { seconds, items: event.items, bytesIn: event.bytesIn, bytesOut: event.bytesOut, error });
+      if (ok) {
+        if (codecOp.op === 'compress') this.rates.compress.add(event.bytesIn);
+        else this.rates.decompress.add(event.bytesOut);
+      }
+    }
+    if (this.observer === undefined) return;
+    try {
+      this.observer(event);
+    } catch (err) {
+      this.logger.error(`the request observer failed: ${err instanceof Error ? err.message : String(err)}`, { op });
+    }
+  }
+
+  /** A line about sessions and sockets: info with `verbose`, else debug. */
+  private sessionLog(msg: string, fields?: Record<string, unknown>): void {
+    if (this.verbose) this.logger.info(msg, fields);
+    else this.logger.debug(msg, fields);
   }
 
   private send(router: Router, message: Buffer[]): void {
@@ -279,7 +362,7 @@ export class Daemon {
         try {
           await router.send(message);
         } catch (err) {
-          if (!router.closed) this.log(`reply not sent: ${(err as Error).message}`);
+          if (!router.closed) this.logger.warn(`reply not sent: ${(err as Error).message}`);
         }
       }
     } finally {
@@ -287,20 +370,27 @@ export class Daemon {
     }
   }
 
-  private async dispatch(request: Request, routingKey: string, handleTable: boolean): Promise<object> {
+  private async dispatch(request: Request, routingKey: string, handleTable: boolean, ctx: RequestContext): Promise<object> {
     switch (request.op) {
       case 'hello':
-        return this.hello(request, routingKey);
+        return this.hello(request, routingKey, ctx);
       case 'stats':
         return this.statsReply(request);
+      case 'jobs':
+        return this.jobsReply();
+      case 'set':
+        return this.setReply(request);
       default:
         break;
     }
     if (this.stopping) throw new ReplyError('TZIP_BUSY', 'the daemon is shutting down');
     const session = this.sessions.lookup(request.sid, routingKey);
+    ctx.session = session;
     switch (request.op) {
       case 'heartbeat':
-        return { lease_ms: this.limits.leaseMs };
+        return { lease_ms: this.limits.leaseMs, ...this.settingsOf(session) };
+      case 'job':
+        return this.jobOp(request, session);
       case 'release': {
         const everything = request.names === undefined && request.handles === undefined;
         let released = 0;
@@ -311,7 +401,7 @@ export class Daemon {
         return { released };
       }
       case 'shutdown':
-        this.log(`shutdown requested by pid ${session.pid}`);
+        this.logger.info(`shutdown requested by pid ${session.pid}`);
         return {};
       default:
         break;
@@ -319,21 +409,130 @@ export class Daemon {
     if (handleTable && session.version < 2) {
       throw new ReplyError('TZIP_PROTOCOL', `handle tables ("handles" and {kind: "ref"} handles) are protocol version 2; this session said hello with version ${session.version}`);
     }
+    if ((request.stream !== undefined || request.sm_budget !== undefined) && session.version < 3) {
+      throw new ReplyError('TZIP_PROTOCOL', `"stream" and "sm_budget" are protocol version 3; this session said hello with version ${session.version}`);
+    }
     if (session.inflight >= this.limits.maxInflightPerSession) {
       throw new ReplyError('TZIP_BUSY', `this session has ${session.inflight} requests in flight (the cap is ${this.limits.maxInflightPerSession})`);
     }
     session.inflight++;
     session.requests++;
+    const tally = new RequestTally(this.stats);
+    ctx.tally = tally;
+    const applied = this.jobs.apply(session, request.sm_budget);
     try {
-      if (request.op === 'compress') return await handleCompress(request, session, this.limits, this.stats);
-      return await handleDecompress(request, session, this.limits, this.stats);
+      const result = request.op === 'compress'
+        ? await handleCompress(request, session, this.limits, tally, applied)
+        : await handleDecompress(request, session, this.limits, tally, applied);
+      return { ...result, ...this.settingsOf(session) };
     } finally {
       session.inflight--;
       session.touch();
     }
   }
 
-  private hello(request: HelloRequest, routingKey: string): object {
+  /** `settings` of a reply to a session of protocol version 3 (the effective settings of its job); {} before. */
+  private settingsOf(session: Session): { settings?: ReturnType<typeof wireSettings> } {
+    if (session.version < 3) return {};
+    return { settings: wireSettings(this.jobs.effective(this.jobs.jobOf(session))) };
+  }
+
+  /** The `job` op: the session's job set, changed or cleared, attached or not. */
+  private jobOp(request: JobRequest, session: Session): object {
+    if (session.version < 3) {
+      throw new ReplyError('TZIP_PROTOCOL', `the "job" op is protocol version 3; this session said hello with version ${session.version}`);
+    }
+    const before = this.jobs.jobOf(session)?.name;
+    session.setJob(request.job, request.attached);
+    const job = this.jobs.join(session);
+    this.logger.info(`session ${session.sid} of pid ${session.pid}: job ${JSON.stringify(job.name)} ${request.attached ? 'attached' : 'detached'}`,
+      { job: job.name, ...(before !== undefined && before !== job.name ? { previous_job: before } : {}) });
+    return { job: job.name, ...this.settingsOf(session) };
+  }
+
+  /** The `set` op: a job's settings or the daemon's. */
+  private setReply(request: SetRequest): object {
+    const { job, settings } = this.jobs.set(request.job, { codec: request.codec, sm_budget: request.sm_budget });
+    const changed = [request.codec !== undefined ? `codec=${request.codec ?? 'default'}` : '', request.sm_budget !== undefined ? `sm_budget=${request.sm_budget ?? 'default'}` : '']
+      .filter((x) => x !== '').join(' ');
+    if (changed !== '') this.logger.info(`settings of ${job === null ? 'the daemon' : `job ${JSON.stringify(job)}`}: ${changed}`, { job, ...wireSettings(settings) });
+    const reply: Record<string, unknown> = { job, settings: wireSettings(settings) };
+    if (job !== null) reply.overrides = wireSettings((this.jobs.get(job) as Job).settings);
+    return reply;
+  }
+
+  /** The `jobs` op: every job listed and the daemon's state. */
+  private jobsReply(): object {
+    const now = Date.now();
+    const gpus = gpuMemory();
+    const mps = daemonUsesMps(gpus.length > 0);
+    return {
+      jobs: this.jobs.all(now).map((job) => this.wireJob(job, mps)),
+      daemon: {
+        pid: process.pid,
+        version: this.version,
+        socket: this.socketPath,
+        uptime_ms: now - this.stats.startedAt,
+        sm_budget: this.jobs.daemonSettings.smBudget,
+        sm_budget_default: ADDON_SM_BUDGET,
+        codec: this.jobs.daemonSettings.codec,
+        mps,
+        gpus: gpus.map((g) => ({ uuid: g.uuid, name: g.name, memory_used_bytes: g.memoryUsedBytes, memory_total_bytes: g.memoryTotalBytes })),
+        rates: { compress_gbps: this.rates.compress.perSecond(now) / 1e9, decompress_gbps: this.rates.decompress.perSecond(now) / 1e9 },
+      },
+    };
+  }
+
+  private wireJob(job: Job, daemonMps: boolean | null): object {
+    const streams: Record<string, unknown> = {};
+    let original = 0;
+    let coded = 0;
+    let seconds = 0;
+    let requests = 0;
+    let errors = 0;
+    for (const name of STREAMS) {
+      const s = job.streams[name];
+      const dir = (d: typeof s.compress) => ({ requests: d.requests, items: d.items, bytes_in: d.bytesIn, bytes_out: d.bytesOut, seconds: d.seconds });
+      streams[name] = { compress: dir(s.compress), decompress: dir(s.decompress), errors: s.errors };
+      original += s.compress.bytesIn + s.decompress.bytesOut;
+      coded += s.compress.bytesOut + s.decompress.bytesIn;
+      seconds += s.compress.seconds + s.decompress.seconds;
+      requests += s.compress.requests + s.decompress.requests;
+      errors += s.errors;
+    }
+    const ranks = [...job.ranks].sort((a, b) => a - b);
+    const attachedAt = job.attachedAt;
+    return {
+      name: job.name,
+      user: this.jobs.userOf(job),
+      state: job.sessions.size > 0 ? 'running' : 'ended',
+      ended_at_ms: job.endedAt,
+      pids: [...job.pids],
+      sessions: job.sessions.size,
+      devices: [...job.devices],
+      ...(ranks.length === 1 ? { rank: ranks[0] } : {}),
+      ranks,
+      world_size: job.worldSize,
+      attached: attachedAt !== null,
+      attached_at_ms: attachedAt,
+      mps: job.mps,
+      shares_mps: sharesMps(job.mps, daemonMps),
+      settings: wireSettings(this.jobs.effective(job)),
+      overrides: wireSettings(job.settings),
+      streams,
+      totals: {
+        requests,
+        errors,
+        bytes_in: original,
+        bytes_out: coded,
+        ratio: coded > 0 ? original / coded : null,
+        seconds,
+        gbps: seconds > 0 ? original / seconds / 1e9 : null,
+      },
+    };
+  }
+
+  private hello(request: HelloRequest, routingKey: string, ctx: RequestContext): object {
     if (this.stopping) throw new ReplyError('TZIP_BUSY', 'the daemon is shutting down');
     const common = request.versions.filter((v) => PROTOCOL_VERSIONS.includes(v));
     if (common.length === 0) {
@@ -341,11 +540,20 @@ export class Daemon {
         { versions: [...PROTOCOL_VERSIONS] });
     }
     const version = Math.max(...common);
+    const jobInfo = request.job ?? null;
+    if (jobInfo !== null && version < 3) {
+      throw new ReplyError('TZIP_PROTOCOL', `"job" in hello is protocol version 3; the versions in common are ${common.join(', ')}`);
+    }
     const gpus = gpuInventory();
     const session = this.sessions.open(request.pid, request.shm_prefix, request.name ?? '', version, routingKey);
+    // A hello that names its job is a job attached from its start (TZIP_ATTACH=1, or a client given the job).
+    session.setJob(jobInfo, jobInfo !== null);
+    const job = this.jobs.join(session);
+    ctx.session = session;
     this.stats.sessionsOpened++;
-    if (this.verbose) this.log(`session ${session.sid} opened by pid ${session.pid} (${session.name || 'unnamed'})`);
+    this.sessionLog(`session ${session.sid} opened by pid ${session.pid} (${session.name || 'unnamed'})`, { job: job.name });
     return {
+      ...(version >= 3 ? { job: job.name, ...this.settingsOf(session) } : {}),
       version,
       sid: session.sid,
       lease_ms: this.limits.leaseMs,
@@ -403,6 +611,7 @@ export class Daemon {
           sid: s.sid,
           pid: s.pid,
           name: s.name,
+          job: this.jobs.jobOf(s)?.name ?? null,
           requests: s.requests,
           inflight: s.inflight,
           inflight_bytes: s.inflightBytes,
@@ -418,9 +627,11 @@ export class Daemon {
 
   private onSessionEnd(session: Session, reason: EndReason): void {
     this.stats.countEnd(reason);
+    const job = this.jobs.jobOf(session)?.name;
+    this.jobs.leave(session);
     requestGc(0, true);
-    if (this.verbose) this.log(`session ${session.sid} of pid ${session.pid} ended (${reason})`);
-    if (reason === 'disconnect' || reason === 'lease') scheduleOrphanCleanup(session, this.log);
+    this.sessionLog(`session ${session.sid} of pid ${session.pid} ended (${reason})`, { job });
+    if (reason === 'disconnect' || reason === 'lease') scheduleOrphanCleanup(session, (line) => this.logger.info(line));
   }
 
   /**
@@ -448,7 +659,7 @@ export class Daemon {
       // already gone
     }
     this.lock.release();
-    this.log(`stopped: ${reason}`);
+    this.logger.info(`stopped: ${reason}`);
     this.resolveStopped(reason);
   }
 }

@@ -17,6 +17,7 @@ import { DEFAULT_GPU_CAPS, GpuSession } from './gpu-map.js';
 import { processStartTime } from './lock.js';
 import { limitError, type DaemonLimits } from './limits.js';
 import { ReplyError } from './reply-error.js';
+import type { JobInfo } from './schema.js';
 import { ShmMappings } from './shm-map.js';
 
 /** Why a session ended. */
@@ -31,6 +32,12 @@ export class Session {
   /** Tensor bytes of this session's requests in flight (see {@link DaemonLimits.maxInflightBytesPerSession}). */
   inflightBytes = 0;
   requests = 0;
+  /** Protocol version 3: the job the client said it belongs to (hello's `job`, the `job` op), or null. */
+  job: JobInfo | null = null;
+  /** Whether the job's integrations are on (hello with a `job`, `job` with `attached: true`). */
+  attached = false;
+  /** When the session became attached (ms since the epoch), or null while it is not. */
+  attachedAt: number | null = null;
   readonly routingIds = new Set<string>();
   readonly mappings: ShmMappings;
   /** The CUDA IPC allocations and events opened for this session (made on its first GPU request). */
@@ -58,6 +65,14 @@ export class Session {
   owns(name: string): boolean {
     const bare = name.replace(/^\//, '');
     return bare.startsWith(this.shmPrefix) || bare.startsWith(this.torchPrefix);
+  }
+
+  /** Sets the session's job and whether it is attached (the time of attaching is kept while it stays attached). */
+  setJob(job: JobInfo | null, attached: boolean, now: number = Date.now()): void {
+    this.job = job;
+    if (attached && !this.attached) this.attachedAt = now;
+    if (!attached) this.attachedAt = null;
+    this.attached = attached;
   }
 
   /** Renews the lease. */
