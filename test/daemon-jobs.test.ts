@@ -1,21 +1,27 @@
 // Protocol version 3 against a daemon in this process over ipc:// (ZeroMQ DEALERs, /dev/shm files made here): jobs
 // named in hello and by the `job` op, per-stream counters after real round trips (bytes compared), `set` switching a
 // job's codec (and the daemon's) at the next request, version gating, the observer's events and the logger option.
-// The GPU path's SM budget is checked against a stand-in for the addon's GPU functions (the real GPU: the command in
-// docs/protocol.md "Jobs" runs python-bridge's CUDA tests).
-import { readFileSync } from 'node:fs';
+// The GPU path's SM budget is checked against a stand-in for the addon's GPU functions, and, on a machine with a GPU,
+// against the real GPU codec of a `tzip serve` child process that opens this process's CUDA IPC handles.
+import { spawn } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { useGpuApiForTests, type GpuApi } from '../src/daemon/gpu.js';
-import { ENDED_JOB_KEEP_MS, JobRegistry } from '../src/daemon/jobs.js';
+import { ENDED_JOB_KEEP_MS, JobRegistry, MAX_ENDED_JOBS } from '../src/daemon/jobs.js';
 import { defaultLimits } from '../src/daemon/limits.js';
 import { daemonUsesMps, sharesMps } from '../src/daemon/mps.js';
 import { RateWindow } from '../src/daemon/rates.js';
 import { Daemon, type RequestEvent } from '../src/daemon/server.js';
 import { Session } from '../src/daemon/session.js';
 import type { Logger } from '../src/logger.js';
-import { compress, decompress, maxCompressedSize, readHeader, type FrameHeader, type GpuCompressed, type GpuRunOptions } from '../src/native.js';
+import {
+  addonAvailable, compress, cudaIpcGetMemHandle, decompress, gpu, gpuAlloc, gpuCopyFromDevice, gpuCopyToDevice, gpuDevices, gpuFree,
+  maxCompressedSize, readHeader, type FrameHeader, type GpuCompressed, type GpuRunOptions,
+} from '../src/native.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
+import { ensureBuilt } from './helpers/cli.js';
 import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
@@ -332,6 +338,25 @@ describe('the registry and its parts', () => {
     expect(ENDED_JOB_KEEP_MS).toBe(60_000);
   });
 
+  it('bounds the ended jobs it lists, and counts a request that outlived its session into the job it was in', () => {
+    const reg = new JobRegistry();
+    for (let i = 0; i <= MAX_ENDED_JOBS; i++) {
+      const s = session(20, 'r');
+      s.setJob({ name: `run-${i}` }, true, i);
+      reg.join(s, i);
+      reg.record(s, 'compress', 'gradients', { seconds: 0, items: 1, bytesIn: 2, bytesOut: 1, error: null });
+      reg.leave(s, i);
+      if (i === MAX_ENDED_JOBS) {
+        reg.record(s, 'decompress', 'gradients', { seconds: 0, items: 1, bytesIn: 1, bytesOut: 2, error: null });
+        expect(reg.get(`run-${i}`)?.streams.gradients.decompress.bytesOut).toBe(2);
+      }
+    }
+    const names = reg.all(MAX_ENDED_JOBS).map((j) => j.name);
+    expect(names).toHaveLength(MAX_ENDED_JOBS);
+    expect(names).not.toContain('run-0'); // the first to end went first
+    expect(names).toContain(`run-${MAX_ENDED_JOBS}`);
+  });
+
   it('applies settings: the job\'s codec over every request, its budget over the request\'s, the daemon\'s as defaults', () => {
     const reg = new JobRegistry();
     const s = session(13, 'x');
@@ -477,4 +502,86 @@ describe('SM budget on the GPU path (stand-in GPU)', () => {
       c.close();
     }
   });
+});
+
+const probe = addonAvailable() ? gpu() : { available: false, reason: 'the native addon is not built', devices: [] };
+
+// The real GPU: this process is the client (its device memory shared by CUDA IPC handles, as PyTorch shares a
+// cudaMalloc'd storage: [version 2]["c"] + cudaIpcMemHandle_t), the daemon a `tzip serve` child process.
+describe.skipIf(!probe.available)(`SM budget and codec settings on a real GPU${probe.available ? '' : ` (skipped: no GPU: ${probe.reason})`}`, () => {
+  const ROOT = fileURLToPath(new URL('..', import.meta.url));
+  let child: ReturnType<typeof spawn> | undefined;
+  let socket = '';
+  let stderr = '';
+  beforeAll(async () => {
+    ensureBuilt();
+    socket = join(tmp(), 'real', 'tzip.sock');
+    child = spawn(process.execPath, [join(ROOT, 'dist', 'src', 'cli', 'main.js'), 'serve', '--socket', socket], { stdio: ['ignore', 'ignore', 'pipe'] });
+    child.stderr?.on('data', (b: Buffer) => { stderr += b.toString(); });
+    for (let i = 0; i < 300 && !existsSync(socket); i++) await new Promise((r) => setTimeout(r, 50));
+    expect(existsSync(socket), `tzip serve started: ${stderr}`).toBe(true);
+  }, 30_000);
+  afterAll(async () => {
+    if (child !== undefined && child.exitCode === null) {
+      child.kill('SIGTERM');
+      await new Promise((r) => child?.once('exit', r));
+    }
+  });
+
+  it('compresses with sm_budget 0, 1 and the default into the CPU codec\'s bytes; codec off writes the raw frame; jobs shows GPU memory', async () => {
+    const dev = gpuDevices()[0] as { uuid: string; smCount: number };
+    const data = bf16Weights(1 << 20, 21);
+    const cap = maxCompressedSize(data.length, 1);
+    const src = gpuAlloc(0, data.length);
+    const frame = gpuAlloc(0, cap);
+    const back = gpuAlloc(0, data.length);
+    const c = new DaemonConn(`ipc://${socket}`, 'gpu-real');
+    try {
+      gpuCopyToDevice(src, data, 0);
+      const shareable = (ptr: bigint) => Buffer.concat([Buffer.from([2, 0x63]), cudaIpcGetMemHandle(ptr, 0)]);
+      const ipc = (ptr: bigint, size: number) => ({ kind: 'cuda_ipc', device_uuid: dev.uuid, handle: shareable(ptr), offset: 0, size });
+      const tensor = (ptr: bigint) => ({ device: { type: 2, id: 0 }, dtype: BF16, shape: [1 << 20], byte_offset: 0, data: ipc(ptr, data.length) });
+      const h = await c.req({ op: 'hello', versions: [1, 2, 3], pid: c.pid, shm_prefix: c.prefix, job: { name: 'gpu-real', devices: [dev.uuid] } });
+      expect(h.ok, JSON.stringify(h)).toBe(true);
+      c.sid = h.sid;
+      for (const codec of ['fast', 'max'] as const) {
+        const want = await compress(data, { dtype: 'BF16', shape: [1 << 20], codec });
+        for (const smBudget of [0, 1, dev.smCount, undefined]) {
+          const r = await c.call('compress', { codec, stream: 'checkpoint', ...(smBudget !== undefined ? { sm_budget: smBudget } : {}),
+            tensors: [{ tensor: tensor(src), out: ipc(frame, cap) }] });
+          expect(r.ok, JSON.stringify(r)).toBe(true);
+          expect(gpuCopyFromDevice(frame, r.frames[0].bytes, 0).equals(want), `${codec} sm_budget ${smBudget}`).toBe(true);
+          const d = await c.call('decompress', { stream: 'checkpoint', ...(smBudget !== undefined ? { sm_budget: smBudget } : {}),
+            frames: [{ frame: ipc(frame, r.frames[0].bytes), out: tensor(back) }] });
+          expect(d.ok, JSON.stringify(d)).toBe(true);
+          expect(gpuCopyFromDevice(back, data.length, 0).equals(data)).toBe(true);
+        }
+      }
+      const q = new DaemonConn(`ipc://${socket}`);
+      try {
+        expect((await q.req({ op: 'set', job: 'gpu-real', codec: 'off', sm_budget: 2 })).ok).toBe(true);
+        const r = await c.call('compress', { codec: 'max', tensors: [{ tensor: tensor(src), out: ipc(frame, cap) }] });
+        expect(r.frames[0].codec).toBe('raw');
+        expect(r.settings).toEqual({ codec: 'off', sm_budget: 2 });
+        const raw = await compress(data, { dtype: 'BF16', shape: [1 << 20], codec: 'raw' });
+        expect(gpuCopyFromDevice(frame, r.frames[0].bytes, 0).equals(raw)).toBe(true);
+        const j = await q.req({ op: 'jobs' });
+        const g = j.daemon.gpus.find((x: { uuid: string }) => x.uuid === dev.uuid);
+        expect(g.memory_used_bytes).toBeGreaterThan(0);
+        expect(g.memory_used_bytes).toBeLessThanOrEqual(g.memory_total_bytes);
+        expect(typeof j.daemon.mps).toBe('boolean');
+        const job = j.jobs.find((x: { name: string }) => x.name === 'gpu-real');
+        expect(job.streams.checkpoint.compress).toMatchObject({ requests: 8, bytes_in: 8 * data.length });
+        expect(job.streams.checkpoint.decompress.bytes_out).toBe(8 * data.length);
+        expect(j.daemon.rates.compress_gbps).toBeGreaterThan(0);
+      } finally {
+        q.close();
+      }
+    } finally {
+      c.close();
+      gpuFree(src, 0);
+      gpuFree(frame, 0);
+      gpuFree(back, 0);
+    }
+  }, 120_000);
 });

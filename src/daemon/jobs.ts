@@ -23,6 +23,11 @@ export const ENDED_JOB_KEEP_MS = 60_000;
 export const ADDON_SM_BUDGET = 10;
 /** Pids remembered per job at most (a job's processes over its lifetime; the oldest are forgotten). */
 const MAX_PIDS = 1024;
+/**
+ * Ended jobs listed at most: beyond, the one that ended first is dropped before its keep time (a client renaming its
+ * job after every request would otherwise grow the registry for a minute; live jobs are bounded by the sessions).
+ */
+export const MAX_ENDED_JOBS = 1024;
 
 /** Settings of a job or of the daemon; null: not set (a job's: the daemon's applies; the daemon's: the request's). */
 export interface Settings {
@@ -73,13 +78,12 @@ export class Job {
   readonly ranks = new Set<number>();
   user: string | null = null;
   worldSize: number | null = null;
-  /** The last word of its sessions on MPS (a live session that says true wins). */
+  /** Whether its processes are MPS clients: true when a live session says so, else the last word of its sessions. */
   mps: boolean | null = null;
   /** When its last session ended (ms since the epoch), or null while it has sessions. */
   endedAt: number | null = null;
   /** compress/decompress requests answered, errors included. */
   requests = 0;
-  readonly createdAt = Date.now();
 
   constructor(readonly name: string) {}
 
@@ -107,16 +111,11 @@ export class Job {
     if (info.rank !== undefined) this.ranks.add(info.rank);
     if (info.world_size !== undefined) this.worldSize = info.world_size;
     for (const d of info.devices ?? []) if (this.devices.size < 256) this.devices.add(d);
-    if (info.mps !== undefined) this.refreshMps(info.mps);
-  }
-
-  private refreshMps(last: boolean | null): void {
-    let any: boolean | null = last;
-    for (const s of this.sessions) {
-      const m = s.job?.mps;
-      if (m === true) any = true;
+    if (info.mps !== undefined) {
+      let live = false;
+      for (const s of this.sessions) if (s.job?.mps === true) live = true;
+      this.mps = live ? true : info.mps;
     }
-    this.mps = any;
   }
 }
 
@@ -187,8 +186,19 @@ export class JobRegistry {
     if (job.sessions.size > 0) return;
     // The job a session was listed under before it named its own (its hello name), left without a request or a
     // setting: nothing to show, so it is not listed as ended.
-    if (moving && job.requests === 0 && job.settings.codec === null && job.settings.smBudget === null) this.byName.delete(job.name);
-    else job.endedAt = now;
+    if (moving && job.requests === 0 && job.settings.codec === null && job.settings.smBudget === null) {
+      this.byName.delete(job.name);
+      return;
+    }
+    job.endedAt = now;
+    let ended = 0;
+    let first: Job | undefined;
+    for (const j of this.byName.values()) {
+      if (j.endedAt === null) continue;
+      ended++;
+      if (first === undefined || j.endedAt < (first.endedAt as number)) first = j;
+    }
+    if (ended > MAX_ENDED_JOBS && first !== undefined) this.byName.delete(first.name);
   }
 
   /** Live and recently ended jobs, ended ones older than the keep time dropped first. */
@@ -265,7 +275,8 @@ export class JobRegistry {
    */
   record(session: Session, op: 'compress' | 'decompress', stream: StreamName | undefined,
     r: { seconds: number; items: number; bytesIn: number; bytesOut: number; error: string | null }): void {
-    const job = this.ofSession.get(session);
+    // A session that ended while the request ran (its socket went away) has left its job: count it there by name.
+    const job = this.ofSession.get(session) ?? this.byName.get(JobRegistry.jobNameOf(session));
     if (job === undefined) return;
     job.requests++;
     const s = job.streams[stream ?? 'other'];
