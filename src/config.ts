@@ -125,7 +125,7 @@ export const CONFIG_KEYS: { readonly [K in ConfigKey]: KeySpec<ServeConfig[K]> }
   },
   verbose: {
     flag: '--verbose', env: 'TZIP_VERBOSE', kind: 'boolean', expect: 'a boolean (1/0, true/false, yes/no, on/off)',
-    what: 'log sessions and connections too',
+    what: 'log sessions and connections at level info (else they are debug messages)',
     schema: (z) => z.boolean(), default: () => false,
   },
   lease_ms: {

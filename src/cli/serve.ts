@@ -85,13 +85,15 @@ async function serve(c: ServeConfig, json: boolean): Promise<void> {
   let daemon: Awaited<ReturnType<typeof Daemon.start>>;
   try {
     daemon = await Daemon.start({
-      socketPath, limits, verbose: c.verbose, tcpPort: c.tcp_port ?? undefined,
-      log: (line: string) => logger.info(line),
+      socketPath, limits, verbose: c.verbose, tcpPort: c.tcp_port ?? undefined, logger, observer: metrics?.observe,
     });
   } catch (err) {
     await metrics?.close();
     throw err;
   }
+  // Before the first request can be read (the receive loop's first message arrives in a later turn of the event loop):
+  // the daemon's SM budget, which `set` changes at run time.
+  daemon.jobs.daemonSettings.smBudget = c.sm_budget;
   metrics?.attach(daemon);
   if (metricsUrl !== undefined) logger.info(`metrics on ${metricsUrl}`, { metrics: metricsUrl });
   const tcp = daemon.tcpEndpoint;

@@ -18,34 +18,18 @@ import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { TzipError } from '../errors.js';
 import { ipcAllocations } from './gpu-map.js';
+import { ADDON_SM_BUDGET, type JobRegistry } from './jobs.js';
+import type { RequestEvent } from './observer.js';
 import type { DaemonStats } from './stats.js';
-
-/** One answered request, as the daemon's observer hook reports it (docs/protocol.md). */
-export interface RequestEvent {
-  op: string;
-  /** The session's job name (a session without a job: its hello name or `pid-<pid>`), null without a session. */
-  job: string | null;
-  /** The request's stream tag (gradients, optimizer, checkpoint, sendrecv, other), null when untagged. */
-  stream: string | null;
-  /** Where the codec ran, null for requests that ran no codec. */
-  device: 'cpu' | 'gpu' | null;
-  /** From arrival to reply, seconds. */
-  seconds: number;
-  /** Tensors (compress) or frames (decompress) in the request. */
-  items: number;
-  /** Bytes read: tensor bytes (compress), frame bytes (decompress); 0 for other ops. */
-  bytesIn: number;
-  /** Bytes written: frame bytes (compress), tensor bytes (decompress); 0 for other ops. */
-  bytesOut: number;
-  /** The error code of an error reply, null for a success. */
-  error: string | null;
-}
 
 /** What the metrics read from the daemon at scrape time (the `Daemon` satisfies it). */
 export interface MetricsSource {
   readonly stats: DaemonStats;
   readonly sessions: { readonly size: number; all(): Iterable<{ mappings: { count: number; bytes: number } }> };
+  readonly jobs: Pick<JobRegistry, 'all' | 'effective' | 'daemonSettings'>;
 }
+
+type FlowLabels = 'job_name' | 'stream' | 'direction';
 
 /** A label value for a missing field (Prometheus treats an empty value as an absent label). */
 const NONE = 'none';
@@ -63,9 +47,11 @@ export class DaemonMetrics {
   private server: Server | undefined;
   private readonly requests: Counter<'op'>;
   private readonly errors: Counter<'op' | 'code'>;
-  private readonly bytesIn: Counter<'job_name' | 'stream' | 'direction'>;
-  private readonly bytesOut: Counter<'job_name' | 'stream' | 'direction'>;
-  private readonly tensors: Counter<'job_name' | 'stream' | 'direction'>;
+  private readonly bytesIn: Counter<FlowLabels>;
+  private readonly bytesOut: Counter<FlowLabels>;
+  private readonly tensors: Counter<FlowLabels>;
+  /** The `job_name` series of the flow counters, by job: dropped with the job (see {@link dropEndedJobs}). */
+  private readonly jobSeries = new Map<string, Map<string, Record<FlowLabels, string>>>();
   private readonly duration: Histogram<'op' | 'device'>;
 
   constructor() {
@@ -85,6 +71,51 @@ export class DaemonMetrics {
       name: 'tzip_sessions', help: 'Live client sessions', registers,
       collect() {
         if (metrics.source !== undefined) this.set(metrics.source.sessions.size);
+      },
+    });
+    new Gauge({
+      name: 'tzip_jobs', help: 'Jobs listed by the daemon: running (a session open) or ended (listed for 60 s after their last session)', labelNames: ['state'], registers,
+      collect() {
+        if (metrics.source === undefined) return;
+        let running = 0;
+        let ended = 0;
+        for (const job of metrics.source.jobs.all()) {
+          if (job.sessions.size > 0) running++;
+          else ended++;
+        }
+        this.set({ state: 'running' }, running);
+        this.set({ state: 'ended' }, ended);
+      },
+    });
+    new Gauge({
+      name: 'tzip_job_sessions', help: 'Live sessions of each job the daemon lists', labelNames: ['job_name'], registers,
+      collect() {
+        if (metrics.source === undefined) return;
+        this.reset();
+        for (const job of metrics.source.jobs.all()) this.set({ job_name: job.name }, job.sessions.size);
+      },
+    });
+    new Gauge({
+      name: 'tzip_job_attached', help: '1 while a session of the job is attached (tzip.attach()), else 0', labelNames: ['job_name'], registers,
+      collect() {
+        if (metrics.source === undefined) return;
+        this.reset();
+        for (const job of metrics.source.jobs.all()) this.set({ job_name: job.name }, job.attached ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: 'tzip_job_sm_budget', help: 'SMs the GPU kernels of a job\'s requests use when they name none (its setting, else the daemon\'s; 0: all)', labelNames: ['job_name'], registers,
+      collect() {
+        if (metrics.source === undefined) return;
+        this.reset();
+        const jobs = metrics.source.jobs;
+        for (const job of jobs.all()) this.set({ job_name: job.name }, jobs.effective(job).smBudget ?? ADDON_SM_BUDGET);
+      },
+    });
+    new Gauge({
+      name: 'tzip_sm_budget', help: 'The daemon\'s SM budget: SMs of the GPU kernels of requests whose request and job name none (0: all)', registers,
+      collect() {
+        if (metrics.source !== undefined) this.set(metrics.source.jobs.daemonSettings.smBudget ?? ADDON_SM_BUDGET);
       },
     });
     new Gauge({
@@ -141,16 +172,42 @@ export class DaemonMetrics {
       this.bytesIn.inc(labels, e.bytesIn);
       this.bytesOut.inc(labels, e.bytesOut);
       this.tensors.inc(labels, e.items);
+      let series = this.jobSeries.get(labels.job_name);
+      if (series === undefined) {
+        series = new Map();
+        this.jobSeries.set(labels.job_name, series);
+      }
+      series.set(`${labels.stream}\0${labels.direction}`, labels);
     }
   };
+
+  /**
+   * Drops the flow counters' series of jobs the daemon no longer lists (60 s after their last session ended,
+   * jobs.ts): a daemon serving many jobs over months keeps a bounded number of series. A job that comes back
+   * later starts from zero, which Prometheus reads as a counter reset.
+   */
+  private dropEndedJobs(): void {
+    if (this.source === undefined) return;
+    const listed = new Set(this.source.jobs.all().map((j) => j.name));
+    for (const [job, series] of this.jobSeries) {
+      if (listed.has(job)) continue;
+      for (const labels of series.values()) {
+        this.bytesIn.remove(labels);
+        this.bytesOut.remove(labels);
+        this.tensors.remove(labels);
+      }
+      this.jobSeries.delete(job);
+    }
+  }
 
   /** Reads gauges from `source` (the running daemon) from now on. */
   attach(source: MetricsSource): void {
     this.source = source;
   }
 
-  /** The metrics in Prometheus' text format. */
+  /** The metrics in Prometheus' text format (what GET /metrics answers). */
   text(): Promise<string> {
+    this.dropEndedJobs();
     return this.registry.metrics();
   }
 
@@ -179,7 +236,7 @@ export class DaemonMetrics {
       res.writeHead(404, { 'Content-Type': 'text/plain' }).end('tzip daemon metrics are at /metrics\n');
       return;
     }
-    this.registry.metrics().then(
+    this.text().then(
       (body) => {
         res.writeHead(200, { 'Content-Type': this.registry.contentType }).end(req.method === 'HEAD' ? undefined : body);
       },
