@@ -317,6 +317,24 @@ describe('jobs (protocol version 3)', () => {
   });
 });
 
+describe('an observer that throws', () => {
+  it('is logged and changes no reply', async () => {
+    const logged: string[] = [];
+    const d = await Daemon.start({ socketPath: join(tmp(), 'o', 'tzip.sock'), limits: defaultLimits(), log: (line) => logged.push(line),
+      observer: () => { throw new Error('observer bug'); } });
+    const c = new DaemonConn(d.endpoint, 'o');
+    try {
+      expect((await c.hello()).ok).toBe(true);
+      expect((await c.call('heartbeat')).ok).toBe(true);
+      expect(logged.filter((l) => l.includes('the request observer failed: observer bug'))).toHaveLength(2);
+      expect(logged.some((l) => l.startsWith('error: '))).toBe(true);
+    } finally {
+      c.close();
+      await d.stop('test done');
+    }
+  });
+});
+
 describe('the registry and its parts', () => {
   const limits = defaultLimits();
   const session = (pid: number, name: string) => new Session(pid, `tzip-${pid}-0000abcd-`, name, 3, limits);

@@ -17,7 +17,7 @@ import { packageRoot } from '../package-root.js';
 import { requestGc } from './gc.js';
 import { gpuInventory, gpuMemory } from './gpu.js';
 import { ipcAllocations } from './gpu-map.js';
-import { ADDON_SM_BUDGET, JobRegistry, wireSettings, type Job, type Settings } from './jobs.js';
+import { ADDON_SM_BUDGET, JobRegistry, wireSettings, type Job } from './jobs.js';
 import { PROTOCOL_VERSIONS, type DaemonLimits } from './limits.js';
 import { DaemonLock } from './lock.js';
 import { daemonUsesMps, sharesMps } from './mps.js';
@@ -266,7 +266,12 @@ export class Daemon {
       (result) => this.countAndReply(router, prefix, request.id, request.op, undefined, result),
       (err: unknown) => this.countAndReply(router, prefix, request.id, request.op, err),
     ).then((code) => {
-      this.observe(request, ctx, arrived, code);
+      try {
+        this.observe(request, ctx, arrived, code);
+      } catch (err) {
+        // A bug in the counting must not become an unhandled rejection (which ends the process).
+        this.logger.error(`counting a ${request.op} request failed: ${err instanceof Error ? err.stack ?? err.message : String(err)}`);
+      }
     }).finally(() => {
       if (TRACE) {
         // Absolute times on the monotonic clock, the clock of the addon's trace lines ("called at").
