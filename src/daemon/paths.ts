@@ -1,5 +1,5 @@
 /**
- * Where the daemon's socket lives, and the private folder around it.
+ * Where the daemon's socket lives, the private folder around it, and the endpoint spellings users write.
  *
  * The socket is `$TZIP_SOCKET` when set (or the `--socket` option, which wins over it), else
  * `$XDG_RUNTIME_DIR/tzip/tzip.sock`, else `/tmp/tzip-$UID/tzip.sock`. Its folder must be a real
@@ -7,9 +7,14 @@
  * when someone else owns it or others can enter it. Nobody but this user can then connect
  * (ipc:// sockets obey the folder's permissions), so the daemon trusts every connecting client
  * as much as it trusts itself. A folder of ours that others can enter is set back to 0700.
+ *
+ * `--socket` and `$TZIP_SOCKET` take the daemon's endpoint in any of the spellings of
+ * {@link parseEndpoint}: a plain path, ZeroMQ's `ipc:///abs/path`, or (for client commands such as
+ * `tzip jobs`) the daemon's CURVE-only TCP socket `tcp://127.0.0.1:PORT`. The Python client accepts
+ * the same spellings by the same rules (python-bridge/tzip/_spawn.py, normalize_endpoint).
  */
 import { chmodSync, lstatSync, mkdirSync } from 'node:fs';
-import { dirname, isAbsolute, join, resolve } from 'node:path';
+import { dirname, isAbsolute, join, normalize, resolve } from 'node:path';
 import { TzipError } from '../errors.js';
 
 /** Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL. */
@@ -18,28 +23,135 @@ export const MAX_SOCKET_PATH_BYTES = 107;
 /** Name of the socket file in the default folders. */
 export const SOCKET_NAME = 'tzip.sock';
 
-/** The default socket path (environment only; no `--socket` option). */
-export function defaultSocketPath(env: NodeJS.ProcessEnv = process.env): string {
-  const fromEnv = env.TZIP_SOCKET;
-  if (fromEnv !== undefined && fromEnv !== '') return resolve(fromEnv);
+/** What {@link parseEndpoint} accepts, for messages. */
+export const ENDPOINT_SPELLINGS = 'a socket path, ipc:///abs/path or tcp://127.0.0.1:PORT';
+
+/** A daemon endpoint: its ipc socket (by path) or its TCP socket on the loopback interface. */
+export type Endpoint =
+  | { kind: 'ipc'; /** Absolute, normalized socket path. */ path: string; /** `ipc://` + path. */ endpoint: string }
+  | { kind: 'tcp'; /** 1..65535. */ port: number; /** `tcp://127.0.0.1:PORT`. */ endpoint: string };
+
+const SCHEME = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/(.*)$/s;
+const TCP = /^127\.0\.0\.1:([0-9]{1,5})$/;
+
+function checkLength(path: string, spelling: string): string {
+  const bytes = Buffer.byteLength(path);
+  if (bytes > MAX_SOCKET_PATH_BYTES) {
+    throw new TzipError('TZIP_USAGE', `socket path is ${bytes} bytes long; Unix sockets allow at most ${MAX_SOCKET_PATH_BYTES} (${JSON.stringify(spelling)})`, { file: path });
+  }
+  return path;
+}
+
+/**
+ * The endpoint a user's spelling names:
+ * - a plain path (no `scheme://`): made absolute against the current folder;
+ * - `ipc:///abs/path` (ZeroMQ's spelling: `ipc://` then an absolute path): that path, normalized
+ *   (`..` and doubled slashes resolved, symlinks not followed);
+ * - `tcp://127.0.0.1:PORT`, PORT 1..65535: the daemon's TCP socket (`tzip serve --tcp PORT`), which
+ *   listens on loopback only and speaks only CURVE (src/daemon/curve.ts).
+ * @throws TzipError TZIP_USAGE, naming the spelling and the accepted ones, for an empty string,
+ *   another scheme (`inproc://`, `udp://`...), a relative ipc path (`ipc://tmp/x.sock`: ZeroMQ would
+ *   take it relative to the current folder, almost always a missing slash), a TCP host other than
+ *   127.0.0.1, a port outside 1..65535, or a socket path over {@link MAX_SOCKET_PATH_BYTES} bytes.
+ */
+export function parseEndpoint(spelling: string): Endpoint {
+  if (spelling === '') throw new TzipError('TZIP_USAGE', `empty tzip endpoint: give ${ENDPOINT_SPELLINGS}`);
+  const m = SCHEME.exec(spelling);
+  if (m === null) {
+    const path = checkLength(resolve(spelling), spelling);
+    return { kind: 'ipc', path, endpoint: `ipc://${path}` };
+  }
+  const scheme = (m[1] as string).toLowerCase();
+  const rest = m[2] as string;
+  if (scheme === 'tcp') {
+    const t = TCP.exec(rest);
+    const port = t === null ? Number.NaN : Number(t[1]);
+    if (!(port >= 1 && port <= 65535)) {
+      throw new TzipError('TZIP_USAGE', `${JSON.stringify(spelling)}: the daemon's TCP endpoint is tcp://127.0.0.1:PORT with PORT 1..65535 (it listens on loopback only)`);
+    }
+    return { kind: 'tcp', port, endpoint: `tcp://127.0.0.1:${port}` };
+  }
+  if (scheme !== 'ipc') {
+    throw new TzipError('TZIP_USAGE', `${JSON.stringify(spelling)}: unsupported endpoint scheme ${m[1]}://; give ${ENDPOINT_SPELLINGS}`);
+  }
+  if (!rest.startsWith('/')) {
+    throw new TzipError('TZIP_USAGE', `${JSON.stringify(spelling)}: an ipc endpoint needs an absolute path, with three slashes: ipc:///abs/path`);
+  }
+  // normalize keeps a leading '//' (POSIX leaves its meaning to the system); Linux reads it as '/'.
+  const path = checkLength(normalize(rest).replace(/^\/+/, '/'), spelling);
+  return { kind: 'ipc', path, endpoint: `ipc://${path}` };
+}
+
+/** The default socket path of the folders alone, ignoring `$TZIP_SOCKET`. */
+function folderSocketPath(env: NodeJS.ProcessEnv): string {
   const runtime = env.XDG_RUNTIME_DIR;
   if (runtime !== undefined && runtime !== '' && isAbsolute(runtime)) return join(runtime, 'tzip', SOCKET_NAME);
   const uid = typeof process.getuid === 'function' ? process.getuid() : 0;
   return join('/tmp', `tzip-${uid}`, SOCKET_NAME);
 }
 
-/** The socket path to use: `option` (from `--socket`) when given, else {@link defaultSocketPath}. */
-export function resolveSocketPath(option?: string, env: NodeJS.ProcessEnv = process.env): string {
-  const path = option !== undefined && option !== '' ? resolve(option) : defaultSocketPath(env);
-  if (Buffer.byteLength(path) > MAX_SOCKET_PATH_BYTES) {
-    throw new TzipError('TZIP_USAGE', `socket path is ${Buffer.byteLength(path)} bytes long; Unix sockets allow at most ${MAX_SOCKET_PATH_BYTES}`, { file: path });
+/**
+ * The default endpoint (environment only; no `--socket` option): `$TZIP_SOCKET` in any spelling of
+ * {@link parseEndpoint}, else the ipc socket in the default folder.
+ * @throws TzipError TZIP_USAGE when `$TZIP_SOCKET` is not a valid spelling.
+ */
+export function defaultEndpoint(env: NodeJS.ProcessEnv = process.env): Endpoint {
+  const fromEnv = env.TZIP_SOCKET;
+  if (fromEnv !== undefined && fromEnv !== '') return parseEndpoint(fromEnv);
+  const path = folderSocketPath(env);
+  return { kind: 'ipc', path, endpoint: `ipc://${path}` };
+}
+
+/** The endpoint to use: `option` (from `--socket`) when given, else {@link defaultEndpoint}. */
+export function resolveEndpoint(option?: string, env: NodeJS.ProcessEnv = process.env): Endpoint {
+  const ep = option !== undefined && option !== '' ? parseEndpoint(option) : defaultEndpoint(env);
+  if (ep.kind === 'ipc') checkLength(ep.path, option ?? ep.path);
+  return ep;
+}
+
+/**
+ * The default socket path (environment only; no `--socket` option): `$TZIP_SOCKET` (a path or
+ * `ipc:///abs/path`), else the default folder's `tzip.sock`. A `tcp://` `$TZIP_SOCKET` names no socket
+ * file: the default folder's socket is returned (where that daemon keeps its `curve/` keys too).
+ */
+export function defaultSocketPath(env: NodeJS.ProcessEnv = process.env): string {
+  const fromEnv = env.TZIP_SOCKET;
+  if (fromEnv !== undefined && fromEnv !== '') {
+    const ep = parseEndpoint(fromEnv);
+    if (ep.kind === 'ipc') return ep.path;
   }
-  return path;
+  return folderSocketPath(env);
+}
+
+/**
+ * The socket path a daemon listens on: `option` (from `--socket`) when given, else `$TZIP_SOCKET`,
+ * else the default folder's (see {@link defaultSocketPath}); a path or `ipc:///abs/path` either way.
+ * @throws TzipError TZIP_USAGE for a `tcp://` spelling (the daemon's TCP socket is an addition to its
+ *   ipc socket, asked for with `tzip serve --tcp PORT`), a bad spelling, or a path too long.
+ */
+export function resolveSocketPath(option?: string, env: NodeJS.ProcessEnv = process.env): string {
+  const fromOption = option !== undefined && option !== '';
+  const ep = resolveEndpoint(option, env);
+  if (ep.kind === 'tcp') {
+    const where = fromOption ? '--socket' : 'TZIP_SOCKET';
+    throw new TzipError('TZIP_USAGE', `${where} is ${ep.endpoint}: the daemon listens on an ipc socket (a path or ipc:///abs/path); add its TCP socket with \`tzip serve --tcp ${ep.port}\``);
+  }
+  return ep.path;
 }
 
 /** The ZeroMQ endpoint of a socket path. */
 export function endpointOf(socketPath: string): string {
   return `ipc://${socketPath}`;
+}
+
+/**
+ * The folder of the CURVE keys a client of a `tcp://` endpoint reads (src/daemon/curve.ts): `$TZIP_CURVE_DIR`,
+ * else `curve/` next to the default socket (as the Python client, python-bridge/tzip/client.py, looks).
+ */
+export function curveDirFor(env: NodeJS.ProcessEnv = process.env): string {
+  const dir = env.TZIP_CURVE_DIR;
+  if (dir !== undefined && dir !== '') return resolve(dir);
+  return join(dirname(defaultSocketPath(env)), 'curve');
 }
 
 /**

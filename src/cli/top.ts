@@ -1,0 +1,231 @@
+/**
+ * `tzip top`: a live terminal view of the daemon (its SM budget and codec settings, its GPUs' memory, its
+ * codec rates) and of every job it serves (state, settings, bytes before and after, ratio, GB/s, and the
+ * same per stream), refreshed every second in the manner of `nvidia-smi` and `htop`. q or Ctrl-C quits.
+ *
+ * It asks the daemon's `jobs` op (protocol version 3) once a refresh. A daemon that is not running, stops
+ * or restarts is shown as such and asked again at the next refresh, so `tzip top` can be started first.
+ * Drawn with ink (React for terminals); the lines are computed by {@link topLines}, a plain function of
+ * the last answer, so what the screen says is testable without a terminal.
+ */
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import { Box, Text, render, useApp, useInput, useStdin, useStdout } from 'ink';
+import { createElement as h, useEffect, useState, type ReactElement } from 'react';
+import { DaemonClient } from './daemon-client.js';
+import { formatGBps, formatRatio, formatSize } from './format.js';
+import {
+  daemonSettingsText, devicesText, fetchJobs, figuresGBps, formatDuration, jobFigures, jobState, mpsText, pidsText,
+  settingText, socketOption, streamFigures, type Figures, type JobsReport,
+} from './jobs.js';
+
+/** What the screen shows: the last answer of the daemon and, when the last request failed, why. */
+export interface TopView {
+  /** The daemon's endpoint as the user reads it. */
+  where: string;
+  /** The last `jobs` reply (kept while the daemon is away, shown as of `lastOkAt`). */
+  report: JobsReport | null;
+  /** Why the last request failed, or null when it was answered. */
+  error: string | null;
+  /** When the last reply came (ms since the epoch). */
+  lastOkAt: number | null;
+  /** Refresh interval, ms. */
+  intervalMs: number;
+}
+
+/** One line of the screen. */
+export interface Line {
+  text: string;
+  color?: string;
+  bold?: boolean;
+  inverse?: boolean;
+  dim?: boolean;
+}
+
+function clock(ms: number): string {
+  return new Date(ms).toTimeString().slice(0, 8);
+}
+
+/** An htop-style meter: `[|||||     ]` of `width` characters for `used` of `total`. */
+function meter(used: number, total: number, width: number): string {
+  const inner = Math.max(1, width - 2);
+  const n = total > 0 ? Math.min(inner, Math.round((used / total) * inner)) : 0;
+  return `[${'|'.repeat(n)}${' '.repeat(inner - n)}]`;
+}
+
+function cut(text: string, width: number): string {
+  return text.length <= width ? text : `${text.slice(0, Math.max(0, width - 1))}~`;
+}
+
+interface Column {
+  head: string;
+  width: number;
+  right?: boolean;
+}
+
+function row(cols: readonly Column[], cells: readonly string[]): string {
+  return cols.map((c, i) => {
+    const v = cut(cells[i] ?? '', c.width);
+    return c.right === true ? v.padStart(c.width) : v.padEnd(c.width);
+  }).join(' ');
+}
+
+function figureCells(f: Figures): string[] {
+  return [String(f.requests), String(f.errors), formatSize(f.original), formatSize(f.coded), formatRatio(f.coded, f.original), formatGBps(figuresGBps(f))];
+}
+
+/**
+ * The screen's lines for `view` at time `now` on a terminal `width` columns wide (each line at most that long).
+ * Jobs come in the daemon's order, each followed by its streams that had requests or errors.
+ */
+export function topLines(view: TopView, width: number, now: number): Line[] {
+  const w = Math.max(40, width);
+  const lines: Line[] = [];
+  const title = `tzip top - ${view.where}`;
+  const time = clock(now);
+  lines.push({ text: `${cut(title, w - time.length - 1).padEnd(w - time.length)}${time}`, bold: true });
+  const r = view.report;
+  if (view.error !== null) {
+    lines.push({ text: cut(`daemon not reachable: ${view.error}`, w), color: 'red', bold: true });
+    lines.push({ text: cut(`retrying every ${(view.intervalMs / 1000).toFixed(view.intervalMs % 1000 === 0 ? 0 : 1)} s${r !== null && view.lastOkAt !== null ? `; below: as of ${clock(view.lastOkAt)}` : ''}`, w), color: 'yellow' });
+  }
+  if (r !== null) {
+    const stale = view.error !== null;
+    const d = r.daemon;
+    const attached = r.jobs.filter((j) => jobState(j) === 'attached').length;
+    lines.push({ text: cut(`daemon pid ${d.pid}  tzip ${d.version}  up ${formatDuration(d.uptime_ms)}  jobs ${r.jobs.length} (${attached} attached)`, w), dim: stale });
+    lines.push({ text: cut(`settings: ${daemonSettingsText(d)}  MPS client: ${mpsText(d.mps)}`, w), dim: stale });
+    const gpus = d.gpus ?? [];
+    if (gpus.length === 0) lines.push({ text: 'GPU  none: CPU tensors only', dim: stale });
+    for (const [i, g] of gpus.entries()) {
+      const used = g.memory_used_bytes ?? 0;
+      const total = g.memory_total_bytes ?? 0;
+      const mem = g.memory_total_bytes === null || g.memory_used_bytes === null ? 'memory ?' : `${formatSize(used)} / ${formatSize(total)}`;
+      const label = `GPU ${g.index ?? i} ${cut(g.name, 24)}`.padEnd(31);
+      lines.push({ text: cut(`${label} mem${meter(used, total, 32)} ${mem}  ${g.uuid}`, w), color: stale ? undefined : 'green', dim: stale });
+    }
+    lines.push({ text: cut(`codec rates (last 10 s): compress ${formatGBps(d.rates?.compress_gbps)} GB/s  decompress ${formatGBps(d.rates?.decompress_gbps)} GB/s`, w), color: stale ? undefined : 'cyan', dim: stale });
+    lines.push({ text: '' });
+    const nameWidth = Math.min(32, Math.max(12, ...r.jobs.map((j) => j.name.length + 2)));
+    const cols: Column[] = [
+      { head: 'JOB', width: nameWidth }, { head: 'STATE', width: 8 }, { head: 'USER', width: 8 }, { head: 'PIDS', width: 12 },
+      { head: 'DEVICES', width: 14 }, { head: 'MPS', width: 3 }, { head: 'CODEC', width: 5 }, { head: 'SMS', width: 4, right: true },
+      { head: 'REQS', width: 7, right: true }, { head: 'ERR', width: 4, right: true }, { head: 'ORIGINAL', width: 10, right: true },
+      { head: 'CODED', width: 10, right: true }, { head: 'RATIO', width: 6, right: true }, { head: 'GB/s', width: 6, right: true },
+    ];
+    lines.push({ text: cut(row(cols, cols.map((c) => c.head)), w).padEnd(w), inverse: true, bold: true });
+    if (r.jobs.length === 0) lines.push({ text: 'no jobs: a process that says hello (tzip.connect(), tzip.attach()) is listed here', dim: true });
+    for (const job of r.jobs) {
+      const state = jobState(job);
+      lines.push({
+        text: cut(row(cols, [job.name, state, job.user ?? '-', pidsText(job.pids), devicesText(job.devices), mpsText(job.shares_mps),
+          settingText(job.settings?.codec), settingText(job.settings?.sm_budget), ...figureCells(jobFigures(job))]), w),
+        color: stale ? undefined : state === 'attached' ? 'green' : undefined,
+        dim: stale || state === 'ended',
+        bold: state === 'attached',
+      });
+      for (const [name, s] of Object.entries(job.streams ?? {})) {
+        const f = streamFigures(s);
+        if (f.requests === 0 && f.errors === 0) continue;
+        lines.push({ text: cut(row(cols, [`  ${name}`, '', '', '', '', '', '', '', ...figureCells(f)]), w), dim: true });
+      }
+    }
+  }
+  lines.push({ text: '' });
+  lines.push({ text: cut(`q quit   refresh ${(view.intervalMs / 1000).toString()} s${view.lastOkAt !== null ? `   updated ${clock(view.lastOkAt)}` : ''}`, w), dim: true });
+  return lines;
+}
+
+/** The terminal's size, following resizes. */
+function useTerminalSize(): { columns: number; rows: number } {
+  const { stdout } = useStdout();
+  const [size, setSize] = useState({ columns: stdout.columns || 100, rows: stdout.rows || 40 });
+  useEffect(() => {
+    const onResize = (): void => setSize({ columns: stdout.columns || 100, rows: stdout.rows || 40 });
+    stdout.on('resize', onResize);
+    return () => {
+      stdout.off('resize', onResize);
+    };
+  }, [stdout]);
+  return size;
+}
+
+function TopApp(props: { client: DaemonClient; intervalMs: number }): ReactElement {
+  const { client, intervalMs } = props;
+  const { exit } = useApp();
+  const { isRawModeSupported } = useStdin();
+  const size = useTerminalSize();
+  const [view, setView] = useState<TopView>({ where: client.where, report: null, error: null, lastOkAt: null, intervalMs });
+  const [now, setNow] = useState(Date.now());
+  useInput((input) => {
+    if (input === 'q' || input === 'Q') exit();
+  }, { isActive: isRawModeSupported === true });
+  useEffect(() => {
+    let stopped = false;
+    let timer: NodeJS.Timeout | undefined;
+    const tick = async (): Promise<void> => {
+      const started = Date.now();
+      try {
+        // A daemon that does not answer within two refreshes is shown as away; the next refresh asks again.
+        const report = await fetchJobs(client, Math.max(1000, 2 * intervalMs));
+        if (!stopped) setView((v) => ({ ...v, report, error: null, lastOkAt: Date.now() }));
+      } catch (err) {
+        if (!stopped) setView((v) => ({ ...v, error: err instanceof Error ? err.message : String(err) }));
+      }
+      if (stopped) return;
+      setNow(Date.now());
+      timer = setTimeout(() => void tick(), Math.max(0, intervalMs - (Date.now() - started)));
+    };
+    void tick();
+    return () => {
+      stopped = true;
+      if (timer !== undefined) clearTimeout(timer);
+      client.close();
+    };
+  }, [client, intervalMs]);
+  // Like htop: never taller than the terminal (ink redraws a taller output from the top each time).
+  const lines = topLines(view, size.columns, now).slice(0, Math.max(1, size.rows - 1));
+  return h(Box, { flexDirection: 'column' }, ...lines.map((l, i) => h(Text, {
+    key: i, wrap: 'truncate', color: l.color, bold: l.bold, inverse: l.inverse, dimColor: l.dim,
+  }, l.text === '' ? ' ' : l.text)));
+}
+
+function parseInterval(value: string): number {
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isFinite(n) || n < 0.1 || n > 3600) throw new InvalidArgumentError(`'${value}' is not a number of seconds from 0.1 to 3600.`);
+  return n;
+}
+
+interface TopOptions {
+  socket?: string;
+  interval: number;
+}
+
+/** Runs the view until q, Ctrl-C or SIGTERM. */
+async function runTop(opts: TopOptions): Promise<void> {
+  const client = DaemonClient.open({ socket: opts.socket });
+  const tty = process.stdout.isTTY === true;
+  // The alternate screen (as htop and less use): the shell's screen comes back as it was on quit.
+  if (tty) process.stdout.write('\x1b[?1049h\x1b[H');
+  const app = render(h(TopApp, { client, intervalMs: Math.round(opts.interval * 1000) }), { exitOnCtrlC: true, patchConsole: true });
+  const onTerm = (): void => app.unmount();
+  process.once('SIGTERM', onTerm);
+  try {
+    await app.waitUntilExit();
+  } finally {
+    process.removeListener('SIGTERM', onTerm);
+    client.close();
+    if (tty) process.stdout.write('\x1b[?1049l');
+  }
+}
+
+/** Adds the `top` command to `program`. */
+export function registerTop(program: Command): void {
+  program
+    .command('top')
+    .description('live view of the daemon (SM budget, GPU memory, codec rates) and of every job it serves, refreshed every second; q quits')
+    .addOption(socketOption())
+    .addOption(new Option('--interval <seconds>', 'refresh interval (default: 1)').argParser(parseInterval).default(1))
+    .action(async (_opts: unknown, cmd: Command) => {
+      await runTop(cmd.optsWithGlobals<TopOptions>());
+    });
+}
