@@ -258,6 +258,21 @@ describe('tzip serve', () => {
     const missing = await tzip(['serve', '--socket', sock, '--config', join(tmp(), 'missing.json')], env);
     expect(missing.code).toBe(3);
     expect(missing.stderr).toContain('cannot read the config file (named by --config)');
+    // A socket that is not one the daemon can listen on, named by where it came from.
+    const tcpEnv = await tzip(['serve'], cleanEnv({ TZIP_SOCKET: 'tcp://127.0.0.1:5555' }));
+    expect(tcpEnv.code).toBe(1);
+    expect(tcpEnv.stderr).toContain('TZIP_SOCKET is tcp://127.0.0.1:5555: the daemon listens on an ipc socket');
+    const tcpFile = writeConfig('tcp.json', { socket: 'tcp://127.0.0.1:5555' });
+    const viaFile = await tzip(['serve', '--config', tcpFile], cleanEnv());
+    expect(viaFile.code).toBe(1);
+    expect(viaFile.stderr).toContain(`${tcpFile}: the config file's socket "tcp://127.0.0.1:5555": the daemon listens on an ipc socket`);
+  });
+
+  it('listens on TZIP_SOCKET in ZeroMQ\'s spelling ipc:///abs/path', async () => {
+    const sock = join(tmp(), 'ipc-env', 'tzip.sock');
+    const r = await tzip(['serve', '--idle-exit', '0.2', '--json'], cleanEnv({ TZIP_SOCKET: `ipc://${sock}` }));
+    expect(r.code, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout.split('\n')[0] as string)).toMatchObject({ event: 'listening', socket: sock, endpoint: `ipc://${sock}` });
   });
 
   it('logs at the configured level and format: JSON lines with --log-format json, nothing below --log-level', async () => {
@@ -278,6 +293,9 @@ describe('tzip serve', () => {
     const records = json.map((l) => JSON.parse(l) as Record<string, unknown>);
     for (const r of records) expect(r).toMatchObject({ level: expect.stringMatching(/^(debug|info|warn|error)$/), name: 'tzip serve', pid: expect.any(Number), time: expect.any(Number), msg: expect.any(String) });
     expect(records.some((r) => String(r.msg).startsWith('stopped: idle for'))).toBe(true);
+    // Structured fields are keys of their line: the metrics URL on the metrics line.
+    const withMetrics = (await run(['--log-format', 'json', '--metrics', '0'], env)).map((l) => JSON.parse(l) as Record<string, unknown>);
+    expect(withMetrics.find((r) => String(r.msg).startsWith('metrics on '))).toMatchObject({ level: 'info', metrics: expect.stringMatching(/^http:\/\/127\.0\.0\.1:\d+\/metrics$/) });
 
     // From the environment, and from a config file: the same, by precedence.
     const viaEnv = await run([], { ...env, TZIP_LOG_FORMAT: 'json', TZIP_LOG_LEVEL: 'warn' });

@@ -9,7 +9,8 @@
  * it costs the CLI's other commands nothing.
  */
 import { Option, type Command } from 'commander';
-import { CONFIG_KEYS, CONFIG_KEY_NAMES, configJson, flagAttribute, formatConfigText, resolveConfig, type ConfigKey, type KeySpec, type ServeConfig } from '../config.js';
+import { CONFIG_KEYS, CONFIG_KEY_NAMES, configJson, flagAttribute, formatConfigText, resolveConfig, type ConfigKey, type KeySpec, type ResolvedConfig, type ServeConfig } from '../config.js';
+import { TzipError } from '../errors.js';
 import type { DaemonLimits } from '../daemon/limits.js';
 import type { GlobalOptions } from './options.js';
 
@@ -67,18 +68,37 @@ export function registerServe(program: Command): void {
       process.stdout.write(opts.json === true ? `${JSON.stringify(configJson(config), null, 2)}\n` : formatConfigText(config));
       return;
     }
-    await serve(config.values, opts.json === true);
+    await serve(config, opts.json === true);
   });
 }
 
-/** Runs the daemon with `c` until it stops. */
-async function serve(c: ServeConfig, json: boolean): Promise<void> {
-  const [{ defaultLimits }, { resolveSocketPath }, { Daemon }, { createLogger }] = await Promise.all([
-    import('../daemon/limits.js'), import('../daemon/paths.js'), import('../daemon/server.js'), import('../logger.js'),
+/**
+ * The socket path of the configuration's `socket` (any spelling of src/daemon/paths.ts), its errors naming where the
+ * value came from.
+ */
+async function socketPathOf(config: ResolvedConfig): Promise<string> {
+  const { resolveSocketPath } = await import('../daemon/paths.js');
+  const source = config.sources.socket;
+  // From the environment, paths.ts reads TZIP_SOCKET itself (and names it in its messages).
+  if (source.from === 'env') return resolveSocketPath(undefined, process.env);
+  if (source.from !== 'file') return resolveSocketPath(config.values.socket);
+  try {
+    return resolveSocketPath(config.values.socket);
+  } catch (err) {
+    if (!(err instanceof TzipError)) throw err;
+    throw new TzipError(err.code, `the config file's socket ${JSON.stringify(config.values.socket)}: ${err.detail.replace(/^--socket is \S+: /, '')}`, { file: source.path, cause: err });
+  }
+}
+
+/** Runs the daemon with `config` until it stops. */
+async function serve(config: ResolvedConfig, json: boolean): Promise<void> {
+  const c = config.values;
+  const [{ defaultLimits }, { Daemon }, { createLogger }] = await Promise.all([
+    import('../daemon/limits.js'), import('../daemon/server.js'), import('../logger.js'),
   ]);
+  const socketPath = await socketPathOf(config);
   const logger = createLogger({ level: c.log_level, format: c.log_format });
   const limits = limitsOf(c, defaultLimits());
-  const socketPath = resolveSocketPath(c.socket);
   // The metrics port is bound before the daemon's socket: a port in use fails the start before any client can connect.
   const metrics = c.metrics_port !== null ? new (await import('../daemon/metrics.js')).DaemonMetrics() : undefined;
   const metricsUrl = metrics !== undefined && c.metrics_port !== null ? await metrics.listen(c.metrics_port) : undefined;
