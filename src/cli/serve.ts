@@ -22,14 +22,16 @@ interface ServeOptions extends GlobalOptions {
 
 /** The help text of a key's flag: what it does, its default, its variable. */
 function flagHelp(spec: KeySpec<unknown>): string {
-  const value = spec.default(process.env);
-  const d = spec.defaultText ?? (typeof value === 'string' ? value : JSON.stringify(value));
+  let d = spec.defaultText;
+  if (d === undefined) {
+    const value = spec.default(process.env);
+    d = typeof value === 'string' ? value : JSON.stringify(value);
+  }
   return `${spec.what} (default: ${d}; env ${spec.env})`;
 }
 
-/** The daemon's limits from the configuration (the defaults of src/daemon/limits.ts for the rest). */
-function limitsOf(c: ServeConfig, defaults: DaemonLimits): DaemonLimits {
-  const limits = defaults;
+/** `limits` (the defaults of src/daemon/limits.ts) with the configuration's values set. */
+function limitsOf(c: ServeConfig, limits: DaemonLimits): DaemonLimits {
   limits.leaseMs = c.lease_ms;
   limits.heartbeatMs = Math.max(1, Math.floor(c.lease_ms / 3));
   limits.maxMessageBytes = c.max_message_bytes;
