@@ -140,6 +140,16 @@ export function figuresGBps(f: Figures): number | undefined {
   return f.seconds > 0 ? f.original / f.seconds / 1e9 : undefined;
 }
 
+/** A rate given in GB/s (10^9 bytes/s) in the unit that shows it: "12.3 GB/s", "250 MB/s", "4.1 kB/s", "0 B/s". */
+export function formatRate(gbps: number | undefined): string {
+  if (gbps === undefined || !Number.isFinite(gbps)) return '-';
+  const bps = gbps * 1e9;
+  if (bps >= 1e9) return `${formatGBps(gbps)} GB/s`;
+  if (bps >= 1e6) return `${(bps / 1e6).toPrecision(3)} MB/s`;
+  if (bps >= 1e3) return `${(bps / 1e3).toPrecision(3)} kB/s`;
+  return `${Math.round(bps)} B/s`;
+}
+
 /** "attached", "detached" or "ended". */
 export function jobState(job: WireJob): string {
   if (job.state === 'ended' || job.sessions === 0) return 'ended';
@@ -199,7 +209,7 @@ function daemonText(report: JobsReport): string {
     lines.push(`GPU ${g.index ?? i} ${g.name} (${g.uuid}): ${mem}`);
   }
   if ((d.gpus ?? []).length === 0) lines.push('GPU: none (CPU tensors only)');
-  lines.push(`codec rates, last 10 s: compress ${formatGBps(d.rates?.compress_gbps)} GB/s, decompress ${formatGBps(d.rates?.decompress_gbps)} GB/s`);
+  lines.push(`codec rates, last 10 s: compress ${formatRate(d.rates?.compress_gbps)}, decompress ${formatRate(d.rates?.decompress_gbps)}`);
   return lines.join('\n');
 }
 

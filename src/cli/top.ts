@@ -14,7 +14,7 @@ import { createElement as h, useEffect, useState, type ReactElement } from 'reac
 import { DaemonClient } from './daemon-client.js';
 import { formatGBps, formatRatio, formatSize } from './format.js';
 import {
-  daemonSettingsText, devicesText, fetchJobs, figuresGBps, formatDuration, jobFigures, jobState, mpsText, pidsText,
+  daemonSettingsText, devicesText, fetchJobs, figuresGBps, formatDuration, formatRate, jobFigures, jobState, mpsText, pidsText,
   settingText, socketOption, streamFigures, type Figures, type JobsReport,
 } from './jobs.js';
 
@@ -103,15 +103,18 @@ export function topLines(view: TopView, width: number, now: number): Line[] {
       const label = `GPU ${g.index ?? i} ${cut(g.name, 24)}`.padEnd(31);
       lines.push({ text: cut(`${label} mem${meter(used, total, 32)} ${mem}  ${g.uuid}`, w), color: stale ? undefined : 'green', dim: stale });
     }
-    lines.push({ text: cut(`codec rates (last 10 s): compress ${formatGBps(d.rates?.compress_gbps)} GB/s  decompress ${formatGBps(d.rates?.decompress_gbps)} GB/s`, w), color: stale ? undefined : 'cyan', dim: stale });
+    lines.push({ text: cut(`codec rates (last 10 s): compress ${formatRate(d.rates?.compress_gbps)}  decompress ${formatRate(d.rates?.decompress_gbps)}`, w), color: stale ? undefined : 'cyan', dim: stale });
     lines.push({ text: '' });
-    const nameWidth = Math.min(32, Math.max(12, ...r.jobs.map((j) => j.name.length + 2)));
     const cols: Column[] = [
-      { head: 'JOB', width: nameWidth }, { head: 'STATE', width: 8 }, { head: 'USER', width: 8 }, { head: 'PIDS', width: 12 },
-      { head: 'DEVICES', width: 14 }, { head: 'MPS', width: 3 }, { head: 'CODEC', width: 5 }, { head: 'SMS', width: 4, right: true },
-      { head: 'REQS', width: 7, right: true }, { head: 'ERR', width: 4, right: true }, { head: 'ORIGINAL', width: 10, right: true },
-      { head: 'CODED', width: 10, right: true }, { head: 'RATIO', width: 6, right: true }, { head: 'GB/s', width: 6, right: true },
+      { head: 'JOB', width: 0 }, { head: 'STATE', width: 8 }, { head: 'USER', width: 8 }, { head: 'PIDS', width: 10 },
+      { head: 'DEVICES', width: 12 }, { head: 'MPS', width: 3 }, { head: 'CODEC', width: 5 }, { head: 'SMS', width: 4, right: true },
+      { head: 'REQS', width: 7, right: true }, { head: 'ERR', width: 4, right: true }, { head: 'ORIGINAL', width: 9, right: true },
+      { head: 'CODED', width: 9, right: true }, { head: 'RATIO', width: 6, right: true }, { head: 'GB/s', width: 6, right: true },
     ];
+    // The job's name takes what the other columns leave of the width (8 to 32 characters).
+    const fixed = cols.reduce((n, c) => n + c.width + 1, 0);
+    const longest = Math.max(10, ...r.jobs.map((j) => j.name.length + 1));
+    (cols[0] as Column).width = Math.max(8, Math.min(32, longest, w - fixed));
     lines.push({ text: cut(row(cols, cols.map((c) => c.head)), w).padEnd(w), inverse: true, bold: true });
     if (r.jobs.length === 0) lines.push({ text: 'no jobs: a process that says hello (tzip.connect(), tzip.attach()) is listed here', dim: true });
     for (const job of r.jobs) {
