@@ -9,8 +9,7 @@
  * the last answer, so what the screen says is testable without a terminal.
  */
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import { Box, Text, render, useApp, useInput, useStdin, useStdout } from 'ink';
-import { createElement as h, useEffect, useState, type ReactElement } from 'react';
+import type { ReactElement } from 'react';
 import { DaemonClient } from './daemon-client.js';
 import { formatGBps, formatRatio, formatSize } from './format.js';
 import {
@@ -138,58 +137,70 @@ export function topLines(view: TopView, width: number, now: number): Line[] {
   return lines;
 }
 
-/** The terminal's size, following resizes. */
-function useTerminalSize(): { columns: number; rows: number } {
-  const { stdout } = useStdout();
-  const [size, setSize] = useState({ columns: stdout.columns || 100, rows: stdout.rows || 40 });
-  useEffect(() => {
-    const onResize = (): void => setSize({ columns: stdout.columns || 100, rows: stdout.rows || 40 });
-    stdout.on('resize', onResize);
-    return () => {
-      stdout.off('resize', onResize);
-    };
-  }, [stdout]);
-  return size;
-}
+type Ink = typeof import('ink');
+type React = typeof import('react');
 
-function TopApp(props: { client: DaemonClient; intervalMs: number }): ReactElement {
-  const { client, intervalMs } = props;
-  const { exit } = useApp();
-  const { isRawModeSupported } = useStdin();
-  const size = useTerminalSize();
-  const [view, setView] = useState<TopView>({ where: client.where, report: null, error: null, lastOkAt: null, intervalMs });
-  const [now, setNow] = useState(Date.now());
-  useInput((input) => {
-    if (input === 'q' || input === 'Q') exit();
-  }, { isActive: isRawModeSupported === true });
-  useEffect(() => {
-    let stopped = false;
-    let timer: NodeJS.Timeout | undefined;
-    const tick = async (): Promise<void> => {
-      const started = Date.now();
-      try {
-        // A daemon that does not answer within two refreshes is shown as away; the next refresh asks again.
-        const report = await fetchJobs(client, Math.max(1000, 2 * intervalMs));
-        if (!stopped) setView((v) => ({ ...v, report, error: null, lastOkAt: Date.now() }));
-      } catch (err) {
-        if (!stopped) setView((v) => ({ ...v, error: err instanceof Error ? err.message : String(err) }));
-      }
-      if (stopped) return;
-      setNow(Date.now());
-      timer = setTimeout(() => void tick(), Math.max(0, intervalMs - (Date.now() - started)));
-    };
-    void tick();
-    return () => {
-      stopped = true;
-      if (timer !== undefined) clearTimeout(timer);
-      client.close();
-    };
-  }, [client, intervalMs]);
-  // Like htop: never taller than the terminal (ink redraws a taller output from the top each time).
-  const lines = topLines(view, size.columns, now).slice(0, Math.max(1, size.rows - 1));
-  return h(Box, { flexDirection: 'column' }, ...lines.map((l, i) => h(Text, {
-    key: i, wrap: 'truncate', color: l.color, bold: l.bold, inverse: l.inverse, dimColor: l.dim,
-  }, l.text === '' ? ' ' : l.text)));
+/**
+ * The view as an ink component. ink and React are given, not imported by this module: they load only when
+ * `tzip top` runs (ink alone takes longer to load than the rest of the CLI), not for `tzip --help`.
+ */
+function topApp(ink: Ink, react: React): (props: { client: DaemonClient; intervalMs: number }) => ReactElement {
+  const { Box, Text, useApp, useInput, useStdin, useStdout } = ink;
+  const { createElement: h, useEffect, useState } = react;
+
+  /** The terminal's size, following resizes. */
+  function useTerminalSize(): { columns: number; rows: number } {
+    const { stdout } = useStdout();
+    const [size, setSize] = useState({ columns: stdout.columns || 100, rows: stdout.rows || 40 });
+    useEffect(() => {
+      const onResize = (): void => setSize({ columns: stdout.columns || 100, rows: stdout.rows || 40 });
+      stdout.on('resize', onResize);
+      return () => {
+        stdout.off('resize', onResize);
+      };
+    }, [stdout]);
+    return size;
+  }
+
+  return function TopApp(props: { client: DaemonClient; intervalMs: number }): ReactElement {
+    const { client, intervalMs } = props;
+    const { exit } = useApp();
+    const { isRawModeSupported } = useStdin();
+    const size = useTerminalSize();
+    const [view, setView] = useState<TopView>({ where: client.where, report: null, error: null, lastOkAt: null, intervalMs });
+    const [now, setNow] = useState(Date.now());
+    useInput((input) => {
+      if (input === 'q' || input === 'Q') exit();
+    }, { isActive: isRawModeSupported === true });
+    useEffect(() => {
+      let stopped = false;
+      let timer: NodeJS.Timeout | undefined;
+      const tick = async (): Promise<void> => {
+        const started = Date.now();
+        try {
+          // A daemon that does not answer within two refreshes is shown as away; the next refresh asks again.
+          const report = await fetchJobs(client, Math.max(1000, 2 * intervalMs));
+          if (!stopped) setView((v) => ({ ...v, report, error: null, lastOkAt: Date.now() }));
+        } catch (err) {
+          if (!stopped) setView((v) => ({ ...v, error: err instanceof Error ? err.message : String(err) }));
+        }
+        if (stopped) return;
+        setNow(Date.now());
+        timer = setTimeout(() => void tick(), Math.max(0, intervalMs - (Date.now() - started)));
+      };
+      void tick();
+      return () => {
+        stopped = true;
+        if (timer !== undefined) clearTimeout(timer);
+        client.close();
+      };
+    }, [client, intervalMs]);
+    // Like htop: never taller than the terminal (ink redraws a taller output from the top each time).
+    const lines = topLines(view, size.columns, now).slice(0, Math.max(1, size.rows - 1));
+    return h(Box, { flexDirection: 'column' }, ...lines.map((l, i) => h(Text, {
+      key: i, wrap: 'truncate', color: l.color, bold: l.bold, inverse: l.inverse, dimColor: l.dim,
+    }, l.text === '' ? ' ' : l.text)));
+  };
 }
 
 function parseInterval(value: string): number {
@@ -206,10 +217,12 @@ interface TopOptions {
 /** Runs the view until q, Ctrl-C or SIGTERM. */
 async function runTop(opts: TopOptions): Promise<void> {
   const client = DaemonClient.open({ socket: opts.socket });
+  const [ink, react] = await Promise.all([import('ink'), import('react')]);
+  const TopApp = topApp(ink, react);
   const tty = process.stdout.isTTY === true;
   // The alternate screen (as htop and less use): the shell's screen comes back as it was on quit.
   if (tty) process.stdout.write('\x1b[?1049h\x1b[H');
-  const app = render(h(TopApp, { client, intervalMs: Math.round(opts.interval * 1000) }), { exitOnCtrlC: true, patchConsole: true });
+  const app = ink.render(react.createElement(TopApp, { client, intervalMs: Math.round(opts.interval * 1000) }), { exitOnCtrlC: true, patchConsole: true });
   const onTerm = (): void => app.unmount();
   process.once('SIGTERM', onTerm);
   try {
