@@ -222,3 +222,22 @@ def test_support_daemon_starts_and_answers(daemon):
         assert oct(os.stat(os.path.dirname(daemon.socket)).st_mode & 0o777) == "0o700"
     finally:
         conn.close()
+
+
+def daemon_jobs(socket: str) -> dict:
+    """The daemon's `jobs` reply (protocol version 3: the job registry), over a connection of its own."""
+    c = RawConn(socket)
+    try:
+        return c.req({"id": 1, "op": "jobs"})
+    finally:
+        c.close()
+
+
+def daemon_set(socket: str, **settings) -> dict:
+    """The daemon's reply to a `set` op (protocol version 3; ``job=`` names the job, ``codec=`` / ``sm_budget=``
+    the settings, None clears one), over a connection of its own."""
+    c = RawConn(socket)
+    try:
+        return c.req({"id": 1, "op": "set", **settings})
+    finally:
+        c.close()

@@ -11,30 +11,45 @@ stay on their GPU), so tensor bytes never cross the socket (docs/protocol.md)::
     ct = client.compress(tensor)       # CompressedTensor: payload, dtype, shape, codec, ratio
     back = client.decompress(ct)       # bit-identical to tensor
 
+``tzip.attach()`` / ``tzip.detach()`` switch the training integrations on and off in a running job
+(:mod:`tzip.attaching`; ``TZIP_ATTACH=1`` attaches a job from its start).
+
 Also here: the demo inputs (:mod:`tzip.demo_data`) and a pure-Python reference decoder (:mod:`tzip.reference`).
 """
-
-from .client import Client, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError, connect
-from .compressed import CompressedTensor
 
 __version__ = "0.1.0"
 
 __all__ = ["Client", "CompressedTensor", "DaemonUnavailableError", "DeviceUnavailableError", "OutOfMemoryError", "TzipDaemonError",
-           "connect",
+           "connect", "attach", "detach",
            "save", "load", "__version__"]
 
-# Names loaded on first use, so `import tzip` stays light (torch.distributed and DCP are imported only by what needs
-# them): tzip.save / tzip.load come from tzip.saving; the integrations are submodules (tzip.distributed, tzip.ddp,
-# tzip.fsdp, tzip.optim, tzip.checkpoint), imported as usual.
-_LAZY = {"save": "saving", "load": "saving"}
+# Every name is loaded on first use, so `import tzip` stays light: torch is imported by the first name that needs it
+# (TZIP_ATTACH=1 imports tzip.attaching at interpreter start-up, which must not import torch), torch.distributed and
+# DCP only by what needs them. The integrations are submodules (tzip.distributed, tzip.ddp, tzip.fsdp, tzip.optim,
+# tzip.checkpoint), imported as usual.
+_LAZY = {
+    "Client": "client", "connect": "client", "DaemonUnavailableError": "client", "DeviceUnavailableError": "client",
+    "OutOfMemoryError": "client", "TzipDaemonError": "client",
+    "CompressedTensor": "compressed",
+    "save": "saving", "load": "saving",
+    "attach": "attaching", "detach": "attaching",
+}
+_SUBMODULES = {"client", "compressed", "saving", "attaching", "checkpoint", "ddp", "distributed", "fsdp", "optim",
+               "demo_data", "reference", "gpu_data"}
 
 
 def __getattr__(name: str):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'tzip' has no attribute {name!r}")
     import importlib
 
+    mod = _LAZY.get(name)
+    if mod is None:
+        if name in _SUBMODULES:  # `import tzip; tzip.client` as when the package imported it eagerly
+            return importlib.import_module(f".{name}", __name__)
+        raise AttributeError(f"module 'tzip' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{mod}", __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

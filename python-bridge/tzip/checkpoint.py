@@ -79,7 +79,8 @@ from ._container import (
     write_tensors,
 )
 from ._dlpack import int_alias
-from .client import Client
+from .attaching import checkpoint_codec
+from .client import Client, tagged
 
 __all__ = ["Writer", "Reader", "TzipStorageInfo", "METADATA_FILE", "DCP_ITEMS_KEY"]
 
@@ -124,8 +125,10 @@ class Writer(StorageWriter):
 
     Args:
         path: the checkpoint folder (``checkpoint_id`` of ``dcp.save`` replaces it when given).
-        codec: codec of tensor items: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md).
-        client: the daemon client (None: this process's default client).
+        codec: codec of tensor items: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md); None (default):
+            'auto', or 'raw' after ``tzip.detach()`` (tzip.attaching), decided at each save.
+        client: the daemon client (None: this process's default client). Its requests count as the job's
+            checkpoint stream.
         strict: with the default client, raise DaemonUnavailableError when the daemon is away instead of writing
             raw frames with one warning.
         overwrite: False: raise RuntimeError when the folder already holds a checkpoint (``.metadata``).
@@ -135,8 +138,8 @@ class Writer(StorageWriter):
     DaemonUnavailableError (strict).
     """
 
-    def __init__(self, path: str | os.PathLike, codec: str = "auto", client: Client | None = None, strict: bool = False,
-                 overwrite: bool = True):
+    def __init__(self, path: str | os.PathLike, codec: str | None = None, client: Client | None = None,
+                 strict: bool = False, overwrite: bool = True):
         super().__init__()
         self.path = Path(path)
         self.codec = codec
@@ -183,6 +186,7 @@ class Writer(StorageWriter):
         # A name no earlier save used (not even one through this Writer without reset()): the files an existing
         # .metadata names are never replaced.
         relative = f"{plan.storage_data.prefix}{secrets.token_hex(8)}.tzip"
+        codec = checkpoint_codec(self.codec)
         items: list[TensorItem] = []
         infos: list[TzipStorageInfo] = []
         described: dict[str, dict[str, Any]] = {}
@@ -203,7 +207,7 @@ class Writer(StorageWriter):
                 raw = bytes(data.getbuffer())
                 t = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
                 name = unique(fqn)
-                items.append(TensorItem(name, t, codec="raw" if self.codec == "raw" else "bytes"))
+                items.append(TensorItem(name, t, codec="raw" if codec == "raw" else "bytes"))
                 infos.append(TzipStorageInfo(relative, name, None, (len(raw),)))
                 described[name] = {"fqn": fqn, "kind": "bytes"}
                 continue
@@ -219,8 +223,9 @@ class Writer(StorageWriter):
             described[name] = {"fqn": fqn, "kind": "shard" if wi.type == WriteItemType.SHARD else "tensor",
                                "offsets": offsets}
         metadata = {"format": "pt", DCP_ITEMS_KEY: json.dumps(described, separators=(",", ":"))}
-        entries = write_tensors(self.path / relative, items, metadata, codec=self.codec, client=self.client,
-                                strict=self.strict)
+        with tagged("checkpoint"):
+            entries = write_tensors(self.path / relative, items, metadata, codec=codec, client=self.client,
+                                    strict=self.strict)
         frame_bytes = {e.name: e.frame_bytes for e in entries}
         fut.set_result([WriteResult(index=wi.index, size_in_bytes=frame_bytes[info.name], storage_data=info)
                         for wi, info in zip(plan.items, infos)])
@@ -394,8 +399,9 @@ class Reader(StorageReader):
         for ri in plan.items:
             info = self.storage_data[ri.storage_index]
             per_file.setdefault(info.relative_path, {}).setdefault(ri.storage_index, []).append(ri)
-        for relative, by_index in per_file.items():
-            self._read_file(relative, by_index, planner)
+        with tagged("checkpoint"):
+            for relative, by_index in per_file.items():
+                self._read_file(relative, by_index, planner)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut

@@ -65,12 +65,22 @@ the call (no fallback then). Nothing is ever silently altered: ``ct.codec`` says
 
 A Client belongs to the process that made it (not usable after fork) and may be used from many
 threads at once. Do not modify a tensor while a call that reads or writes it runs.
+
+Jobs (protocol version 3, daemons of tzip 0.1 with ``jobs``/``set``; older daemons are sent none of this): a
+client tells the daemon which job it belongs to (:func:`job_info`: name, user, rank, world size, devices, MPS) in
+its hello once it is attached or its job is named (``job=``, $TZIP_JOB), and with :meth:`Client.set_job` (what
+``tzip.attach()`` / ``tzip.detach()`` call), again in every new session (after a daemon restart). Requests made
+inside :func:`tagged` carry a stream tag (gradients, optimizer, checkpoint, sendrecv), so ``tzip jobs`` shows each
+stream's bytes. Replies carry the job's settings (``tzip set JOB codec=...``): :attr:`Client.settings`; the
+daemon applies them, and with ``codec="off"`` the integrations send plain data (:meth:`Client.job_codec`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
+import getpass
 import logging
 import os
 import secrets
@@ -99,7 +109,7 @@ from ._dlpack import (
 )
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
 from ._frame import decode_raw, encode_raw, max_compressed_size, read_header
-from ._spawn import daemon_pid, daemon_running, default_socket_path, pid_alive, spawn_daemon
+from ._spawn import daemon_pid, daemon_running, default_socket_path, normalize_endpoint, pid_alive, spawn_daemon
 from ._transport import Transport
 from .compressed import CompressedTensor
 
@@ -114,14 +124,23 @@ __all__ = [
     "OutOfMemoryError",
     "CODECS",
     "PROTOCOL_VERSIONS",
+    "STREAMS",
+    "job_info",
+    "tagged",
 ]
 
 _log = logging.getLogger("tzip")
 
 #: Codecs a compress call accepts.
 CODECS = ("auto", "fast", "max", "bytes", "raw")
-#: Protocol versions this client speaks.
-PROTOCOL_VERSIONS = [1, 2]
+#: Protocol versions this client speaks (3: job info, stream tags, the job's settings in replies).
+PROTOCOL_VERSIONS = [1, 2, 3]
+#: What a request's bytes are, for the daemon's job registry (protocol version 3, docs/protocol.md): gradients (the
+#: DDP comm hook, FSDP's reduce-scatter), optimizer (state offload), checkpoint (tzip.save/load, tzip.checkpoint),
+#: sendrecv (the other tzip.distributed collectives), other (anything untagged).
+STREAMS = ("gradients", "optimizer", "checkpoint", "sendrecv", "other")
+#: The stream tag of the requests made in this context (see :func:`tagged`); None: untagged ("other").
+_stream_tag: contextvars.ContextVar[str | None] = contextvars.ContextVar("tzip_stream_tag", default=None)
 #: Seconds between reconnection attempts while the daemon is away.
 RETRY_INTERVAL_S = 1.0
 #: Decompressed tensors of at least this many bytes get their own shared-memory segment (no copy).
@@ -296,24 +315,101 @@ def _curve_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes]:
                                      f"first, or pass curve_dir=): {e}") from None
 
 
+@contextlib.contextmanager
+def tagged(stream: str):
+    """Tags every compress and decompress request made inside the ``with`` block, in this thread (and in the async
+    calls submitted from it), with ``stream`` (one of :data:`STREAMS`), so the daemon counts their bytes under that
+    stream of the job (``tzip jobs``). Protocol version 3; older daemons are sent no tag. Nesting: the innermost
+    tag wins. Raises ValueError for an unknown stream."""
+    if stream not in STREAMS:
+        raise ValueError(f"unknown stream {stream!r}; one of {', '.join(STREAMS)}")
+    token = _stream_tag.set(stream)
+    try:
+        yield
+    finally:
+        _stream_tag.reset(token)
+
+
+def _script_name() -> str:
+    arg0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if arg0 in ("", "-c", "-m", "-"):
+        return "python"
+    return Path(arg0).name or "python"
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _mps_client() -> bool | None:
+    """Whether this process is (or will be) a CUDA MPS client: an MPS control pipe exists where CUDA looks for it
+    ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps). None when it cannot tell (no CUDA device in use)."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    if os.path.exists(os.path.join(pipe, "control")):
+        return True
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or torch.cuda.is_initialized():
+        return False
+    return None
+
+
+def job_info(name: str | None = None, devices: Iterable[torch.device] = ()) -> dict[str, Any]:
+    """What this process tells the daemon about its job (protocol version 3's ``job``: ``hello`` and the ``job``
+    op): ``name`` (``name``, else $TZIP_JOB, else torchrun's $TORCHELASTIC_RUN_ID, else ``<script>-<pid>``; at most
+    200 characters: the ranks of a job share it), ``user``, ``rank`` and ``world_size`` (torch.distributed's when it
+    is initialised, else $RANK / $WORLD_SIZE), ``devices`` (the UUIDs of the GPUs of ``devices`` and of the current
+    CUDA device when CUDA is initialised, else ``["cpu"]``) and ``mps`` (see :func:`_mps_client`). Reads no GPU
+    that is not in use (never initialises CUDA)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not name:
+        name = os.environ.get("TZIP_JOB") or (run_id if run_id and run_id != "none" else None)
+    if not name:
+        name = f"{_script_name()}-{os.getpid()}"
+    info: dict[str, Any] = {"name": str(name)[:200]}
+    try:
+        info["user"] = getpass.getuser()[:200]
+    except (KeyError, OSError):
+        info["user"] = str(os.getuid())
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    dist_mod = sys.modules.get("torch.distributed")  # only when the job imported it: no import here
+    if dist_mod is not None and dist_mod.is_available() and dist_mod.is_initialized():
+        rank, world = dist_mod.get_rank(), dist_mod.get_world_size()
+    if rank is not None and rank >= 0:
+        info["rank"] = rank
+    if world is not None and world >= 1:
+        info["world_size"] = world
+    gpus: dict[int, None] = {}
+    for d in devices:
+        if d.type == "cuda":
+            gpus[d.index if d.index is not None else 0] = None
+    if torch.cuda.is_initialized():
+        gpus[torch.cuda.current_device()] = None
+    uuids = []
+    if gpus:
+        from ._cuda import device_uuid
+
+        uuids = [device_uuid(i) for i in gpus]
+    info["devices"] = uuids[:64] or ["cpu"]
+    info["mps"] = _mps_client()
+    return info
+
+
 class Client:
     """A connection to the tzip daemon (see the module docstring). Use :func:`connect` to make one."""
 
     def __init__(self, socket: str | None = None, spawn: bool = True, strict: bool = False, *, name: str | None = None,
                  connect_timeout: float = 10.0, request_timeout: float | None = None, workers: int = 4,
                  gpu_share_min_bytes: int = GPU_SHARE_MIN_BYTES, gpu_arena_keep_bytes: int = GPU_ARENA_KEEP_BYTES,
-                 result_pool_keep_bytes: int = RESULT_POOL_KEEP_BYTES, curve_dir: str | None = None):
-        # A tcp:// endpoint: the daemon's CURVE-only TCP socket on this host (shared memory and CUDA IPC handles
-        # still need the same machine). No spawning, and liveness comes from request timeouts only.
-        self._tcp = bool(socket) and str(socket).startswith("tcp://")
-        curve = None
-        if self._tcp:
-            if not str(socket).startswith("tcp://127.0.0.1:"):
-                raise ValueError(f"{socket!r}: the daemon's TCP endpoint is tcp://127.0.0.1:PORT (same machine only)")
-            self.socket_path = str(socket)
-            curve = _curve_keys(curve_dir)
-        else:
-            self.socket_path = os.path.abspath(socket) if socket else default_socket_path()
+                 result_pool_keep_bytes: int = RESULT_POOL_KEEP_BYTES, curve_dir: str | None = None,
+                 job: str | None = None):
+        # The endpoint as users write it (a path, ipc:///abs/path, tcp://127.0.0.1:PORT), in one form. A tcp://
+        # endpoint: the daemon's CURVE-only TCP socket on this host (shared memory and CUDA IPC handles still need
+        # the same machine). No spawning, and liveness comes from request timeouts only.
+        self.socket_path = normalize_endpoint(os.fspath(socket)) if socket else default_socket_path()
+        self._tcp = self.socket_path.startswith("tcp://")
+        curve = _curve_keys(curve_dir) if self._tcp else None
         self.spawn = spawn and not self._tcp
         self.strict = strict
         self.name = (name or f"python pid {os.getpid()}")[:200]
@@ -331,6 +427,14 @@ class Client:
         self._socket_ino: int | None = None
         self._limits: dict[str, Any] = {}
         self._version = 1  # the protocol version of the session (hello)
+        # Protocol version 3. The job's name (None: job_info's default) and whether its integrations are on: True
+        # after tzip.attach(), False after tzip.detach(), None before either (then hello carries a job only when one
+        # was named: job=, $TZIP_JOB). Sent again with every new session (a restarted daemon knows nothing).
+        self._job_name = job
+        self._attached: bool | None = None
+        self._job_devices: dict[torch.device, None] = {}
+        self._job_refused_by: int | None = None  # the daemon pid whose hello refused the job field (older daemon)
+        self._settings: dict[str, Any] = {"codec": None, "sm_budget": None}
         self._heartbeat_s = 3.0
         self._next_attempt = 0.0
         self._last_error: Exception | None = None
@@ -367,6 +471,67 @@ class Client:
     def daemon_info(self) -> dict[str, Any]:
         """What the daemon said about itself at hello (pid, version, format_version, gpu, ...)."""
         return dict(self._daemon)
+
+    @property
+    def protocol_version(self) -> int:
+        """The protocol version of the current (or last) session: 1, 2 or 3."""
+        return self._version
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The job's settings as the daemon's last reply said them (protocol version 3; ``tzip set``): ``codec``
+        ("fast", "max", "auto", "off" or None: the caller's) and ``sm_budget`` (SMs per request, 0: all, or None:
+        the daemon's default). The daemon applies them to every request of this session; ``codec == "off"`` also
+        tells the integrations to send their data plain (:meth:`job_codec`). A request or heartbeat (every few
+        seconds) brings a change; both are None with an older daemon or while it is away."""
+        return dict(self._settings)
+
+    def job_codec(self, codec: str) -> str:
+        """The codec an integration should use in place of ``codec`` under the job's settings: "raw" (plain data)
+        when the job's codec is "off", else ``codec`` (a "fast", "max" or "auto" setting is applied by the daemon
+        to every request it receives)."""
+        return "raw" if self._settings.get("codec") == "off" else codec
+
+    @property
+    def job(self) -> dict[str, Any]:
+        """The job info this client sends the daemon (:func:`job_info`) and ``attached``."""
+        return {**job_info(self._job_name, self._job_devices), "attached": bool(self._attached)}
+
+    def set_job(self, attached: bool, name: str | None = None, devices: Iterable[torch.device] = ()) -> dict[str, Any]:
+        """Tells the daemon this process's job and whether its integrations are on (``tzip.attach()``: True,
+        ``tzip.detach()``: False) with the ``job`` op, now if a session is open, else at the next hello; the daemon
+        then counts this session's requests under the job (``tzip jobs``) and applies the job's settings. ``name``
+        replaces the job's name (see :func:`job_info`); ``devices`` are added to the job's devices.
+
+        Returns the job's settings (:attr:`settings`; both None with a daemon older than protocol version 3,
+        which is sent nothing). Raises TzipDaemonError when the daemon refuses the job (an invalid name).
+        A daemon away is not an error (the job is sent once it is back)."""
+        self._check_pid()
+        with self._lock:
+            if name:
+                self._job_name = str(name)[:200]
+            for d in devices:
+                self._job_devices[torch.device(d)] = None
+            self._attached = bool(attached)
+            if self._sid is None or self._version < 3:
+                return self.settings
+        try:
+            self._send_job()
+        except DaemonUnavailableError:
+            pass  # sent with the next session
+        return self.settings
+
+    def _send_job(self) -> None:
+        info = job_info(self._job_name, self._job_devices)
+        self._call("job", {"job": info, "attached": bool(self._attached)}, timeout=self.connect_timeout)
+
+    def _hello_job(self) -> dict[str, Any] | None:
+        """The ``job`` of the hello: when attached or named (see ``_attached``), and not refused by this daemon."""
+        if self._attached is False or (self._attached is None and not (self._job_name or os.environ.get("TZIP_JOB"))):
+            return None
+        if self._job_refused_by is not None and self._job_refused_by == self._daemon_pid:
+            return None
+        return job_info(self._job_name, self._job_devices)
 
     def _check_pid(self) -> None:
         if os.getpid() != self._pid:
@@ -430,7 +595,17 @@ class Client:
         self._daemon_pid, self._socket_ino = pid, ino
         self._transport.reset()
         msg = {"op": "hello", "versions": PROTOCOL_VERSIONS, "pid": self._pid, "shm_prefix": self.shm_prefix, "name": self.name}
+        job = self._hello_job()
+        if job is not None:
+            msg["job"] = job
         reply = self._transport.request(msg, self._daemon_alive, timeout=self.connect_timeout)
+        if not reply.get("ok") and job is not None and (reply.get("error") or {}).get("code") == "TZIP_PROTOCOL":
+            # A daemon older than protocol version 3 refuses the field (its schema knows no "job"): hello again
+            # without it; the job is then never sent to this daemon.
+            self._job_refused_by = pid
+            del msg["job"]
+            job = None
+            reply = self._transport.request(msg, self._daemon_alive, timeout=self.connect_timeout)
         if not reply.get("ok"):
             err = reply.get("error") or {}
             if err.get("code") == "TZIP_BUSY":  # shutting down, or full: as good as away
@@ -448,10 +623,24 @@ class Client:
         self._gpu_warned.clear()
         with self._release_lock:
             self._gpu_handles.clear()  # a new session has opened none of them
+        self._settings = {"codec": None, "sm_budget": None}  # a new session: the daemon's say from its replies
+        self._note_settings(reply)
         self._sid = str(reply["sid"])
+        if self._version >= 3 and self._attached is not None and job is None:
+            # attached (or detached) before this session, e.g. the daemon restarted: it hears it again
+            try:
+                self._send_job()
+            except (DaemonUnavailableError, TzipDaemonError) as e:
+                _log.warning("tzip: the daemon at %s did not take this job's info: %s", self.socket_path, e)
         if self._heartbeat is None:
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="tzip-heartbeat", daemon=True)
             self._heartbeat.start()
+
+    def _note_settings(self, reply: dict[str, Any]) -> None:
+        """Keeps the job's settings a protocol version 3 reply carries."""
+        got = reply.get("settings")
+        if isinstance(got, dict):
+            self._settings = {"codec": got.get("codec"), "sm_budget": got.get("sm_budget")}
 
     def _mark_down(self, sid: str | None, err: Exception) -> None:
         with self._lock:
@@ -468,12 +657,17 @@ class Client:
                 raise self._unavailable()
             sid = self._sid
             msg = {"op": op, "sid": sid, **body}
+            if self._version >= 3 and op in ("compress", "decompress"):
+                tag = _stream_tag.get()
+                if tag is not None:
+                    msg["stream"] = tag
             try:
                 reply = self._transport.request(msg, self._daemon_alive, timeout if timeout is not None else self.request_timeout)
             except DaemonUnavailableError as e:
                 self._mark_down(sid, e)
                 raise
             if reply.get("ok"):
+                self._note_settings(reply)
                 return reply
             err = reply.get("error") or {}
             code = str(err.get("code"))
@@ -597,7 +791,8 @@ class Client:
         single = isinstance(tensors, torch.Tensor)
         items = [tensors] if single else list(tensors)
         streams = _caller_streams(t for t in items if isinstance(t, torch.Tensor))
-        return self._pool().submit(self._compress, items, single, codec, streams)
+        # the caller's stream tag (tagged()) goes with the call to the worker thread
+        return self._pool().submit(contextvars.copy_context().run, self._compress, items, single, codec, streams)
 
     def _compress(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None):
         self._check_pid()
@@ -934,7 +1129,7 @@ class Client:
         items, outs, single = self._decompress_args(cts, out)
         streams = _caller_streams([*(o for o in outs if isinstance(o, torch.Tensor)),
                                    *(ct.payload for ct in items if isinstance(ct, CompressedTensor))])
-        return self._pool().submit(self._decompress, items, outs, single, verify, streams)
+        return self._pool().submit(contextvars.copy_context().run, self._decompress, items, outs, single, verify, streams)
 
     @staticmethod
     def _decompress_args(cts, out) -> tuple[list, list, bool]:
@@ -1305,7 +1500,9 @@ class Client:
 
 def connect(socket: str | None = None, spawn: bool = True, strict: bool = False, **kwargs) -> Client:
     """Connects to the tzip daemon on ``socket`` (default: $TZIP_SOCKET, $XDG_RUNTIME_DIR/tzip/tzip.sock,
-    /tmp/tzip-$UID/tzip.sock), starting one when none runs and ``spawn`` is true.
+    /tmp/tzip-$UID/tzip.sock), starting one when none runs and ``spawn`` is true. ``socket`` is a path (made
+    absolute), ``ipc:///abs/path`` or ``tcp://127.0.0.1:PORT`` (:func:`tzip._spawn.normalize_endpoint`; ValueError
+    for anything else).
 
     ``socket`` may also be the daemon's TCP endpoint ``tcp://127.0.0.1:PORT`` (``tzip serve --tcp PORT``): it
     speaks only CURVE, with the keys the daemon keeps in ``curve/`` next to its socket (``curve_dir=`` or

@@ -21,6 +21,13 @@ DDP hands it over).
 
 The all-reduce of a bucket runs on the state's worker thread, so backward keeps computing the next buckets meanwhile;
 DDP calls the hook for the buckets in the same order on every rank, and the one thread keeps that order on the wire.
+
+Switching (``tzip.attach`` / ``tzip.detach``): DDP takes one comm hook per model, for good (``register_comm_hook``
+can be called only once), so the hook consults ``state.enabled`` at every bucket: False sends the bucket through
+DDP's own all-reduce (``torch.distributed.all_reduce`` of the averaged bucket, as torch's ``allreduce_hook``), the
+same arithmetic as DDP without a hook. Flip it between iterations, on every rank at the same iteration (all ranks
+must take the same path for a bucket). The daemon's requests are tagged as the job's gradients stream, and a job
+whose codec is set "off" (``tzip set JOB codec=off``) sends its shards plain (tzip.distributed's codec="raw").
 """
 
 # No `from __future__ import annotations` here: DDP's register_comm_hook compares the hook's annotations with
@@ -33,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .client import Client
+from .client import Client, tagged
 from .distributed import _all_reduce
 
 __all__ = ["LosslessState", "lossless_allreduce_hook"]
@@ -50,20 +57,25 @@ class LosslessState:
         strict: for the default client: raise DaemonUnavailableError instead of sending raw frames (one warning) when
             the daemon is away.
 
+        enabled: True (default): buckets go through tzip's lossless all-reduce; False: through DDP's own all-reduce
+            (see the module docstring, "Switching").
+
     Statistics (this rank, since construction; see :class:`tzip.distributed.Traffic` for what is counted):
         ``bytes_raw``: bytes plain DDP's ring all-reduce would have sent for the same buckets (``2 * (n-1)/n`` of each
-        bucket); ``bytes_sent``: bytes this rank sent (frames and headers); ``buckets``: buckets all-reduced.
+        bucket); ``bytes_sent``: bytes this rank sent (frames and headers); ``buckets``: buckets all-reduced by tzip
+        (not those that took DDP's own all-reduce).
     """
 
-    __slots__ = ["process_group", "codec", "client", "strict", "bytes_raw", "bytes_sent", "buckets", "_lock",
-                 "_executor"]
+    __slots__ = ["process_group", "codec", "client", "strict", "enabled", "bytes_raw", "bytes_sent", "buckets",
+                 "_lock", "_executor"]
 
     def __init__(self, process_group: dist.ProcessGroup | None = None, codec: str = "auto",
-                 client: Client | None = None, strict: bool = False):
+                 client: Client | None = None, strict: bool = False, enabled: bool = True):
         self.process_group = process_group
         self.codec = codec
         self.client = client
         self.strict = strict
+        self.enabled = bool(enabled)
         self.bytes_raw = 0
         self.bytes_sent = 0
         self.buckets = 0
@@ -77,10 +89,10 @@ class LosslessState:
 
     def __getstate__(self) -> dict[str, Any]:
         # as PowerSGDState: the process group, the client and the thread do not pickle; defaults are used on load
-        return {k: getattr(self, k) for k in ("codec", "strict", "bytes_raw", "bytes_sent", "buckets")}
+        return {k: getattr(self, k) for k in ("codec", "strict", "enabled", "bytes_raw", "bytes_sent", "buckets")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(None, state["codec"], None, state["strict"])
+        self.__init__(None, state["codec"], None, state["strict"], state.get("enabled", True))
         self.bytes_raw, self.bytes_sent, self.buckets = state["bytes_raw"], state["bytes_sent"], state["buckets"]
 
     def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future:
@@ -91,7 +103,7 @@ class LosslessState:
 
         def run() -> None:
             try:
-                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                with torch.cuda.stream(stream) if cuda else contextlib.nullcontext(), tagged("gradients"):
                     traffic = _all_reduce(tensor, dist.ReduceOp.SUM, self.process_group, self.codec, self.client,
                                           self.strict)
                     with self._lock:
@@ -115,10 +127,12 @@ def lossless_allreduce_hook(state: LosslessState, bucket: dist.GradBucket) -> to
 
     1. Divide the bucket by the group's world size, in place (as ``allreduce_hook`` does: before the sum, so fp16
        does not overflow).
-    2. On the state's worker thread: split the flat bucket into world-size shards, compress them (one daemon
+    2. ``state.enabled`` False: all-reduce it with ``torch.distributed.all_reduce`` (DDP's own path) and return
+       that Future; done.
+    3. On the state's worker thread: split the flat bucket into world-size shards, compress them (one daemon
        request), exchange them with all-to-all, sum the shards of this rank's part in rank order, compress that sum,
        all-gather it, decompress into the bucket.
-    3. Return a Future whose value is the bucket, reduced in place (DDP copies it into the gradients, or they are
+    4. Return a Future whose value is the bucket, reduced in place (DDP copies it into the gradients, or they are
        its views with ``gradient_as_bucket_view=True``).
 
     Example::
@@ -129,4 +143,7 @@ def lossless_allreduce_hook(state: LosslessState, bucket: dist.GradBucket) -> to
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())
+    if not state.enabled:
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
     return state._all_reduce_async(tensor)

@@ -75,7 +75,7 @@ import torch.distributed as dist
 
 from ._default import resolve_client
 from ._dlpack import int_alias
-from .client import CODECS, Client
+from .client import CODECS, Client, _stream_tag, tagged
 from .compressed import CompressedTensor
 
 __all__ = [
@@ -385,15 +385,23 @@ class _Call:
         self._client = client
         self.strict = strict
         self.traffic = Traffic(calls=1)
+        # the daemon counts the call's requests under this stream of the job: the caller's tag (the DDP hook:
+        # gradients), else sendrecv; read here, in the caller's thread (isend/irecv run on a worker thread)
+        self.stream = _stream_tag.get() or "sendrecv"
 
     @property
     def member(self) -> bool:
         return self.me >= 0
 
     def check_codec(self) -> None:
-        """ValueError for an unknown codec (called while preparing, so the other ranks hear of it)."""
+        """ValueError for an unknown codec (called while preparing, so the other ranks hear of it); then the codec
+        the job's settings ask for: "raw" (plain bytes, no daemon) when ``tzip set JOB codec=off`` reached this
+        rank's client (Client.job_codec). Ranks may learn that at different calls: every rank's frames carry their
+        own codec, so a call with some ranks plain and others compressed is still lossless."""
         if self.codec not in CODECS:
             raise ValueError(f"unknown codec {self.codec!r}; one of {', '.join(CODECS)}")
+        if self.codec != "raw":
+            self.codec = self.client().job_codec(self.codec)
 
     def client(self) -> Client:
         if self._client is None:
@@ -410,7 +418,8 @@ class _Call:
             return [_Wire(self.to_wire(_bytes_of(p)), _PLAIN) for p in parts]
         if not parts:
             return []
-        cts = self.client().compress(list(parts), self.codec)
+        with tagged(self.stream):
+            cts = self.client().compress(list(parts), self.codec)
         payloads = [ct.payload for ct in cts]
         if payloads[0].device != self.wire:
             if len(payloads) > 1:  # one copy to the wire device instead of one per frame
@@ -445,7 +454,8 @@ class _Call:
             frame_outs.append(o)
             frame_idx.append(i)
         if frames:
-            done = self.client().decompress(frames, out=frame_outs)
+            with tagged(self.stream):
+                done = self.client().decompress(frames, out=frame_outs)
             for i, t in zip(frame_idx, done):
                 results[i] = t
         return results  # type: ignore[return-value]
@@ -944,7 +954,7 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | No
         _check_op(code, tensor.dtype, tensor.device)
         flat = tensor.detach().contiguous().reshape(-1)  # a view when contiguous: results land in the tensor
         bounds = _shards(flat.numel(), n)
-        if codec == "raw":
+        if call.codec == "raw":
             # the tensor's bytes as they lie (its own shard included: all_to_all_single then needs no copy)
             sent = [_Wire(call.to_wire(_bytes_of(flat[a:b])), _PLAIN) for a, b in bounds]
         else:
@@ -957,7 +967,7 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | No
     frames = [(w.data.numel(), w.codec) for w in sent]
     # aux1 = 1: this rank sends plain bytes (codec="raw"), so its reduced shard's size is known without asking
     heads = call.exchange(_header("all_reduce", _FAILED if err else _OK, n, _desc_or_none(tensor), code,
-                                  int(codec == "raw"), frames, n))
+                                  int(call.codec == "raw"), frames, n))
     call.raise_failed(heads, err)
     _check_ops(call, heads)
     ref = heads[0].desc
@@ -973,7 +983,7 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | No
     shard_shape = torch.Size([mine_b - mine_a])
 
     # 2. exchange: shard j of every rank to rank j
-    if codec == "raw":
+    if call.codec == "raw":
         send_buf = call.to_wire(_bytes_of(flat))
     else:
         send_buf = torch.cat([w.data for w in sent])

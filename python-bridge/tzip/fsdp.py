@@ -46,7 +46,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from . import distributed as tzd
-from .client import CODECS, Client
+from .client import CODECS, Client, tagged
 
 __all__ = ["LosslessCollectives", "LosslessAllGather", "LosslessReduceScatter", "use_lossless_collectives"]
 
@@ -166,8 +166,9 @@ class LosslessReduceScatter(ReduceScatter):
         s = self.state
         flat = input_tensor.view(-1)
         ins = list(flat.chunk(n)) if output_tensor.numel() else [flat[:0]] * n
-        s._counted("reduce_scatter", lambda: tzd.reduce_scatter(output_tensor, ins, op=op, group=group,
-                                                                codec=s.codec, client=s.client, strict=s.strict))
+        with tagged("gradients"):  # the daemon counts these requests as the job's gradients (all-gathers: sendrecv)
+            s._counted("reduce_scatter", lambda: tzd.reduce_scatter(output_tensor, ins, op=op, group=group,
+                                                                    codec=s.codec, client=s.client, strict=s.strict))
         return _done_work() if async_op else None
 
 

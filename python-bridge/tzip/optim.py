@@ -77,10 +77,10 @@ import torch
 
 from ._default import resolve_client
 from ._dlpack import int_alias
-from .client import CODECS, Client
+from .client import CODECS, Client, tagged
 from .compressed import CompressedTensor
 
-__all__ = ["CompressedOffload", "OffloadedTensor", "DEFAULT_CHUNK_BYTES", "DEFAULT_MIN_BYTES"]
+__all__ = ["CompressedOffload", "OffloadedTensor", "AttachedOffload", "DEFAULT_CHUNK_BYTES", "DEFAULT_MIN_BYTES"]
 
 #: Most uncompressed state bytes in a chunk (one flat buffer, one frame, one compress or decompress request). On a GPU
 #: a chunk's frame is the unit of the host<->device copies: this bounds the frame memory in flight and sets the
@@ -506,20 +506,24 @@ class CompressedOffload(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _offload(self) -> None:
-        """Compresses the state tensors of :meth:`_plan`, one frame per chunk, and puts placeholders in their place."""
+        """Compresses the state tensors of :meth:`_plan`, one frame per chunk, and puts placeholders in their place.
+        The frames are raw (uncompressed, still offloaded) while the job's codec setting is "off" (``tzip set``);
+        the requests count as the job's optimizer stream."""
         t0 = time.perf_counter()
         gpu: dict[int, list] = {}
+        codec = self.client.job_codec(self.codec)
         plan = self._plan_unchanged()
-        for chunk, items, flat in plan if plan is not None else self._plan():
-            if chunk.device.type == "cpu":
-                flat = flat if flat is not None else self._flat(chunk, items)
-                chunk.ct = self.client.compress(flat, codec=self.codec)
-                self._place(chunk, items, flat)
-                del flat
-            else:
-                gpu.setdefault(chunk.device.index or 0, []).append((chunk, items, flat))
-        for index, planned in gpu.items():
-            self._offload_gpu(index, planned)
+        with tagged("optimizer"):
+            for chunk, items, flat in plan if plan is not None else self._plan():
+                if chunk.device.type == "cpu":
+                    flat = flat if flat is not None else self._flat(chunk, items)
+                    chunk.ct = self.client.compress(flat, codec=codec)
+                    self._place(chunk, items, flat)
+                    del flat
+                else:
+                    gpu.setdefault(chunk.device.index or 0, []).append((chunk, items, flat))
+            for index, planned in gpu.items():
+                self._offload_gpu(index, planned, codec)
         # Kept after a failure (strict, daemon away): the views still in the state are then offloaded next time.
         self._flats = {}
         self._timings["offload_s"] = time.perf_counter() - t0
@@ -542,7 +546,7 @@ class CompressedOffload(torch.optim.Optimizer):
             s = slabs[k] = _HostSlab((cap + _SLAB_GRAIN - 1) // _SLAB_GRAIN * _SLAB_GRAIN)
         return s
 
-    def _offload_gpu(self, index: int, planned: list) -> None:
+    def _offload_gpu(self, index: int, planned: list, codec: str) -> None:
         """Per chunk: the daemon encodes the flat buffer on the GPU (in the current stream's order), then the frame is
         copied into the chunk's pinned slab on the side stream while the next chunk is encoded. Returns when the
         copies are done."""
@@ -556,7 +560,7 @@ class CompressedOffload(torch.optim.Optimizer):
                     while in_flight and in_flight[0][0].query():
                         in_flight.pop(0)  # copied: the frame's GPU memory goes back to the caching allocator
                     flat = flat if flat is not None else self._flat(chunk, items)
-                    gpu_ct = self.client.compress(flat, codec=self.codec)
+                    gpu_ct = self.client.compress(flat, codec=codec)
                     n = gpu_ct.compressed_nbytes
                     slab = self._slab(index, k, n)
                     side.wait_stream(compute)  # the frame is ready in the compute stream's order
@@ -589,14 +593,15 @@ class CompressedOffload(torch.optim.Optimizer):
         chunks = [c for c in self._chunks if any(st.get(key) is ph for st, key, ph in c.entries)]
         cpu = [c for c in chunks if c.device.type == "cpu"]
         flats: list[tuple[_Chunk, torch.Tensor]] = []
-        if cpu:
-            flats.extend(zip(cpu, self.client.decompress([c.ct for c in cpu])))
-        gpu: dict[int, list[_Chunk]] = {}
-        for c in chunks:
-            if c.device.type != "cpu":
-                gpu.setdefault(c.device.index or 0, []).append(c)
-        for index, cs in gpu.items():
-            flats.extend(self._restore_gpu(index, cs))
+        with tagged("optimizer"):
+            if cpu:
+                flats.extend(zip(cpu, self.client.decompress([c.ct for c in cpu])))
+            gpu: dict[int, list[_Chunk]] = {}
+            for c in chunks:
+                if c.device.type != "cpu":
+                    gpu.setdefault(c.device.index or 0, []).append(c)
+            for index, cs in gpu.items():
+                flats.extend(self._restore_gpu(index, cs))
         for c, flat in flats:
             placed = {}
             for st, key, ph in c.entries:
@@ -649,9 +654,10 @@ class CompressedOffload(torch.optim.Optimizer):
                 if ev is not None:
                     ev.synchronize()
 
-    def _materialize(self, state: dict, clone: bool = True) -> dict:
-        """``{index: {key: value}}`` with OffloadedTensors as CPU tensors (their chunks decompressed in one request)
-        and, when ``clone``, other tensors cloned (a snapshot that later steps leave alone)."""
+    def _materialize(self, state: dict, clone: bool = True, on_device: bool = False) -> dict:
+        """``{index: {key: value}}`` with OffloadedTensors as CPU tensors (their chunks decompressed in one request;
+        ``on_device``: then copied to the tensor's own device, as the plain optimizer's state dict holds them) and,
+        when ``clone``, other tensors cloned (a snapshot that later steps leave alone)."""
         self._settle_copies()
         chunks: dict[int, _Chunk] = {}
         for d in state.values():
@@ -661,7 +667,8 @@ class CompressedOffload(torch.optim.Optimizer):
                         chunks[id(v.chunk)] = v.chunk
         flats = {}
         if chunks:  # the frames are in host memory: decoded on the CPU
-            flats = dict(zip(chunks, self.client.decompress([c.ct for c in chunks.values()])))
+            with tagged("optimizer"):
+                flats = dict(zip(chunks, self.client.decompress([c.ct for c in chunks.values()])))
         out: dict[Any, Any] = {}
         for i, d in state.items():
             if not isinstance(d, dict):
@@ -670,10 +677,118 @@ class CompressedOffload(torch.optim.Optimizer):
             nd = {}
             for k, v in d.items():
                 if isinstance(v, OffloadedTensor):
-                    nd[k] = v.view_of(flats[id(v.chunk)]).clone()
+                    t = v.view_of(flats[id(v.chunk)])
+                    nd[k] = t.to(v.device) if on_device and v.device != t.device else t.clone()
                 elif isinstance(v, torch.Tensor) and clone:
                     nd[k] = v.detach().clone()
                 else:
                     nd[k] = v
             out[i] = nd
         return out
+
+
+class AttachedOffload:
+    """Compressed offload switched on for an optimizer that a job already steps itself (``tzip.attach(optimizer=
+    opt)``): the same offload as :class:`CompressedOffload`, done by hooks on ``optimizer`` instead of a wrapper, so
+    the job's own ``opt.step()``, its LR schedulers and its checkpoint code go on unchanged.
+
+    From construction on, ``optimizer.state`` holds :class:`OffloadedTensor` placeholders between steps (the state
+    is offloaded at once); a step pre-hook (run before the other pre-hooks) restores the state and a step
+    post-hook (run after the others) offloads it again, so the step, and every hook around it, sees plain tensors.
+    ``optimizer.state_dict()`` holds plain tensors on their own devices (a state-dict post-hook decompresses the
+    placeholders), as without the offload; ``load_state_dict`` drops the offloaded state and offloads the loaded
+    one. Steps are bit-identical to the optimizer without it (see :class:`CompressedOffload`).
+
+    :meth:`remove` switches it off: the state comes back uncompressed, each tensor in storage of its own as before,
+    and the hooks go.
+
+    Args: as :class:`CompressedOffload` (``codec``, ``client``, ``strict``, ``min_bytes``, ``chunk_bytes``).
+
+    Raises:
+        TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload (already offloaded).
+        ValueError, DaemonUnavailableError: as :class:`CompressedOffload`.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, codec: str = "auto", client: Client | None = None,
+                 strict: bool = False, *, min_bytes: int = DEFAULT_MIN_BYTES,
+                 chunk_bytes: int | None = DEFAULT_CHUNK_BYTES):
+        self.optimizer = optimizer
+        # The offload's machinery (plan, chunks, pinned slabs, restore and offload): its step() is never called,
+        # the optimizer's own step is, between the hooks below.
+        self._engine = CompressedOffload(optimizer, codec, client, strict, min_bytes=min_bytes, chunk_bytes=chunk_bytes)
+        pre = optimizer.register_step_pre_hook(self._before_step)
+        optimizer._optimizer_step_pre_hooks.move_to_end(pre.id, last=False)  # first: other pre-hooks see tensors
+        self._handles = [
+            pre,
+            optimizer.register_step_post_hook(self._after_step),
+            optimizer.register_state_dict_post_hook(self._state_dict_post),
+            optimizer.register_load_state_dict_pre_hook(self._load_pre),
+            optimizer.register_load_state_dict_post_hook(self._load_post),
+        ]
+        self.removed = False
+
+    @property
+    def codec(self) -> str:
+        return self._engine.codec
+
+    @property
+    def client(self) -> Client:
+        return self._engine.client
+
+    def offload_stats(self) -> dict[str, Any]:
+        """:meth:`CompressedOffload.offload_stats` of this optimizer's state."""
+        return self._engine.offload_stats()
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        self._engine._restore()
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        self._engine._offload()
+
+    def _state_dict_post(self, optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        # torch's state dict shares the per-parameter dicts with optimizer.state: new dicts, placeholders decoded
+        return {**state_dict, "state": self._engine._materialize(state_dict["state"], clone=False, on_device=True)}
+
+    def _load_pre(self, optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        e = self._engine
+        state = state_dict.get("state")
+        if isinstance(state, dict) and any(isinstance(v, OffloadedTensor) for d in state.values() if isinstance(d, dict)
+                                           for v in d.values()):
+            state_dict = {**state_dict, "state": e._materialize(state, clone=False, on_device=True)}
+        e._settle_copies()
+        e._chunks = []
+        e._flats = {}
+        return state_dict
+
+    def _load_post(self, optimizer) -> None:
+        self._engine._offload()
+
+    def remove(self) -> None:
+        """Brings the state back uncompressed (each tensor in its own storage, with its dtype, shape, strides and
+        device) and removes the hooks. Idempotent.
+
+        Raises DaemonUnavailableError when frames of a codec other than raw cannot be decoded (no daemon); the
+        offload then stays on (call it again once a daemon serves the socket)."""
+        if self.removed:
+            return
+        e = self._engine
+        e._restore()
+        for _, _, placed in e._flats.values():
+            for (_, key), (st, _, view) in placed.items():
+                if st.get(key) is view:
+                    # a view of the chunk's flat buffer (the client's shared memory for CPU state): a copy of its own
+                    st[key] = view.clone(memory_format=torch.preserve_format)
+        e._flats = {}
+        e._settle_copies()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for slabs in e._slabs.values():
+            for slab in slabs:
+                if slab is not None:
+                    slab.release()
+        e._slabs = {}
+        self.removed = True
+
+    def __repr__(self) -> str:
+        return f"AttachedOffload({type(self.optimizer).__name__}, codec={self.codec!r}{', removed' if self.removed else ''})"

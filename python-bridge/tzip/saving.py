@@ -64,7 +64,8 @@ from ._container import (
     write_tensors,
 )
 from ._dlpack import check_supported
-from .client import Client
+from .attaching import checkpoint_codec
+from .client import Client, tagged
 
 __all__ = ["save", "load", "TREE_KEY", "TREE_DIGEST_KEY", "FORMAT_KEY", "FORMAT_VERSION"]
 
@@ -193,7 +194,7 @@ class _Encoder:
                         "bytes, torch.dtype/device/Size are); pass allow_pickle=True to pickle it")
 
 
-def save(obj: Any, path: str | os.PathLike, codec: str = "auto", client: Client | None = None, strict: bool = False,
+def save(obj: Any, path: str | os.PathLike, codec: str | None = None, client: Client | None = None, strict: bool = False,
          *, allow_pickle: bool = False) -> int:
     """Saves ``obj`` (a state dict: tensors in nested dicts, OrderedDicts, lists and tuples, with other values; see
     the module docstring) to the ``.tzip`` file ``path``, atomically.
@@ -203,8 +204,9 @@ def save(obj: Any, path: str | os.PathLike, codec: str = "auto", client: Client 
             any dtype.
         path: the file to create or replace (its folder must exist).
         codec: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md); non-float tensors get 'bytes' under
-            'fast' and 'max'.
-        client: the daemon client; None: the process's default client (``tzip._default``).
+            'fast' and 'max'. None (default): 'auto', or 'raw' after ``tzip.detach()`` (tzip.attaching).
+        client: the daemon client; None: the process's default client (``tzip._default``). Its requests count as
+            the job's checkpoint stream.
         strict: with the default client, raise DaemonUnavailableError when the daemon is away instead of storing
             uncompressed frames with one warning (a client you pass keeps its own ``strict``).
         allow_pickle: pickle objects of other types instead of raising TypeError.
@@ -222,7 +224,8 @@ def save(obj: Any, path: str | os.PathLike, codec: str = "auto", client: Client 
     tree_text = json.dumps(tree, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     metadata = {"format": "pt", FORMAT_KEY: FORMAT_VERSION, TREE_KEY: tree_text,
                 TREE_DIGEST_KEY: xxhash.xxh64_hexdigest(tree_text.encode("ascii"))}
-    write_tensors(path, enc.stored, metadata, codec=codec, client=client, strict=strict)
+    with tagged("checkpoint"):
+        write_tensors(path, enc.stored, metadata, codec=checkpoint_codec(codec), client=client, strict=strict)
     return os.path.getsize(path)
 
 
@@ -422,13 +425,14 @@ def load(path: str | os.PathLike, map_location=None, client: Client | None = Non
 
         devices = {name: _target_device(loc, map_location) for name, (_, _, loc) in layout.items()}
         decoded: dict[str, torch.Tensor] = {}
-        for e, flat in decode_entries(reader, entries, client, device=lambda e: devices[e.name] or torch.device("cpu"),
-                                      strict=strict):
-            dtype, shape, loc = layout[e.name]
-            t = reinterpret(flat, dtype, shape)
-            if devices[e.name] is None:  # a callable map_location
-                t = _call_map_location(map_location, t, loc)
-            decoded[e.name] = t
+        with tagged("checkpoint"):
+            for e, flat in decode_entries(reader, entries, client, device=lambda e: devices[e.name] or torch.device("cpu"),
+                                          strict=strict):
+                dtype, shape, loc = layout[e.name]
+                t = reinterpret(flat, dtype, shape)
+                if devices[e.name] is None:  # a callable map_location
+                    t = _call_map_location(map_location, t, loc)
+                decoded[e.name] = t
     if tree is None:
         return decoded
     return _Decoder(decoded, weights_only, path).decode(tree)
