@@ -4,7 +4,8 @@ The install test packs the npm package (``npm pack``), installs it globally into
 no C/C++ compiler, make or cmake (so nothing can be compiled), builds the Python wheel (``pip wheel``, setuptools
 as pinned in pyproject.toml) and installs it, and ``pip install ./python-bridge``, each into a fresh venv; then,
 outside the repository, ``tzip --version`` runs, the installed Python package starts a daemon through its discovery
-(which must say it used ``tzip`` on PATH) and a round trip of real trained weights comes back bit for bit.
+(which must say it used ``tzip`` on PATH) and a round trip of real trained weights comes back bit for bit. Both
+installs carry ``tzip-attach.pth``: ``TZIP_ATTACH=1`` loads tzip.attaching at interpreter start-up.
 
 The venvs are made without torch: a ``.pth`` line puts the test interpreter's site-packages (torch, pyzmq,
 msgpack, ... as pinned) after the venv's own, so the installed ``tzip`` is imported from the venv while torch
@@ -28,6 +29,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -335,6 +337,16 @@ def test_npm_pack_and_pip_install_outside_the_repository():
         needed = _run(["ldd", str(addon)], _env(os.environ["PATH"]), str(work)).stdout
         assert "not found" not in needed and "libcudart" not in needed, needed  # the CUDA runtime is static
         assert wheel.name == f"tzip-{VERSION}-py3-none-any.whl"
+        # TZIP_ATTACH=1 (tzip.attaching): the wheel's root carries tzip-attach.pth, python-bridge/setup.py's one job
+        from tzip.attaching import PTH_LINE, PTH_NAME
+
+        with zipfile.ZipFile(wheel) as zf:
+            assert zf.read(PTH_NAME).decode() == PTH_LINE
+        probe = "import sys; print('tzip.attaching' in sys.modules, 'torch' in sys.modules)"
+        for py in (py_wheel, py_dir):
+            assert _run([str(py), "-I", "-c", probe], _env(str(farm)), str(work)).stdout.split() == ["False", "False"]
+            attached = _run([str(py), "-I", "-c", probe], _env(str(farm), TZIP_ATTACH="1"), str(work)).stdout.split()
+            assert attached == ["True", "False"], (py, attached)  # started at start-up, torch left to the job
 
         # The folder install, without `tzip` on PATH: no CLI to be found (it is not in a checkout).
         r = _run([str(py_dir), "-I", "-c", NO_CLI, str(venv_dir)], _env(str(farm)), str(work))
