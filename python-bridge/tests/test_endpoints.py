@@ -144,3 +144,34 @@ def test_a_real_daemon_answers_on_every_ipc_spelling(daemon, monkeypatch):  # no
         finally:
             t.close()
     assert len(sids) == 3
+
+
+@pytest.mark.parametrize("how", ["argument", "TZIP_SOCKET"])
+def test_connect_takes_the_ipc_spelling(daemon, monkeypatch, how):  # noqa: F811
+    """tzip.connect("ipc:///abs") and TZIP_SOCKET=ipc:///abs reach the daemon at /abs: a bit-exact round trip."""
+    import torch
+    import tzip
+
+    spelling = f"ipc://{daemon.socket}"
+    if how == "TZIP_SOCKET":
+        monkeypatch.setenv("TZIP_SOCKET", spelling)
+        c = tzip.connect(spawn=False, strict=True)
+    else:
+        monkeypatch.delenv("TZIP_SOCKET", raising=False)
+        c = tzip.connect(spelling, spawn=False, strict=True)
+    try:
+        assert c.socket_path == daemon.socket and c.daemon_info["pid"] == daemon.pid
+        t = torch.randn(4096, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
+        back = c.decompress(c.compress(t))
+        assert torch.equal(back.view(torch.int16), t.view(torch.int16))
+    finally:
+        c.close()
+
+
+def test_connect_refuses_a_bad_spelling_before_anything_starts(monkeypatch, tmp_path):
+    import tzip
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="three slashes"):
+        tzip.connect("ipc://tzip-nowhere/tzip.sock", spawn=True)
+    assert not (tmp_path / "tzip-nowhere").exists()  # no daemon was started on a relative guess
