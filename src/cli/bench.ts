@@ -82,7 +82,8 @@ async function loadSamples(path: string): Promise<{ fileBytes: number; groups: M
 
 async function benchFile(path: string, threads: number, plan: RunPlan, progress: Progress): Promise<FileReport> {
   // The zstd and LZ4 bindings load here, not when the CLI starts: `tzip serve` and the codec commands never need them.
-  const { BASELINES } = await import('../bench/baselines.js');
+  const { BASELINES, MISSING_BASELINES } = await import('../bench/baselines.js');
+  for (const missing of MISSING_BASELINES) process.stderr.write(`tzip bench: left out ${missing}\n`);
   const { fileBytes, groups } = await loadSamples(path);
   const steps = [...groups.keys()].reduce((n, d) => n + (isFloatDtype(d) ? 2 : 3) + BASELINES.length, 0);
   let done = 0;
