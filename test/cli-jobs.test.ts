@@ -2,8 +2,10 @@
 // that said hello with a job is listed (JSON and table) with the bytes of its real round trips; `tzip set` switches
 // the job's codec and the next compress writes frames of that codec (read from the frame's own header); the daemon's
 // sm_budget; an unknown job, bad settings and an absent daemon are errors with their exit codes.
-import { readFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultLimits } from '../src/daemon/limits.js';
 import { Daemon } from '../src/daemon/server.js';
@@ -14,6 +16,7 @@ import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('cli-jobs');
+const MAIN = fileURLToPath(new URL('../dist/src/cli/main.js', import.meta.url));
 const BF16 = { code: 4, bits: 16, lanes: 1 };
 const CPU = { type: 1, id: 0 };
 
@@ -96,6 +99,23 @@ describe('tzip jobs', () => {
     const j = await runTzip(['--json', 'jobs', '--socket', join(tmp(), 'nobody', 'tzip.sock')], tmp());
     expect(j.code).toBe(3);
     expect(JSON.parse(j.stdout).error.code).toBe('TZIP_IO');
+  });
+
+  it('says a killed daemon is gone (its socket and pid files left behind) instead of waiting out the timeout', async () => {
+    const dead = join(tmp(), 'killed', 'tzip.sock');
+    const child = spawn(process.execPath, [MAIN, '--json', 'serve', '--socket', dead], { stdio: ['ignore', 'pipe', 'ignore'] });
+    await new Promise<void>((resolve, reject) => {
+      child.stdout.on('data', (b: Buffer) => {
+        if (b.toString().includes('"listening"')) resolve();
+      });
+      child.once('exit', (code) => reject(new Error(`tzip serve exited ${code}`)));
+    });
+    child.kill('SIGKILL');
+    await new Promise((r) => child.once('exit', r));
+    expect(existsSync(dead)).toBe(true);
+    const r = await runTzip(['jobs', '--socket', dead], tmp());
+    expect(r.code).toBe(3);
+    expect(r.stderr).toMatch(new RegExp(`no tzip daemon at .*killed/tzip\\.sock: its daemon \\(pid ${child.pid}, since .*\\) is gone and left its socket file`));
   });
 });
 

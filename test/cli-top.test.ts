@@ -9,6 +9,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultLimits } from '../src/daemon/limits.js';
 import { Daemon } from '../src/daemon/server.js';
 import { maxCompressedSize } from '../src/native.js';
+import { jobsText, type JobsReport } from '../src/cli/jobs.js';
+import { topLines } from '../src/cli/top.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
 import { ensureBuilt } from './helpers/cli.js';
 import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
@@ -27,7 +29,7 @@ const hasTmux = (() => {
 })();
 
 function tmux(...args: string[]): string {
-  return execFileSync('tmux', ['-L', TMUX, ...args], { encoding: 'utf8' });
+  return execFileSync('tmux', ['-L', TMUX, ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 }
 
 function screen(): string {
@@ -117,5 +119,76 @@ describe.skipIf(!hasTmux)('tzip top in a terminal (tmux)', () => {
 
     tmux('send-keys', '-t', 'top', 'q');
     await waitScreen((x) => x.includes('top exited 0'), 'top exiting with code 0 after q');
+  });
+});
+
+// What the screen and the table say about a daemon with GPUs (this machine has none for the tmux test to show): the
+// lines of a `jobs` reply as an H200 daemon writes it (docs/protocol.md, "jobs").
+describe('the screen\'s lines (topLines) and the jobs table for a GPU daemon', () => {
+  const direction = (requests: number, bytesIn: number, bytesOut: number, seconds: number) => ({ requests, items: requests, bytes_in: bytesIn, bytes_out: bytesOut, seconds });
+  const idle = { compress: direction(0, 0, 0, 0), decompress: direction(0, 0, 0, 0), errors: 0 };
+  const report: JobsReport = {
+    daemon: {
+      pid: 4242, version: '0.1.0', socket: '/run/user/1000/tzip/tzip.sock', uptime_ms: 3_723_000, sm_budget: 16, sm_budget_default: 10,
+      codec: null, mps: true,
+      gpus: [{ uuid: 'GPU-8f3c1a2b-0000-1111-2222-333344445555', name: 'NVIDIA H200', index: 0, memory_used_bytes: 75e9, memory_total_bytes: 150e9 },
+        { uuid: 'GPU-99999999-0000-1111-2222-333344445555', name: 'NVIDIA H200', index: 1, memory_used_bytes: null, memory_total_bytes: 150e9 }],
+      rates: { compress_gbps: 123.4, decompress_gbps: 0.25 },
+    },
+    jobs: [{
+      name: 'llama-70b-pretrain', user: 'alice', state: 'running', pids: [101, 102, 103, 104], sessions: 4,
+      devices: ['GPU-8f3c1a2b-0000-1111-2222-333344445555'], attached: true, attached_at_ms: Date.now() - 60_000, mps: true, shares_mps: true,
+      settings: { codec: 'fast', sm_budget: 16 }, overrides: { codec: 'fast', sm_budget: null },
+      streams: { gradients: { compress: direction(10, 4e9, 2.6e9, 0.04), decompress: direction(10, 2.6e9, 4e9, 0.03), errors: 1 }, optimizer: idle, checkpoint: idle, sendrecv: idle, other: idle },
+    }, {
+      name: 'eval', user: 'bob', state: 'ended', pids: [7], sessions: 0, devices: ['cpu'], attached: false, attached_at_ms: null, mps: false, shares_mps: false,
+      settings: { codec: null, sm_budget: 16 }, streams: { gradients: idle, optimizer: idle, checkpoint: idle, sendrecv: idle, other: idle },
+    }],
+  };
+
+  it('show the daemon\'s settings, each GPU\'s memory, the rates, each job and its streams within the width', () => {
+    const view = { where: report.daemon.socket, report, error: null, lastOkAt: Date.now(), intervalMs: 1000 };
+    for (const width of [80, 120, 200]) {
+      const lines = topLines(view, width, Date.now()).map((l) => l.text);
+      for (const l of lines) expect(l.length, l).toBeLessThanOrEqual(width);
+      const text = lines.join('\n');
+      expect(text).toContain('daemon pid 4242  tzip 0.1.0  up 1 h 02 m  jobs 2 (1 attached)');
+      expect(text).toContain('SM budget 16');
+      expect(text).toContain('MPS client: yes');
+      expect(text).toMatch(/^GPU 0 NVIDIA H200 mem\[\|{15} {15}\] 75.00 GB \/ 150.00 GB/m);
+      expect(text).toMatch(/^GPU 1 NVIDIA H200 mem\[ {30}\] memory \?/m);
+      expect(text).toContain('compress 123.4 GB/s  decompress 250 MB/s');
+      if (width >= 120) {
+        expect(text).toMatch(/^JOB\s+STATE\s+USER\s+PIDS\s+DEVICES\s+MPS CODEC\s+SMS\s+REQS\s+ERR\s+ORIGINAL\s+CODED\s+RATIO\s+GB\/s/m);
+        expect(text).toMatch(/^llama-70b\S*\s+attached alice\s+101 102 1~\s+GPU-8f3c1a2b\s+yes fast\s+16\s+20\s+1\s+8.00 GB\s+5.20 GB 0.6500\s+114.3/m);
+        expect(text).toMatch(/^ {2}gradients\s+20\s+1\s+8.00 GB\s+5.20 GB 0.6500/m);
+        expect(text).toMatch(/^eval\s+ended\s+bob/m);
+      } else {
+        // Narrow: devices, pids, user and MPS make room; the figures stay.
+        expect(text).toMatch(/^JOB\s+STATE\s+CODEC\s+SMS\s+REQS\s+ERR\s+ORIGINAL\s+CODED\s+RATIO\s+GB\/s/m);
+        expect(text).toMatch(/^llama-70b-p~\s+attached fast\s+16\s+20\s+1\s+8.00 GB\s+5.20 GB 0.6500\s+114.3/m);
+        expect(text).toMatch(/^ {2}gradients\s+20\s+1\s+8.00 GB\s+5.20 GB 0.6500\s+114.3/m);
+      }
+      expect(text).not.toMatch(/^ {2}optimizer/m);
+    }
+  });
+
+  it('say when the daemon is away, keeping the last answer', () => {
+    const lines = topLines({ where: '/x.sock', report, error: 'no tzip daemon at /x.sock', lastOkAt: Date.now() - 5000, intervalMs: 1000 }, 120, Date.now());
+    expect(lines[1]).toMatchObject({ text: 'daemon not reachable: no tzip daemon at /x.sock', color: 'red' });
+    expect(lines[2]?.text).toMatch(/^retrying every 1 s; below: as of \d\d:\d\d:\d\d$/);
+    expect(lines.some((l) => l.text.startsWith('llama-70b') && l.dim === true)).toBe(true);
+  });
+
+  it('tzip jobs prints the same figures as a table', () => {
+    const text = jobsText(report);
+    expect(text).toContain('tzip daemon pid 4242 (tzip 0.1.0), up 1 h 02 m, socket /run/user/1000/tzip/tzip.sock');
+    expect(text).toContain('settings: codec per request, SM budget 16; MPS client: yes');
+    expect(text).toContain('GPU 0 NVIDIA H200 (GPU-8f3c1a2b-0000-1111-2222-333344445555): memory 75.00 GB / 150.00 GB');
+    expect(text).toContain('GPU 1 NVIDIA H200 (GPU-99999999-0000-1111-2222-333344445555): memory ?');
+    expect(text).toContain('codec rates, last 10 s: compress 123.4 GB/s, decompress 250 MB/s');
+    const row = text.split('\n').find((l) => l.includes('llama-70b-pretrain')) as string;
+    expect(row.split('│').map((c) => c.trim()).filter((c) => c !== '')).toEqual(
+      ['llama-70b-pretrain', 'attached', 'alice', '101 102 103 +1', 'GPU-8f3c1a2b', 'yes', 'fast', '16', '20', '1', '8.00 GB', '5.20 GB', '0.6500', '114.3']);
   });
 });

@@ -25,6 +25,9 @@ const { Dealer } = createRequire(import.meta.url)('zeromq') as typeof import('ze
 const packr = new Packr({ useRecords: false, structuredClone: false, variableMapSize: true });
 const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'number', structuredClone: false });
 
+/** How long a request waits for a reply before the daemon's pid file is read to tell whether it still runs, ms. */
+const LOCK_CHECK_AFTER_MS = 300;
+
 /** How long a request waits for its reply by default, ms. */
 export const DEFAULT_TIMEOUT_MS = 5000;
 
@@ -124,17 +127,28 @@ export class DaemonClient {
       this.reset();
       throw new TzipError('TZIP_IO', `cannot send to the tzip daemon at ${this.where}: ${(err as Error).message}`, { cause: err });
     }
+    let lockChecked = false;
     for (;;) {
       const left = deadline - Date.now();
       let bytes: Buffer | undefined;
       if (left > 0) {
-        sock.receiveTimeout = left;
+        // A daemon answers these ops at once; one that has not after a moment may be dead with its socket file left.
+        sock.receiveTimeout = lockChecked ? left : Math.min(left, LOCK_CHECK_AFTER_MS);
         try {
           [bytes] = await sock.receive();
         } catch (err) {
           if ((err as { code?: string }).code !== 'EAGAIN') {
             this.reset();
             throw new TzipError('TZIP_IO', `cannot read from the tzip daemon at ${this.where}: ${(err as Error).message}`, { cause: err });
+          }
+          if (!lockChecked) {
+            lockChecked = true;
+            const dead = await this.deadDaemon();
+            if (dead !== undefined) {
+              this.reset();
+              throw new TzipError('TZIP_IO', dead);
+            }
+            continue;
           }
         }
       }
@@ -159,6 +173,20 @@ export class DaemonClient {
         : `${text} (${code})`;
       throw new TzipError(cliCode(code), detail);
     }
+  }
+
+  /**
+   * Why no daemon can answer on the ipc socket, when its pid file (src/daemon/lock.ts) says its daemon is gone;
+   * undefined when it may still answer (alive, busy, or a TCP endpoint, which has no pid file).
+   */
+  private async deadDaemon(): Promise<string | undefined> {
+    if (this.endpoint.kind !== 'ipc') return undefined;
+    // Loaded only here: a live daemon answers before, and the lock module's imports cost start-up time.
+    const { holderAlive, lockPathOf, readLockInfo } = await import('../daemon/lock.js');
+    const info = readLockInfo(lockPathOf(this.endpoint.path));
+    if (info === null) return `no tzip daemon at ${this.endpoint.path} (a socket file but no pid file: none started, or it was killed): start one with \`tzip serve\``;
+    if (holderAlive(info)) return undefined;
+    return `no tzip daemon at ${this.endpoint.path}: its daemon (pid ${info.pid}, since ${info.since}) is gone and left its socket file; start one with \`tzip serve\``;
   }
 
   /** Drops the connection; the next request opens a new one (a daemon that restarted is reached afresh). */

@@ -59,6 +59,36 @@ interface Column {
   head: string;
   width: number;
   right?: boolean;
+  /** On a narrow terminal columns go in this order (1 first); 0: always shown. */
+  drop: number;
+}
+
+/** The job table's columns, each row's cells in this order. */
+const COLUMNS: readonly Column[] = [
+  { head: 'JOB', width: 0, drop: 0 }, { head: 'STATE', width: 8, drop: 5 }, { head: 'USER', width: 8, drop: 3 },
+  { head: 'PIDS', width: 10, drop: 2 }, { head: 'DEVICES', width: 12, drop: 1 }, { head: 'MPS', width: 3, drop: 4 },
+  { head: 'CODEC', width: 5, drop: 8 }, { head: 'SMS', width: 4, right: true, drop: 7 }, { head: 'REQS', width: 7, right: true, drop: 9 },
+  { head: 'ERR', width: 4, right: true, drop: 6 }, { head: 'ORIGINAL', width: 9, right: true, drop: 0 },
+  { head: 'CODED', width: 9, right: true, drop: 10 }, { head: 'RATIO', width: 6, right: true, drop: 0 }, { head: 'GB/s', width: 6, right: true, drop: 0 },
+];
+
+/** The least width of the job names' column before other columns make room for it. */
+const MIN_NAME_WIDTH = 12;
+
+/**
+ * The columns that fit `width` (htop's way: the least useful go first) and the width of the name column (what the
+ * others leave, at most 32 and at most the longest name), with a function picking a row's cells for them.
+ */
+function fitColumns(width: number, longestName: number): { cols: Column[]; pick: (cells: readonly string[]) => string[] } {
+  const shown = COLUMNS.map((c) => ({ ...c }));
+  const used = (): number => shown.reduce((n, c) => n + c.width + 1, 0);
+  for (let d = 1; used() + MIN_NAME_WIDTH > width && d <= 10; d++) {
+    const i = shown.findIndex((c) => c.drop === d);
+    if (i >= 0) shown.splice(i, 1);
+  }
+  (shown[0] as Column).width = Math.max(8, Math.min(32, Math.max(MIN_NAME_WIDTH, longestName), width - used()));
+  const keep = shown.map((c) => COLUMNS.findIndex((k) => k.head === c.head));
+  return { cols: shown, pick: (cells) => keep.map((i) => cells[i] ?? '') };
 }
 
 function row(cols: readonly Column[], cells: readonly string[]): string {
@@ -95,32 +125,24 @@ export function topLines(view: TopView, width: number, now: number): Line[] {
     lines.push({ text: cut(`settings: ${daemonSettingsText(d)}  MPS client: ${mpsText(d.mps)}`, w), dim: stale });
     const gpus = d.gpus ?? [];
     if (gpus.length === 0) lines.push({ text: 'GPU  none: CPU tensors only', dim: stale });
+    const labelWidth = Math.max(0, ...gpus.map((g, i) => `GPU ${g.index ?? i} ${cut(g.name, 24)}`.length)) + 1;
     for (const [i, g] of gpus.entries()) {
       const used = g.memory_used_bytes ?? 0;
       const total = g.memory_total_bytes ?? 0;
       const mem = g.memory_total_bytes === null || g.memory_used_bytes === null ? 'memory ?' : `${formatSize(used)} / ${formatSize(total)}`;
-      const label = `GPU ${g.index ?? i} ${cut(g.name, 24)}`.padEnd(31);
-      lines.push({ text: cut(`${label} mem${meter(used, total, 32)} ${mem}  ${g.uuid}`, w), color: stale ? undefined : 'green', dim: stale });
+      const label = `GPU ${g.index ?? i} ${cut(g.name, 24)}`.padEnd(labelWidth);
+      lines.push({ text: cut(`${label}mem${meter(used, total, 32)} ${mem}  ${g.uuid}`, w), color: stale ? undefined : 'green', dim: stale });
     }
     lines.push({ text: cut(`codec rates (last 10 s): compress ${formatRate(d.rates?.compress_gbps)}  decompress ${formatRate(d.rates?.decompress_gbps)}`, w), color: stale ? undefined : 'cyan', dim: stale });
     lines.push({ text: '' });
-    const cols: Column[] = [
-      { head: 'JOB', width: 0 }, { head: 'STATE', width: 8 }, { head: 'USER', width: 8 }, { head: 'PIDS', width: 10 },
-      { head: 'DEVICES', width: 12 }, { head: 'MPS', width: 3 }, { head: 'CODEC', width: 5 }, { head: 'SMS', width: 4, right: true },
-      { head: 'REQS', width: 7, right: true }, { head: 'ERR', width: 4, right: true }, { head: 'ORIGINAL', width: 9, right: true },
-      { head: 'CODED', width: 9, right: true }, { head: 'RATIO', width: 6, right: true }, { head: 'GB/s', width: 6, right: true },
-    ];
-    // The job's name takes what the other columns leave of the width (8 to 32 characters).
-    const fixed = cols.reduce((n, c) => n + c.width + 1, 0);
-    const longest = Math.max(10, ...r.jobs.map((j) => j.name.length + 1));
-    (cols[0] as Column).width = Math.max(8, Math.min(32, longest, w - fixed));
+    const { cols, pick } = fitColumns(w, Math.max(0, ...r.jobs.map((j) => j.name.length + 1)));
     lines.push({ text: cut(row(cols, cols.map((c) => c.head)), w).padEnd(w), inverse: true, bold: true });
     if (r.jobs.length === 0) lines.push({ text: 'no jobs: a process that says hello (tzip.connect(), tzip.attach()) is listed here', dim: true });
     for (const job of r.jobs) {
       const state = jobState(job);
       lines.push({
-        text: cut(row(cols, [job.name, state, job.user ?? '-', pidsText(job.pids), devicesText(job.devices), mpsText(job.shares_mps),
-          settingText(job.settings?.codec), settingText(job.settings?.sm_budget), ...figureCells(jobFigures(job))]), w),
+        text: cut(row(cols, pick([job.name, state, job.user ?? '-', pidsText(job.pids), devicesText(job.devices), mpsText(job.shares_mps),
+          settingText(job.settings?.codec), settingText(job.settings?.sm_budget), ...figureCells(jobFigures(job))])), w),
         color: stale ? undefined : state === 'attached' ? 'green' : undefined,
         dim: stale || state === 'ended',
         bold: state === 'attached',
@@ -128,7 +150,7 @@ export function topLines(view: TopView, width: number, now: number): Line[] {
       for (const [name, s] of Object.entries(job.streams ?? {})) {
         const f = streamFigures(s);
         if (f.requests === 0 && f.errors === 0) continue;
-        lines.push({ text: cut(row(cols, [`  ${name}`, '', '', '', '', '', '', '', ...figureCells(f)]), w), dim: true });
+        lines.push({ text: cut(row(cols, pick([`  ${name}`, '', '', '', '', '', '', '', ...figureCells(f)])), w), dim: true });
       }
     }
   }
@@ -217,9 +239,15 @@ interface TopOptions {
 /** Runs the view until q, Ctrl-C or SIGTERM. */
 async function runTop(opts: TopOptions): Promise<void> {
   const client = DaemonClient.open({ socket: opts.socket });
+  const tty = process.stdout.isTTY === true;
+  if (tty) {
+    // With CI or CONTINUOUS_INTEGRATION set, ink (is-in-ci, read when ink loads) draws only the last frame, at exit:
+    // a live view asked for on a terminal is drawn live wherever it runs (a CI job's shell, a test's tmux).
+    delete process.env.CI;
+    delete process.env.CONTINUOUS_INTEGRATION;
+  }
   const [ink, react] = await Promise.all([import('ink'), import('react')]);
   const TopApp = topApp(ink, react);
-  const tty = process.stdout.isTTY === true;
   // The alternate screen (as htop and less use): the shell's screen comes back as it was on quit.
   if (tty) process.stdout.write('\x1b[?1049h\x1b[H');
   const app = ink.render(react.createElement(TopApp, { client, intervalMs: Math.round(opts.interval * 1000) }), { exitOnCtrlC: true, patchConsole: true });
