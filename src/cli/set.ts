@@ -85,7 +85,7 @@ export function registerSet(program: Command): void {
     .description('change a job\'s settings (or, without JOB, the daemon\'s) in the running daemon, from its next request: codec=fast|max|auto|off, sm_budget=N (0: all SMs); "default" clears one')
     .argument('<setting...>', '[JOB] codec=VALUE and/or sm_budget=N')
     .addOption(socketOption())
-    .addHelpText('after', '\nExamples:\n  tzip set train-7b codec=off      # the job sends raw frames from its next request\n  tzip set train-7b sm_budget=16   # its GPU kernels use at most 16 SMs\n  tzip set sm_budget=8             # the daemon\'s budget for requests that name none\n  tzip set train-7b codec=default  # back to the daemon\'s codec')
+    .addHelpText('after', '\nExamples:\n  tzip set train-7b codec=off      # its requests get raw frames (its integrations then send plain data)\n  tzip set train-7b sm_budget=16   # its GPU kernels use at most 16 SMs\n  tzip set sm_budget=8             # the daemon\'s budget for requests that name none\n  tzip set train-7b codec=default  # back to the daemon\'s codec')
     .action(async (args: string[], _opts: unknown, cmd: Command) => {
       const opts = cmd.optsWithGlobals<SetOptions>();
       const patch = parseSetArgs(args);

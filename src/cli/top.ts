@@ -268,7 +268,7 @@ export function registerTop(program: Command): void {
     .command('top')
     .description('live view of the daemon (SM budget, GPU memory, codec rates) and of every job it serves, refreshed every second; q quits')
     .addOption(socketOption())
-    .addOption(new Option('--interval <seconds>', 'refresh interval (default: 1)').argParser(parseInterval).default(1))
+    .addOption(new Option('--interval <seconds>', 'refresh interval').argParser(parseInterval).default(1))
     .action(async (_opts: unknown, cmd: Command) => {
       await runTop(cmd.optsWithGlobals<TopOptions>());
     });
