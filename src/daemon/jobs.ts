@@ -142,9 +142,12 @@ export class JobRegistry {
     this.defaultUser = user;
   }
 
-  /** The name of the job `session` belongs to. */
+  /**
+   * The name of the job `session` belongs to. A hello `name` (free text since protocol version 1) naming the job has its
+   * control characters replaced by U+FFFD, as a job's own name may have none (schema.ts, printableName).
+   */
   static jobNameOf(session: Session): string {
-    return session.job?.name ?? (session.name !== '' ? session.name : `pid-${session.pid}`);
+    return session.job?.name ?? (session.name !== '' ? session.name.replace(/\p{Cc}/gu, '\ufffd') : `pid-${session.pid}`);
   }
 
   /** The job of a live session (undefined for one not {@link join}ed). */

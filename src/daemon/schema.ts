@@ -184,19 +184,28 @@ export const MAX_SM_BUDGET = 1024;
 const SmBudget = z.number().int().min(0).max(MAX_SM_BUDGET);
 
 /**
+ * A name shown to people (a job's name, its user, a device): 1 to `max` characters, none of them a control character
+ * (Unicode Cc: C0, DEL, C1). Job names are printed by `tzip jobs` and `tzip top` on a terminal, written in log lines and
+ * in Prometheus label values: an escape sequence, a newline or a NUL there would be obeyed or break a line.
+ */
+export function printableName(max: number) {
+  return z.string().min(1).max(max).regex(/^\P{Cc}*$/u, 'no control characters (newlines, tabs, escapes, NUL)');
+}
+
+/**
  * Protocol version 3: the job a session belongs to (a training run: one name shared by all of its ranks), as
  * `hello` or the `job` op carry it.
  */
 export const JobInfo = z.strictObject({
   /** The job's name: sessions that give the same name are one job (`tzip jobs`, `tzip set JOB`). */
-  name: z.string().min(1).max(200),
+  name: printableName(200),
   /** Who runs it (free text; default: the daemon's user, the only one who can connect). */
-  user: z.string().max(200).optional(),
+  user: z.union([z.literal(''), printableName(200)]).optional(),
   /** This process's rank in the job (torch.distributed). */
   rank: z.number().int().min(0).max(2 ** 31 - 1).optional(),
   world_size: z.number().int().min(1).max(2 ** 31 - 1).optional(),
   /** The devices the process computes on: GPU UUIDs ("GPU-...", as `nvidia-smi -L` prints them) or "cpu". */
-  devices: z.array(z.string().min(1).max(80)).max(64).optional(),
+  devices: z.array(printableName(80)).max(64).optional(),
   /** The process is an MPS client (CUDA_MPS_PIPE_DIRECTORY set / MPS active); null: it cannot tell. */
   mps: z.boolean().nullable().optional(),
 });
@@ -327,7 +336,7 @@ export const SetRequest = z.strictObject({
   id: RequestId,
   op: z.literal('set'),
   sid: SessionId.optional(),
-  job: z.string().min(1).max(200).optional(),
+  job: printableName(200).optional(),
   codec: z.enum(SETTING_CODECS).nullable().optional(),
   sm_budget: SmBudget.nullable().optional(),
 });

@@ -1,0 +1,279 @@
+// Protocol version 3 (docs/protocol.md "Jobs") under hostile or careless input, against a real daemon in this process
+// over ipc:// (ZeroMQ DEALERs, real /dev/shm files) with its Prometheus endpoint on a real port: odd numbers and
+// names on the `job`, `jobs` and `set` ops and the `stream`/`sm_budget` fields, a registry grown by many jobs, settings
+// changed while requests run (every frame still valid, round trips compared as raw bytes), the metrics endpoint
+// (paths, methods, many connections, label values that break the text format), and JSON log lines of a `tzip serve`
+// child given such names.
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { createServer, request as httpRequest } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Packr, Unpackr } from 'msgpackr';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { MAX_ENDED_JOBS } from '../src/daemon/jobs.js';
+import { defaultLimits } from '../src/daemon/limits.js';
+import { DaemonMetrics } from '../src/daemon/metrics.js';
+import { Daemon } from '../src/daemon/server.js';
+import { TzipError } from '../src/errors.js';
+import { maxCompressedSize, readHeader } from '../src/native.js';
+import { bf16Weights } from './helpers/bf16-weights.js';
+import { ensureBuilt } from './helpers/cli.js';
+import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
+import { useTempDir } from './helpers/temp-dir.js';
+
+const MAIN = fileURLToPath(new URL('../dist/src/cli/main.js', import.meta.url));
+const tmp = useTempDir('hostile-v3');
+const BF16 = { code: 4, bits: 16, lanes: 1 };
+const CPU = { type: 1, id: 0 };
+const packr = new Packr({ useRecords: false });
+const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'number' });
+
+let daemon: Daemon;
+let metrics: DaemonMetrics;
+let metricsUrl: string;
+const logged: string[] = [];
+
+beforeAll(async () => {
+  metrics = new DaemonMetrics();
+  metricsUrl = await metrics.listen(0);
+  daemon = await Daemon.start({ socketPath: join(tmp(), 'd', 'tzip.sock'), limits: { ...defaultLimits(), leaseMs: 5000 },
+    log: (line) => logged.push(line), observer: metrics.observe });
+  metrics.attach(daemon);
+});
+
+afterAll(async () => {
+  await daemon.stop('tests done');
+  await metrics.close();
+});
+
+async function v3(name: string, job?: Record<string, unknown> | null): Promise<DaemonConn> {
+  const c = new DaemonConn(daemon.endpoint, name);
+  const h = await c.req({ op: 'hello', versions: [1, 2, 3], pid: c.pid, shm_prefix: c.prefix, name, ...(job !== undefined ? { job } : {}) });
+  expect(h.ok, JSON.stringify(h)).toBe(true);
+  c.sid = h.sid;
+  return c;
+}
+
+/** One request on a connection of its own (no session). */
+async function once(body: Record<string, unknown>): Promise<Record<string, any>> {
+  const c = new DaemonConn(daemon.endpoint);
+  try {
+    return await c.req(body);
+  } finally {
+    c.close();
+  }
+}
+
+async function jobsList(): Promise<Record<string, any>[]> {
+  const r = await once({ op: 'jobs' });
+  expect(r.ok, JSON.stringify(r).slice(0, 500)).toBe(true);
+  return r.jobs;
+}
+
+/** /dev/shm files of a bf16 tensor: its input (holding `data`), a frame region, and a region to decompress into. */
+function tensorFiles(c: DaemonConn, data: Buffer, tag: string) {
+  const n = data.length / 2;
+  const cap = maxCompressedSize(data.length, 1);
+  const names = { in: `${c.prefix}${tag}-in`, frame: `${c.prefix}${tag}-frame`, back: `${c.prefix}${tag}-back` };
+  shmFile(names.in, data.length, data);
+  const framePath = shmFile(names.frame, cap);
+  const backPath = shmFile(names.back, data.length);
+  const tensor = (name: string) => ({ device: CPU, dtype: BF16, shape: [n], byte_offset: 0, data: { kind: 'shm', name, offset: 0, size: data.length } });
+  return {
+    compress: { tensors: [{ tensor: tensor(names.in), out: { kind: 'shm', name: names.frame, offset: 0, size: cap } }], codec: 'auto' },
+    decompress: (bytes: number) => ({ frames: [{ frame: { kind: 'shm', name: names.frame, offset: 0, size: bytes }, out: tensor(names.back) }] }),
+    frame: (bytes: number) => readFileSync(framePath).subarray(0, bytes),
+    back: () => readFileSync(backPath),
+  };
+}
+
+/** Compress then decompress `data` through the daemon; returns the replies, the frame's bytes and the bytes back. */
+async function roundTrip(c: DaemonConn, data: Buffer, tag: string, extra: Record<string, unknown> = {}) {
+  const f = tensorFiles(c, data, tag);
+  const r = await c.call('compress', { ...f.compress, ...extra });
+  expect(r.ok, JSON.stringify(r)).toBe(true);
+  const d = await c.call('decompress', { ...f.decompress(r.frames[0].bytes), ...extra });
+  expect(d.ok, JSON.stringify(d)).toBe(true);
+  return { compress: r, decompress: d, frame: f.frame(r.frames[0].bytes), back: f.back() };
+}
+
+/** Sends every request on `c`'s socket before reading any reply; replies by request id. */
+async function pipelined(c: DaemonConn, bodies: Record<string, unknown>[], firstId: number): Promise<Map<number, Record<string, any>>> {
+  for (let i = 0; i < bodies.length; i++) await c.sock.send(packr.pack({ id: firstId + i, sid: c.sid, ...bodies[i] }));
+  const out = new Map<number, Record<string, any>>();
+  while (out.size < bodies.length) {
+    const [reply] = await c.sock.receive();
+    const r = unpackr.unpack(reply as Buffer) as Record<string, any>;
+    out.set(r.id as number, r);
+  }
+  return out;
+}
+
+/**
+ * Parses Prometheus' text exposition format strictly (https://prometheus.io/docs/instrumenting/exposition_formats/):
+ * every line a comment or `name{label="value",...} number`, label values with only `\\`, `\"`, `\n` escapes.
+ * @returns the samples, label values unescaped.
+ */
+function parseExposition(text: string): { name: string; labels: Record<string, string>; value: number }[] {
+  const samples: { name: string; labels: Record<string, string>; value: number }[] = [];
+  for (const line of text.split('\n')) {
+    if (line === '' || line.startsWith('# HELP ') || line.startsWith('# TYPE ')) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*)\})? (\S+)$/.exec(line);
+    if (m === null) throw new Error(`not a sample line: ${JSON.stringify(line)}`);
+    const labels: Record<string, string> = {};
+    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"/g)) {
+      labels[l[1] as string] = (l[2] as string).replace(/\\(["\\n])/g, (_s, c: string) => (c === 'n' ? '\n' : c));
+    }
+    const value = Number(m[3]);
+    if (Number.isNaN(value) && m[3] !== 'NaN') throw new Error(`not a sample value: ${JSON.stringify(line)}`);
+    samples.push({ name: m[1] as string, labels, value });
+  }
+  return samples;
+}
+
+async function scrape() {
+  const res = await fetch(metricsUrl);
+  expect(res.status).toBe(200);
+  return parseExposition(await res.text());
+}
+
+describe('hostile numbers on stream and sm_budget', () => {
+  it('refuses every sm_budget that is not an integer 0..1024 and every unknown stream, and keeps serving', async () => {
+    const c = await v3('numbers', { name: 'numbers' });
+    try {
+      const data = bf16Weights(4096, 11);
+      const f = tensorFiles(c, data, 'n');
+      for (const smBudget of [-1, 1025, 1.5, Number.NaN, Number.POSITIVE_INFINITY, 2 ** 40, '4', true, null, [4], { n: 4 }]) {
+        const r = await c.call('compress', { ...f.compress, sm_budget: smBudget });
+        expect(r.ok, `sm_budget ${String(smBudget)}`).toBe(false);
+        expect(r.error.code).toBe('TZIP_PROTOCOL');
+        const s = await once({ op: 'set', job: 'numbers', sm_budget: smBudget === null ? 'x' : smBudget });
+        expect(s.ok, `set sm_budget ${String(smBudget)}`).toBe(false);
+        expect(s.error.code).toBe('TZIP_PROTOCOL');
+      }
+      // 2^64 - 1 on the wire (a uint64: a bigint in the daemon)
+      const big = Buffer.concat([Buffer.from([0x84]),
+        packr.pack('id'), packr.pack(77), packr.pack('op'), packr.pack('set'), packr.pack('job'), packr.pack('numbers'), packr.pack('sm_budget'),
+        Buffer.from([0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff])]);
+      const raw = new DaemonConn(daemon.endpoint);
+      const b = await raw.raw(big);
+      raw.close();
+      expect(b).toMatchObject({ id: 77, ok: false, error: { code: 'TZIP_PROTOCOL' } });
+      for (const stream of ['', 'GRADIENTS', 'gradients\n', 'weights', 7, null]) {
+        const r = await c.call('compress', { ...f.compress, stream });
+        expect(r.ok, `stream ${JSON.stringify(stream)}`).toBe(false);
+        expect(r.error.code).toBe('TZIP_PROTOCOL');
+      }
+      // nothing above changed a setting; the edges are accepted and the round trip is exact
+      expect((await jobsList()).find((j) => j.name === 'numbers')?.settings).toEqual({ codec: null, sm_budget: null });
+      for (const smBudget of [0, 1024]) {
+        const t = await roundTrip(c, data, `e${smBudget}`, { sm_budget: smBudget, stream: 'sendrecv' });
+        expect(t.back.equals(data)).toBe(true);
+      }
+      expect((await once({ op: 'set', job: 'numbers', sm_budget: -0 })).settings).toEqual({ codec: null, sm_budget: 0 });
+    } finally {
+      c.close();
+    }
+  });
+});
+
+/** Job names a user may well type or a script make: every one must come back as it went in. */
+const ODD_NAMES = [
+  'train "llama" \\ 7b', 'ジョブ-日本語', '🚀 emoji job', 'label"} 1 fake_metric{a="b\\', 'C:\\path\\n', ' leading and trailing ', 'U+2028\u2028and U+FFFD\ufffd',
+  'a'.repeat(200), '{}', 'none', '__proto__', 'constructor',
+];
+/**
+ * Names with control characters: terminal escapes (a job name is printed by `tzip jobs` and `tzip top` on the terminal
+ * of whoever runs them), NUL, a newline that would break a log line or a table row.
+ */
+const NOT_TEXT = ['\u001b[2J\u001b[Hcleared', 'nul\u0000byte', 'bell\u0007', 'c1\u009b31m', 'two\nlines', 'tab\there', 'cr\r'];
+
+/** A msgpack str of `bytes` as they are (not checked as UTF-8). */
+function rawStr(bytes: Buffer): Buffer {
+  return Buffer.concat([Buffer.from([0xd9, bytes.length]), bytes]);
+}
+
+describe('odd job names', () => {
+  it('keeps every odd name exact through hello, jobs, set, the job op and the metrics text', async () => {
+    const conns: DaemonConn[] = [];
+    try {
+      for (const [i, name] of ODD_NAMES.entries()) {
+        const c = await v3(`odd${i}`, { name, user: name.slice(0, 50), devices: ['cpu'] });
+        conns.push(c);
+        const t = await roundTrip(c, bf16Weights(2048, i + 1), `odd${i}`, { stream: 'checkpoint' });
+        expect(t.back.equals(bf16Weights(2048, i + 1))).toBe(true);
+        const s = await once({ op: 'set', job: name, sm_budget: 3 });
+        expect(s, name).toMatchObject({ ok: true, job: name, settings: { codec: null, sm_budget: 3 } });
+      }
+      const listed = await jobsList();
+      for (const name of ODD_NAMES) expect(listed.filter((j) => j.name === name), name).toHaveLength(1);
+      const samples = await scrape();
+      for (const name of ODD_NAMES) {
+        expect(samples.find((x) => x.name === 'tzip_bytes_in_total' && x.labels.job_name === name && x.labels.stream === 'checkpoint' &&
+          x.labels.direction === 'compress')?.value, name).toBe(4096);
+        expect(samples.find((x) => x.name === 'tzip_job_sm_budget' && x.labels.job_name === name)?.value, name).toBe(3);
+      }
+      // over 200 UTF-16 code units is refused, 200 emoji (400 units) too
+      for (const name of ['a'.repeat(201), '']) {
+        const r = await conns[0]!.call('job', { job: { name }, attached: true });
+        expect(r.ok, name.slice(0, 10)).toBe(false);
+        expect(r.error.code).toBe('TZIP_PROTOCOL');
+      }
+    } finally {
+      for (const c of conns) c.close();
+    }
+  });
+
+  it('refuses names with control characters in hello, job and set; a hello name with them names its job without them', async () => {
+    const c = await v3('not-text');
+    try {
+      for (const name of NOT_TEXT) {
+        const j = await c.call('job', { job: { name }, attached: true });
+        expect(j.ok, JSON.stringify(name)).toBe(false);
+        expect(j.error.code).toBe('TZIP_PROTOCOL');
+        const u = await c.call('job', { job: { name: 'fine', user: name }, attached: true });
+        expect(u.ok, `user ${JSON.stringify(name)}`).toBe(false);
+        const s = await once({ op: 'set', job: name, codec: 'off' });
+        expect(s.ok, `set ${JSON.stringify(name)}`).toBe(false);
+        expect(s.error.code).toBe('TZIP_PROTOCOL');
+        const h = new DaemonConn(daemon.endpoint);
+        const hr = await h.req({ op: 'hello', versions: [3], pid: h.pid, shm_prefix: h.prefix, name: 'x', job: { name } });
+        h.close();
+        expect(hr.ok, `hello ${JSON.stringify(name)}`).toBe(false);
+      }
+      // invalid UTF-8 in a msgpack str (a lone surrogate's CESU-8 bytes, a stray continuation byte) is read as U+FFFD
+      for (const [i, bad] of [Buffer.from([0x61, 0xed, 0xa0, 0x80]), Buffer.from([0x61, 0x80, 0x62])].entries()) {
+        const msg = Buffer.concat([Buffer.from([0x85]), packr.pack('id'), packr.pack(5), packr.pack('op'), packr.pack('job'), packr.pack('sid'),
+          packr.pack(c.sid), packr.pack('attached'), packr.pack(true), packr.pack('job'), Buffer.from([0x81]), packr.pack('name'), rawStr(bad)]);
+        const r = await c.raw(msg);
+        expect(r, bad.toString('hex')).toMatchObject({ ok: true, job: ['a\ufffd\ufffd\ufffd', 'a\ufffdb'][i] });
+      }
+      // the hello name of a session without a job names its job: control characters there are not passed on
+      const h = new DaemonConn(daemon.endpoint, 'x');
+      const hr = await h.req({ op: 'hello', versions: [1, 2, 3], pid: h.pid, shm_prefix: h.prefix, name: 'v1\u001b[2Jname\nline' });
+      expect(hr.ok, JSON.stringify(hr)).toBe(true);
+      expect(hr.job).toBe('v1\ufffd[2Jname\ufffdline');
+      h.close();
+      // every reply of jobs is well-formed UTF-8 (a Python client decodes it strictly)
+      const raw = new DaemonConn(daemon.endpoint);
+      await raw.sock.send(packr.pack({ id: 1, op: 'jobs' }));
+      const [reply] = await raw.sock.receive();
+      raw.close();
+      const strings: string[] = [];
+      const walk = (v: unknown): void => {
+        if (typeof v === 'string') strings.push(v);
+        else if (Array.isArray(v)) v.forEach(walk);
+        else if (v !== null && typeof v === 'object' && !(v instanceof Uint8Array)) Object.entries(v).forEach(([k, x]) => { strings.push(k); walk(x); });
+      };
+      walk(unpackr.unpack(reply as Buffer));
+      for (const s of strings) {
+        expect(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(s), `lone surrogate in ${JSON.stringify(s)}`).toBe(false);
+        expect(/[\u0000-\u001f\u007f-\u009f]/.test(s), JSON.stringify(s)).toBe(false);
+      }
+    } finally {
+      c.close();
+    }
+  });
+});
