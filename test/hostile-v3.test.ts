@@ -277,3 +277,55 @@ describe('odd job names', () => {
     }
   });
 });
+
+describe('a registry grown by a hostile client', () => {
+  it('bounds the ranks a job lists when one session names a new rank again and again', async () => {
+    const c = await v3('ranky');
+    try {
+      const bodies = Array.from({ length: 3000 }, (_, i) => ({ op: 'job', job: { name: 'ranky', rank: i, world_size: 3000 }, attached: true }));
+      const replies = await pipelined(c, bodies, 1000);
+      for (const r of replies.values()) expect(r.ok, JSON.stringify(r)).toBe(true);
+      const j = (await jobsList()).find((x) => x.name === 'ranky');
+      expect(j?.ranks.length).toBeLessThanOrEqual(1024);
+      expect(j?.ranks).toContain(2999); // the latest ranks are kept
+    } finally {
+      c.close();
+    }
+  });
+
+  it('bounds the jobs listed and the metrics series of a session that renames its job after every request, scraped or not', async () => {
+    const c = await v3('renamer');
+    const data = bf16Weights(2048, 99);
+    const f = tensorFiles(c, data, 'rn');
+    try {
+      const n = MAX_ENDED_JOBS + 100;
+      for (let i = 0; i < n; i++) {
+        const j = await c.call('job', { job: { name: `rename-${i}` }, attached: true });
+        expect(j.ok, JSON.stringify(j)).toBe(true);
+        const r = await c.call('compress', { ...f.compress, stream: 'gradients' });
+        expect(r.ok, JSON.stringify(r)).toBe(true);
+      }
+      const listed = await jobsList();
+      expect(listed.length).toBeLessThanOrEqual(MAX_ENDED_JOBS + daemon.sessions.size);
+      expect(listed.some((j) => j.name === `rename-${n - 1}`)).toBe(true);
+      expect(listed.some((j) => j.name === 'rename-0')).toBe(false);
+      // no scrape since the renames: the series of dropped jobs must not pile up in the daemon between scrapes
+      const series = (await metrics.registry.getSingleMetric('tzip_bytes_in_total')!.get()).values;
+      const names = new Set(listed.map((j) => j.name));
+      expect(series.filter((v) => !names.has(String(v.labels.job_name))).length).toBeLessThanOrEqual(1);
+      // a scrape of it all is valid text, one sample per listed job at most per stream and direction
+      const samples = await scrape();
+      expect(samples.filter((x) => x.name === 'tzip_bytes_in_total' && String(x.labels.job_name).startsWith('rename-')).length).toBeLessThanOrEqual(MAX_ENDED_JOBS + 1);
+
+      // `set` on a job not listed: a clear message of bounded size, not every one of a thousand names
+      const s = await once({ op: 'set', job: 'no-such-job', codec: 'off' });
+      expect(s.ok).toBe(false);
+      expect(s.error.code).toBe('TZIP_USAGE');
+      expect(s.error.message).toContain('no-such-job');
+      expect(s.error.message).toContain(`rename-${n - 1}`);
+      expect(s.error.message.length).toBeLessThan(4096);
+    } finally {
+      c.close();
+    }
+  });
+});

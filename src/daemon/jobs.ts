@@ -23,11 +23,15 @@ export const ENDED_JOB_KEEP_MS = 60_000;
 export const ADDON_SM_BUDGET = 10;
 /** Pids remembered per job at most (a job's processes over its lifetime; the oldest are forgotten). */
 const MAX_PIDS = 1024;
+/** Ranks remembered per job at most (a session may name a new rank at every `job` op; the oldest are forgotten). */
+const MAX_RANKS = 1024;
 /**
  * Ended jobs listed at most: beyond, the one that ended first is dropped before its keep time (a client renaming its
  * job after every request would otherwise grow the registry for a minute; live jobs are bounded by the sessions).
  */
 export const MAX_ENDED_JOBS = 1024;
+/** Job names an unknown job's error message lists at most. */
+const LISTED_IN_ERRORS = 10;
 
 /** Settings of a job or of the daemon; null: not set (a job's: the daemon's applies; the daemon's: the request's). */
 export interface Settings {
@@ -108,7 +112,11 @@ export class Job {
     const info = session.job;
     if (info === null) return;
     if (info.user !== undefined) this.user = info.user;
-    if (info.rank !== undefined) this.ranks.add(info.rank);
+    if (info.rank !== undefined) {
+      this.ranks.delete(info.rank);
+      this.ranks.add(info.rank);
+      if (this.ranks.size > MAX_RANKS) this.ranks.delete(this.ranks.values().next().value as number);
+    }
     if (info.world_size !== undefined) this.worldSize = info.world_size;
     for (const d of info.devices ?? []) if (this.devices.size < 256) this.devices.add(d);
     if (info.mps !== undefined) {
@@ -260,8 +268,11 @@ export class JobRegistry {
       this.prune();
       job = this.byName.get(jobName);
       if (job === undefined) {
-        const names = [...this.byName.keys()];
-        throw new ReplyError('TZIP_USAGE', `no job named ${JSON.stringify(jobName)}; the daemon lists ${names.length === 0 ? 'no job' : names.map((n) => JSON.stringify(n)).join(', ')}`);
+        // The latest jobs first, at most LISTED_IN_ERRORS of them: the registry may hold a thousand ended jobs.
+        const names = [...this.byName.keys()].reverse();
+        const shown = names.slice(0, LISTED_IN_ERRORS).map((n) => JSON.stringify(n)).join(', ');
+        const more = names.length > LISTED_IN_ERRORS ? ` and ${names.length - LISTED_IN_ERRORS} more (tzip jobs lists them)` : '';
+        throw new ReplyError('TZIP_USAGE', `no job named ${JSON.stringify(jobName)}; the daemon lists ${names.length === 0 ? 'no job' : shown + more}`);
       }
       target = job.settings;
     } else {

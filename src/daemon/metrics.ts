@@ -174,6 +174,9 @@ export class DaemonMetrics {
       this.tensors.inc(labels, e.items);
       let series = this.jobSeries.get(labels.job_name);
       if (series === undefined) {
+        // A new job: drop the series of jobs the registry dropped now, not only at the next scrape (a client renaming its
+        // job after every request, with nobody scraping, would otherwise grow them without bound).
+        this.dropEndedJobs();
         series = new Map();
         this.jobSeries.set(labels.job_name, series);
       }
