@@ -12,7 +12,7 @@ import { maxCompressedSize } from '../src/native.js';
 import { jobsText, type JobsReport } from '../src/cli/jobs.js';
 import { topLines } from '../src/cli/top.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
-import { ensureBuilt } from './helpers/cli.js';
+import { ensureBuilt, runTzip } from './helpers/cli.js';
 import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
@@ -190,5 +190,31 @@ describe('the screen\'s lines (topLines) and the jobs table for a GPU daemon', (
     const row = text.split('\n').find((l) => l.includes('llama-70b-pretrain')) as string;
     expect(row.split('│').map((c) => c.trim()).filter((c) => c !== '')).toEqual(
       ['llama-70b-pretrain', 'attached', 'alice', '101 102 103 +1', 'GPU-8f3c1a2b', 'yes', 'fast', '16', '20', '1', '8.00 GB', '5.20 GB', '0.6500', '114.3']);
+  });
+});
+
+describe('tzip top with stdout not a terminal', () => {
+  it('prints one screen as text, as top -b -n 1 does, and exits 3 when no daemon answers', async () => {
+    ensureBuilt();
+    const path = join(tmp(), 'batch', 'tzip.sock');
+    const d = await Daemon.start({ socketPath: path, limits: limits(), log: () => undefined });
+    const conn = new DaemonConn(d.endpoint, 'rank0');
+    try {
+      const h = await conn.req({ op: 'hello', versions: [1, 2, 3], pid: conn.pid, shm_prefix: conn.prefix, name: 'rank0', job: { name: 'batch-job', user: 'tester' } });
+      expect(h.ok, JSON.stringify(h)).toBe(true);
+      const r = await runTzip(['top', '--socket', path], tmp());
+      expect(r.code, r.stderr).toBe(0);
+      expect(r.stdout).toContain(`daemon pid ${process.pid}`);
+      expect(r.stdout).toMatch(/^batch-job\s+attached tester/m);
+      expect(r.stdout).not.toContain('\x1b['); // plain text: no alternate screen, no colours
+      expect(r.stdout).not.toContain('q quit');
+    } finally {
+      conn.close();
+      await d.stop('test done');
+    }
+    const gone = await runTzip(['top', '--socket', path], tmp());
+    expect(gone.code).toBe(3);
+    expect(gone.stdout).toContain('daemon not reachable: no tzip daemon at');
+    expect(gone.stderr).toContain('no tzip daemon at');
   });
 });

@@ -1,7 +1,8 @@
 /**
  * `tzip top`: a live terminal view of the daemon (its SM budget and codec settings, its GPUs' memory, its
  * codec rates) and of every job it serves (state, settings, bytes before and after, ratio, GB/s, and the
- * same per stream), refreshed every second in the manner of `nvidia-smi` and `htop`. q or Ctrl-C quits.
+ * same per stream), refreshed every second in the manner of `nvidia-smi` and `htop`. q or Ctrl-C quits. With
+ * stdout not a terminal it prints one screen as plain text and exits (as `top -b -n 1`).
  *
  * It asks the daemon's `jobs` op (protocol version 3) once a refresh. A daemon that is not running, stops
  * or restarts is shown as such and asked again at the next refresh, so `tzip top` can be started first.
@@ -29,6 +30,8 @@ export interface TopView {
   lastOkAt: number | null;
   /** Refresh interval, ms. */
   intervalMs: number;
+  /** False for the one screen printed when stdout is not a terminal (no retry, no keys). Default true. */
+  live?: boolean;
 }
 
 /** One line of the screen. */
@@ -115,7 +118,7 @@ export function topLines(view: TopView, width: number, now: number): Line[] {
   const r = view.report;
   if (view.error !== null) {
     lines.push({ text: cut(`daemon not reachable: ${view.error}`, w), color: 'red', bold: true });
-    lines.push({ text: cut(`retrying every ${(view.intervalMs / 1000).toFixed(view.intervalMs % 1000 === 0 ? 0 : 1)} s${r !== null && view.lastOkAt !== null ? `; below: as of ${clock(view.lastOkAt)}` : ''}`, w), color: 'yellow' });
+    if (view.live !== false) lines.push({ text: cut(`retrying every ${(view.intervalMs / 1000).toFixed(view.intervalMs % 1000 === 0 ? 0 : 1)} s${r !== null && view.lastOkAt !== null ? `; below: as of ${clock(view.lastOkAt)}` : ''}`, w), color: 'yellow' });
   }
   if (r !== null) {
     const stale = view.error !== null;
@@ -154,6 +157,7 @@ export function topLines(view: TopView, width: number, now: number): Line[] {
       }
     }
   }
+  if (view.live === false) return lines;
   lines.push({ text: '' });
   lines.push({ text: cut(`q quit   refresh ${(view.intervalMs / 1000).toString()} s${view.lastOkAt !== null ? `   updated ${clock(view.lastOkAt)}` : ''}`, w), dim: true });
   return lines;
@@ -236,29 +240,55 @@ interface TopOptions {
   interval: number;
 }
 
-/** Runs the view until q, Ctrl-C or SIGTERM. */
+/**
+ * Not on a terminal (stdout a file or a pipe), like `top -b -n 1`: one screen as plain text, after one request.
+ * @throws TzipError when the daemon does not answer (after the screen that says so is printed).
+ */
+async function printOnce(client: DaemonClient, intervalMs: number): Promise<void> {
+  const view: TopView = { where: client.where, report: null, error: null, lastOkAt: null, intervalMs, live: false };
+  let failure: unknown;
+  try {
+    view.report = await fetchJobs(client);
+    view.lastOkAt = Date.now();
+  } catch (err) {
+    failure = err;
+    view.error = err instanceof Error ? err.message : String(err);
+  } finally {
+    client.close();
+  }
+  const width = Math.max(120, ...(view.report?.jobs ?? []).map((j) => j.name.length + 110));
+  process.stdout.write(`${topLines(view, width, Date.now()).map((l) => l.text.trimEnd()).join('\n')}\n`);
+  if (failure !== undefined) throw failure;
+}
+
+/** Runs the view until q, Ctrl-C, SIGINT or SIGTERM; one screen of text when stdout is not a terminal. */
 async function runTop(opts: TopOptions): Promise<void> {
   const client = DaemonClient.open({ socket: opts.socket });
-  const tty = process.stdout.isTTY === true;
-  if (tty) {
-    // With CI or CONTINUOUS_INTEGRATION set, ink (is-in-ci, read when ink loads) draws only the last frame, at exit:
-    // a live view asked for on a terminal is drawn live wherever it runs (a CI job's shell, a test's tmux).
-    delete process.env.CI;
-    delete process.env.CONTINUOUS_INTEGRATION;
+  const intervalMs = Math.round(opts.interval * 1000);
+  if (process.stdout.isTTY !== true) {
+    await printOnce(client, intervalMs);
+    return;
   }
+  // With CI or CONTINUOUS_INTEGRATION set, ink (is-in-ci, read when ink loads) draws only the last frame, at exit:
+  // a live view asked for on a terminal is drawn live wherever it runs (a CI job's shell, a test's tmux).
+  delete process.env.CI;
+  delete process.env.CONTINUOUS_INTEGRATION;
   const [ink, react] = await Promise.all([import('ink'), import('react')]);
   const TopApp = topApp(ink, react);
   // The alternate screen (as htop and less use): the shell's screen comes back as it was on quit.
-  if (tty) process.stdout.write('\x1b[?1049h\x1b[H');
-  const app = ink.render(react.createElement(TopApp, { client, intervalMs: Math.round(opts.interval * 1000) }), { exitOnCtrlC: true, patchConsole: true });
-  const onTerm = (): void => app.unmount();
-  process.once('SIGTERM', onTerm);
+  process.stdout.write('\x1b[?1049h\x1b[H');
+  const app = ink.render(react.createElement(TopApp, { client, intervalMs }), { exitOnCtrlC: true, patchConsole: true });
+  // Ctrl-C reaches ink as a key while it reads the terminal in raw mode; as SIGINT when stdin is not a terminal.
+  const onSignal = (): void => app.unmount();
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
   try {
     await app.waitUntilExit();
   } finally {
-    process.removeListener('SIGTERM', onTerm);
+    process.removeListener('SIGINT', onSignal);
+    process.removeListener('SIGTERM', onSignal);
     client.close();
-    if (tty) process.stdout.write('\x1b[?1049l');
+    process.stdout.write('\x1b[?1049l');
   }
 }
 
@@ -266,7 +296,7 @@ async function runTop(opts: TopOptions): Promise<void> {
 export function registerTop(program: Command): void {
   program
     .command('top')
-    .description('live view of the daemon (SM budget, GPU memory, codec rates) and of every job it serves, refreshed every second; q quits')
+    .description('live view of the daemon (SM budget, GPU memory, codec rates) and of every job it serves, refreshed every second; q quits (not on a terminal: one screen as text)')
     .addOption(socketOption())
     .addOption(new Option('--interval <seconds>', 'refresh interval').argParser(parseInterval).default(1))
     .action(async (_opts: unknown, cmd: Command) => {
