@@ -50,7 +50,7 @@ function readClientCurveKeys(dir: string): ClientCurveKeys {
   return { serverPublic: read('server.public'), publicKey: read('client.public'), secretKey: read('client.secret') };
 }
 
-/** A success reply: the fields after `id` and `ok`. */
+/** A success reply, as decoded: `{id, ok: true, ...the op's fields}`. */
 export type Reply = Record<string, unknown>;
 
 /** Options of {@link DaemonClient.open}. */
