@@ -28,8 +28,11 @@ What :func:`attach` switches on, for the rest of the run (until :func:`detach`):
 Results are bit-identical either way: the codecs are lossless, the comm hook averages and sums as DDP does (two
 ranks: equal to plain DDP; any world size: equal to the hook with ``codec="raw"``), and the optimizer's own step does
 the arithmetic. A job whose codec the daemon sets to "off" (``tzip set JOB codec=off``) sends plain data from the
-next request on. The daemon away: raw frames and one warning (``strict=True``: DaemonUnavailableError); a job
-survives a daemon restart (the client says hello again, with the job, at its next request).
+next request on. The daemon away: the gradients and new checkpoints travel as raw frames, with one warning
+(``strict=True``: DaemonUnavailableError); a job survives a daemon restart (the client says hello again, with the
+job, at its next request). Offloaded optimizer state is compressed and needs a daemon to come back: the default
+client starts one again when none runs (``spawn``); where none can be started, ``step()`` raises
+DaemonUnavailableError before anything changed, until a daemon serves the socket.
 
 ``TZIP_ATTACH=1`` in the environment of a job attaches it from the start, with no change to its code: the
 ``tzip-attach.pth`` file (:data:`PTH_LINE`, installed next to the package; :func:`install_pth`) makes Python run

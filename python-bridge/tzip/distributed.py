@@ -394,14 +394,19 @@ class _Call:
         return self.me >= 0
 
     def check_codec(self) -> None:
-        """ValueError for an unknown codec (called while preparing, so the other ranks hear of it); then the codec
-        the job's settings ask for: "raw" (plain bytes, no daemon) when ``tzip set JOB codec=off`` reached this
-        rank's client (Client.job_codec). Ranks may learn that at different calls: every rank's frames carry their
-        own codec, so a call with some ranks plain and others compressed is still lossless."""
+        """ValueError for an unknown codec (called while preparing, so the other ranks hear of it)."""
         if self.codec not in CODECS:
             raise ValueError(f"unknown codec {self.codec!r}; one of {', '.join(CODECS)}")
+
+    def resolve_codec(self) -> None:
+        """The codec the job's settings ask for, on a rank about to encode: "raw" (plain bytes, no daemon) once
+        ``tzip set JOB codec=off`` reached this rank's client (Client.job_codec). Ranks may learn that at different
+        calls: every rank's frames carry their own codec, so a call with some ranks plain and others compressed is
+        still lossless."""
         if self.codec != "raw":
-            self.codec = self.client().job_codec(self.codec)
+            c = self.client()
+            if isinstance(c, Client):  # an object with compress/decompress only has no job settings
+                self.codec = c.job_codec(self.codec)
 
     def client(self) -> Client:
         if self._client is None:
@@ -418,6 +423,9 @@ class _Call:
             return [_Wire(self.to_wire(_bytes_of(p)), _PLAIN) for p in parts]
         if not parts:
             return []
+        self.resolve_codec()
+        if self.codec == "raw":
+            return [_Wire(self.to_wire(_bytes_of(p)), _PLAIN) for p in parts]
         with tagged(self.stream):
             cts = self.client().compress(list(parts), self.codec)
         payloads = [ct.payload for ct in cts]
@@ -954,6 +962,8 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | No
         _check_op(code, tensor.dtype, tensor.device)
         flat = tensor.detach().contiguous().reshape(-1)  # a view when contiguous: results land in the tensor
         bounds = _shards(flat.numel(), n)
+        if n > 1 and flat.numel():
+            call.resolve_codec()  # every rank encodes: plain for all shards when the job's codec is off
         if call.codec == "raw":
             # the tensor's bytes as they lie (its own shard included: all_to_all_single then needs no copy)
             sent = [_Wire(call.to_wire(_bytes_of(flat[a:b])), _PLAIN) for a, b in bounds]
