@@ -7,14 +7,14 @@
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { createServer, request as httpRequest } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { connect, type AddressInfo, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Packr, Unpackr } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { MAX_ENDED_JOBS } from '../src/daemon/jobs.js';
 import { defaultLimits } from '../src/daemon/limits.js';
-import { DaemonMetrics } from '../src/daemon/metrics.js';
+import { DaemonMetrics, MAX_METRICS_CONNECTIONS } from '../src/daemon/metrics.js';
 import { Daemon } from '../src/daemon/server.js';
 import { TzipError } from '../src/errors.js';
 import { maxCompressedSize, readHeader } from '../src/native.js';
@@ -126,8 +126,9 @@ function parseExposition(text: string): { name: string; labels: Record<string, s
     for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"/g)) {
       labels[l[1] as string] = (l[2] as string).replace(/\\(["\\n])/g, (_s, c: string) => (c === 'n' ? '\n' : c));
     }
-    const value = Number(m[3]);
-    if (Number.isNaN(value) && m[3] !== 'NaN') throw new Error(`not a sample value: ${JSON.stringify(line)}`);
+    // Go's ParseFloat (what Prometheus reads values with) takes NaN and Inf in any case; prom-client writes "Nan".
+    const value = /^nan$/i.test(m[3] as string) ? Number.NaN : /^[+-]?inf(inity)?$/i.test(m[3] as string) ? (m[3]!.startsWith('-') ? -Infinity : Infinity) : Number(m[3]);
+    if (Number.isNaN(value) && !/^nan$/i.test(m[3] as string)) throw new Error(`not a sample value: ${JSON.stringify(line)}`);
     samples.push({ name: m[1] as string, labels, value });
   }
   return samples;
@@ -278,6 +279,85 @@ describe('odd job names', () => {
   });
 });
 
+describe('settings changed while requests run, on ended jobs, from old sessions', () => {
+  it('every frame stays valid and every round trip exact while set switches the job codec between pipelined requests', async () => {
+    const c = await v3('steer', { name: 'steer' });
+    try {
+      const tensors = Array.from({ length: 12 }, (_, i) => bf16Weights(150_000, 200 + i));
+      const files = tensors.map((t, i) => tensorFiles(c, t, `st${i}`));
+      const codecs = ['off', 'fast', null, 'max', 'auto', 'off', null];
+      const sending = pipelined(c, files.map((f) => ({ op: 'compress', ...f.compress, stream: 'gradients' })), 5000);
+      for (const codec of codecs) expect((await once({ op: 'set', job: 'steer', codec })).ok).toBe(true);
+      const replies = await sending;
+      for (let i = 0; i < tensors.length; i++) {
+        const r = replies.get(5000 + i) as Record<string, any>;
+        expect(r.ok, JSON.stringify(r)).toBe(true);
+        const frame = (files[i] as ReturnType<typeof tensorFiles>).frame(r.frames[0].bytes);
+        const header = readHeader(frame);
+        expect(header.codec).toBe(r.frames[0].codec);
+        expect(header.frameBytes).toBe(r.frames[0].bytes);
+        expect(r.settings).toHaveProperty('codec');
+        const d = await c.call('decompress', { ...(files[i] as ReturnType<typeof tensorFiles>).decompress(r.frames[0].bytes), verify: true });
+        expect(d.ok, JSON.stringify(d)).toBe(true);
+        expect((files[i] as ReturnType<typeof tensorFiles>).back().equals(tensors[i] as Buffer), `tensor ${i}`).toBe(true);
+      }
+      // off set while a large request runs: that request and the next are valid; the next one is raw
+      const big = bf16Weights(4_000_000, 300);
+      const bf = tensorFiles(c, big, 'big');
+      const inflight = pipelined(c, [{ op: 'compress', ...bf.compress }], 9000);
+      expect((await once({ op: 'set', job: 'steer', codec: 'off' })).settings.codec).toBe('off');
+      const r = (await inflight).get(9000) as Record<string, any>;
+      expect(r.ok, JSON.stringify(r)).toBe(true);
+      expect(readHeader(bf.frame(r.frames[0].bytes)).codec).toBe(r.frames[0].codec);
+      expect((await c.call('decompress', bf.decompress(r.frames[0].bytes))).ok).toBe(true);
+      expect(bf.back().equals(big)).toBe(true);
+      const next = await roundTrip(c, big, 'big2');
+      expect(next.compress.frames[0].codec).toBe('raw');
+      expect(next.frame.subarray(next.frame.length - big.length).equals(big)).toBe(true);
+      expect(next.back.equals(big)).toBe(true);
+      expect((await once({ op: 'set', job: 'steer', codec: null })).settings.codec).toBe(null);
+    } finally {
+      c.close();
+    }
+  });
+
+  it('set on an ended job is kept for the session that comes back; set from a version-1 session steers its job', async () => {
+    const data = bf16Weights(30_000, 400);
+    const a = await v3('ender', { name: 'ender' });
+    await roundTrip(a, data, 'en0');
+    expect((await a.call('release', { end: true })).ok).toBe(true);
+    a.close();
+    expect((await jobsList()).find((j) => j.name === 'ender')?.state).toBe('ended');
+    expect(await once({ op: 'set', job: 'ender', codec: 'max' })).toMatchObject({ ok: true, job: 'ender', settings: { codec: 'max' } });
+    const b = await v3('ender-again', { name: 'ender' });
+    try {
+      const t = await roundTrip(b, data, 'en1');
+      expect(t.compress.frames[0].codec).toBe('max');
+      expect(t.back.equals(data)).toBe(true);
+    } finally {
+      b.close();
+    }
+
+    const old = new DaemonConn(daemon.endpoint, 'old-client');
+    try {
+      expect((await old.hello()).version).toBe(1);
+      // set needs no session, and an old session may send it with its sid
+      expect(await old.call('set', { job: 'old-client', codec: 'off' })).toMatchObject({ ok: true, job: 'old-client', settings: { codec: 'off' } });
+      const t = await roundTrip(old, data, 'old');
+      expect(t.compress.frames[0].codec).toBe('raw');
+      expect(t.compress).not.toHaveProperty('settings');
+      expect(t.back.equals(data)).toBe(true);
+      for (const codec of ['raw', 'bytes', 'OFF', 'none', 1]) {
+        expect((await old.call('set', { job: 'old-client', codec })).error?.code, String(codec)).toBe('TZIP_PROTOCOL');
+      }
+      expect((await old.call('set', { sid: 'not-a-session', codec: 'off' })).error?.code).toBe('TZIP_PROTOCOL');
+      expect((await old.call('set', { job: 'old-client', codec: null })).settings.codec).toBe(null);
+    } finally {
+      old.close();
+    }
+  });
+});
+
 describe('a registry grown by a hostile client', () => {
   it('bounds the ranks a job lists when one session names a new rank again and again', async () => {
     const c = await v3('ranky');
@@ -326,6 +406,106 @@ describe('a registry grown by a hostile client', () => {
       expect(s.error.message.length).toBeLessThan(4096);
     } finally {
       c.close();
+    }
+  });
+});
+
+/** A raw HTTP request to the metrics port: status and body (undefined status: the connection was closed). */
+function http(method: string, path: string, headers: Record<string, string> = {}): Promise<{ status: number | undefined; body: string }> {
+  const url = new URL(metricsUrl);
+  return new Promise((resolve) => {
+    const req = httpRequest({ host: url.hostname, port: url.port, method, path, headers, agent: false }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => { body += d; });
+      res.on('end', () => resolve({ status: res.statusCode, body }));
+      res.on('error', () => resolve({ status: res.statusCode, body }));
+    });
+    req.on('error', () => resolve({ status: undefined, body: '' }));
+    req.end();
+  });
+}
+
+describe('the metrics endpoint under odd requests', () => {
+  it('answers /metrics only, to GET and HEAD only; odd paths, methods and headers get 404/405/4xx, never a crash', async () => {
+    for (const path of ['/', '/metrics/', '/METRICS', '//metrics', '/metrics/../metrics', '/%00', '/metrics%20', `/${'x'.repeat(10_000)}`, '*']) {
+      const r = await http('GET', path);
+      expect(r.status, path.slice(0, 30)).not.toBe(200);
+      expect(r.status === undefined || (r.status >= 400 && r.status < 500), `${path.slice(0, 30)}: ${r.status}`).toBe(true);
+    }
+    for (const method of ['POST', 'PUT', 'DELETE', 'OPTIONS', 'PATCH', 'TRACE', 'CONNECT']) {
+      const r = await http(method, '/metrics');
+      expect(r.status === 405 || r.status === 400 || r.status === undefined, `${method}: ${r.status}`).toBe(true);
+    }
+    expect((await http('GET', '/metrics?name[]=tzip_sessions&x=%ZZ')).status).toBe(200);
+    const head = await http('HEAD', '/metrics');
+    expect(head).toEqual({ status: 200, body: '' });
+    // a header block far over Node's limit: 431, and the endpoint still serves
+    expect((await http('GET', '/metrics', { 'x-big': 'y'.repeat(20_000) })).status).toBe(431);
+    parseExposition((await http('GET', '/metrics')).body);
+  });
+
+  it('serves 50 scrapes at once and the daemon keeps answering requests meanwhile', async () => {
+    const c = await v3('scraped', { name: 'scraped' });
+    try {
+      const data = bf16Weights(20_000, 500);
+      const scrapes = Array.from({ length: 50 }, () => http('GET', '/metrics'));
+      const t = await roundTrip(c, data, 'sc');
+      expect(t.back.equals(data)).toBe(true);
+      for (const r of await Promise.all(scrapes)) {
+        expect(r.status).toBe(200);
+        parseExposition(r.body);
+      }
+    } finally {
+      c.close();
+    }
+  });
+
+  it('bounds the connections a local user can hold open (each is a file descriptor of the daemon), and still serves', async () => {
+    const url = new URL(metricsUrl);
+    const held: Socket[] = [];
+    let closed = 0;
+    try {
+      for (let i = 0; i < 300; i++) {
+        const s = connect({ host: url.hostname, port: Number(url.port) });
+        s.on('error', () => {});
+        s.on('close', () => { closed++; });
+        held.push(s);
+      }
+      await Promise.all(held.map((s) => new Promise<void>((r) => { if (s.readyState === 'open') r(); else s.once('connect', () => r()).once('close', () => r()); })));
+      const deadline = Date.now() + 2000;
+      while (closed < 300 - MAX_METRICS_CONNECTIONS && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect(closed).toBeGreaterThanOrEqual(300 - MAX_METRICS_CONNECTIONS);
+      const c = await v3('held');
+      try {
+        const data = bf16Weights(10_000, 600);
+        expect((await roundTrip(c, data, 'held')).back.equals(data)).toBe(true);
+      } finally {
+        c.close();
+      }
+    } finally {
+      for (const s of held) s.destroy();
+    }
+    // once they are gone, scrapes are served again
+    const deadline = Date.now() + 2000;
+    let r = await http('GET', '/metrics');
+    while (r.status !== 200 && Date.now() < deadline) r = await http('GET', '/metrics');
+    expect(r.status).toBe(200);
+  });
+
+  it('a metrics port in use is a TZIP_IO error naming the port', async () => {
+    const taken = createServer();
+    await new Promise<void>((r) => taken.listen(0, '127.0.0.1', () => r()));
+    const port = (taken.address() as AddressInfo).port;
+    const m = new DaemonMetrics();
+    try {
+      const err = await m.listen(port).then(() => undefined, (e: unknown) => e);
+      expect(err).toBeInstanceOf(TzipError);
+      expect((err as TzipError).code).toBe('TZIP_IO');
+      expect((err as TzipError).message).toContain(String(port));
+    } finally {
+      await m.close();
+      await new Promise((r) => taken.close(r));
     }
   });
 });

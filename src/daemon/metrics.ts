@@ -40,6 +40,15 @@ const NONE = 'none';
  */
 export const DURATION_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
 
+/**
+ * Connections the endpoint holds open at most; more are closed at once. Each is a file descriptor of the daemon, and
+ * any local user can connect: without a bound, idle connections could take the descriptors the daemon's clients need
+ * (shared-memory files, sockets). A Prometheus server keeps one.
+ */
+export const MAX_METRICS_CONNECTIONS = 64;
+/** A scrape's request must arrive within this long, ms (a connection that sends nothing is closed then). */
+const REQUEST_TIMEOUT_MS = 10_000;
+
 /** The metrics of one daemon in a registry of their own, and the HTTP endpoint serving them. */
 export class DaemonMetrics {
   readonly registry = new Registry();
@@ -220,7 +229,8 @@ export class DaemonMetrics {
    * @throws TzipError TZIP_IO when the port cannot be bound (in use, or privileged).
    */
   async listen(port: number): Promise<string> {
-    const server = createServer((req, res) => this.serve(req, res));
+    const server = createServer({ requestTimeout: REQUEST_TIMEOUT_MS, headersTimeout: REQUEST_TIMEOUT_MS }, (req, res) => this.serve(req, res));
+    server.maxConnections = MAX_METRICS_CONNECTIONS;
     await new Promise<void>((resolve, reject) => {
       server.once('error', (err) => reject(new TzipError('TZIP_IO', `cannot serve metrics on 127.0.0.1:${port}: ${err.message}`, { cause: err })));
       server.listen({ port, host: '127.0.0.1', exclusive: true }, () => resolve());
