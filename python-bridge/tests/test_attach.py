@@ -390,6 +390,26 @@ def test_client_tags_streams_and_announces_its_job(daemon, monkeypatch):
             pass
 
 
+def test_job_codec_setting_applies_at_the_next_request(daemon, monkeypatch):
+    """``set JOB codec=...`` (what `tzip set` sends): the job's next compress uses that codec whatever the call asked;
+    "off" gives raw frames and tells the client (the integrations then send plain); null gives the call its own."""
+    monkeypatch.delenv("TZIP_JOB", raising=False)
+    name = f"codec-job-{os.getpid()}"
+    x = torch.randn(64, 1024).to(torch.bfloat16)
+    with tzip.connect(daemon.socket, spawn=False, job=name) as c:
+        assert c.compress(x, codec="fast").codec == "fast"
+        for setting, want in (("max", "max"), ("off", "raw"), (None, "fast")):
+            reply = daemon_set(daemon.socket, job=name, codec=setting)
+            assert reply.get("ok") and reply["settings"]["codec"] == setting, reply
+            ct = c.compress(x, codec="fast")
+            assert ct.codec == want, (setting, ct.codec)
+            assert c.settings["codec"] == setting
+            assert c.job_codec("auto") == ("raw" if setting == "off" else "auto")
+            assert torch.equal(bits(c.decompress(ct)), bits(x))
+        refused = daemon_set(daemon.socket, job=f"no-such-job-{os.getpid()}", codec="fast")
+        assert not refused.get("ok") and refused["error"]["code"] == "TZIP_USAGE", refused
+
+
 def test_client_without_v3_sends_no_job_or_tags(daemon, monkeypatch):
     """An older daemon: a session of version 2 is sent no job and no stream tag, and a hello whose job the daemon
     refuses (an older daemon's schema has no such field) is said again without it."""
