@@ -18,7 +18,6 @@ import { useTempDir } from './helpers/temp-dir.js';
 
 const MAIN = fileURLToPath(new URL('../dist/src/cli/main.js', import.meta.url));
 const tmp = useTempDir('cli-top');
-const TMUX = `tzip-test-${process.pid}`;
 const hasTmux = (() => {
   try {
     execFileSync('tmux', ['-V'], { stdio: 'ignore' });
@@ -28,8 +27,9 @@ const hasTmux = (() => {
   }
 })();
 
+/** Runs tmux on this file's own server (its socket in the temp folder, removed with it). */
 function tmux(...args: string[]): string {
-  return execFileSync('tmux', ['-L', TMUX, ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  return execFileSync('tmux', ['-S', join(tmp(), 'tmux.sock'), ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 }
 
 function screen(): string {
