@@ -5,9 +5,10 @@
  * --json) and the exit codes of exit-codes.ts.
  *
  * A command's module (and what it needs: the codec addon, ZeroMQ, zod, ink...) is loaded only when
- * that command runs: `tzip --version`, `tzip inspect` and `tzip jobs` start about as fast as a bare
- * `node` (src/bench/cli-startup.ts measures it). Help and unknown commands load them all, so that
- * `tzip --help` lists every command and commander can suggest the nearest name.
+ * that command runs, so `tzip --version` loads no command and `tzip inspect` or `tzip jobs` only their
+ * own (src/bench/cli-startup.ts measures their start-up against a bare `node`). Help and unknown
+ * commands load them all, so that `tzip --help` lists every command and commander can suggest the
+ * nearest name.
  */
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
