@@ -105,7 +105,8 @@ export function defaultEndpoint(env: NodeJS.ProcessEnv = process.env): Endpoint 
 /** The endpoint to use: `option` (from `--socket`) when given, else {@link defaultEndpoint}. */
 export function resolveEndpoint(option?: string, env: NodeJS.ProcessEnv = process.env): Endpoint {
   const ep = option !== undefined && option !== '' ? parseEndpoint(option) : defaultEndpoint(env);
-  if (ep.kind === 'ipc') checkLength(ep.path, option ?? ep.path);
+  // A parsed spelling is checked already; the default folder's path (a long XDG_RUNTIME_DIR) is checked here.
+  if (ep.kind === 'ipc') checkLength(ep.path, ep.path);
   return ep;
 }
 
