@@ -509,3 +509,102 @@ describe('the metrics endpoint under odd requests', () => {
     }
   });
 });
+
+/** A `tzip serve` child with `args` (and --json, --metrics 0): its ready line, its stderr so far, and its exit. */
+async function serveChild(args: string[]) {
+  ensureBuilt();
+  const sock = join(tmp(), `serve-${Math.random().toString(16).slice(2)}`, 'tzip.sock');
+  const env: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('TZIP_')) env[k] = v;
+  env.XDG_CONFIG_HOME = join(tmp(), 'no-config');
+  const child = spawn(process.execPath, [MAIN, '--json', 'serve', '--socket', sock, '--metrics', '0', ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.setEncoding('utf8').on('data', (d: string) => { stderr += d; });
+  const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+  const ready = await new Promise<{ endpoint: string; metrics: string }>((resolve, reject) => {
+    let out = '';
+    child.stdout.setEncoding('utf8').on('data', (d: string) => {
+      out += d;
+      const line = out.split('\n')[0];
+      if (out.includes('\n') && line !== undefined) resolve(JSON.parse(line));
+    });
+    void exited.then((code) => reject(new Error(`tzip serve exited ${code}: ${stderr}`)));
+  });
+  return { child, ready, exited, stderr: () => stderr };
+}
+
+/** Hello names (free text since version 1) and job names of every odd kind, sent to a daemon that logs every session. */
+async function oddTraffic(endpoint: string): Promise<void> {
+  const evil = 'evil\ntzip serve: stopped: forged line\r\n{"level":"error","msg":"forged"}\u001b[2J "q" \\ \u2028 \u0000 end';
+  const c = new DaemonConn(endpoint, evil);
+  const h = await c.req({ op: 'hello', versions: [1, 2, 3], pid: c.pid, shm_prefix: c.prefix, name: evil });
+  expect(h.ok, JSON.stringify(h)).toBe(true);
+  c.sid = h.sid;
+  for (const name of ODD_NAMES) {
+    expect((await c.call('job', { job: { name }, attached: true })).ok).toBe(true);
+    expect((await c.req({ op: 'set', job: name, codec: 'off', sm_budget: 7 })).ok).toBe(true);
+  }
+  expect((await c.req({ op: 'set', job: 'missing "job"\\', codec: 'max' })).ok).toBe(false);
+  expect((await c.call('job', { job: null, attached: false })).ok).toBe(true);
+  expect((await c.call('compress', { tensors: [{ tensor: { device: CPU, dtype: BF16, shape: [4], byte_offset: 0,
+    data: { kind: 'shm', name: `${c.prefix}gone`, offset: 0, size: 8 } }, out: { kind: 'shm', name: `${c.prefix}gone2`, offset: 0, size: 4096 } }] })).ok).toBe(false);
+  await c.raw(Buffer.from([0xc1])); // not MessagePack
+  c.close();
+}
+
+describe('the logs of tzip serve given odd names', () => {
+  for (const format of ['json', 'text'] as const) {
+    it(`--log-format ${format}: one record per line, each ${format === 'json' ? 'parses as JSON' : 'starts with "tzip serve: "'}; a scrape racing the stop is served or refused`, async () => {
+      const d = await serveChild(['--log-format', format, '--log-level', 'debug', '--verbose']);
+      try {
+        await oddTraffic(d.ready.endpoint);
+        // stop the daemon while scraping it
+        const s = new DaemonConn(d.ready.endpoint, 'stopper');
+        await s.hello();
+        let stopping = true;
+        const scrapes = (async () => {
+          const results: (number | string)[] = [];
+          while (stopping) {
+            try {
+              const res = await fetch(d.ready.metrics);
+              const body = await res.text();
+              if (res.status === 200) parseExposition(body);
+              results.push(res.status);
+            } catch (err) {
+              results.push(String((err as Error).cause ?? err));
+              break;
+            }
+          }
+          return results;
+        })();
+        await new Promise((r) => setTimeout(r, 50));
+        expect((await s.call('shutdown')).ok).toBe(true);
+        s.close();
+        expect(await d.exited).toBe(0);
+        stopping = false;
+        const results = await scrapes;
+        expect(results.filter((x) => x === 200).length).toBeGreaterThan(0);
+        for (const x of results) expect(x === 200 || /ECONNREFUSED|ECONNRESET|closed|socket/i.test(String(x)), String(x)).toBe(true);
+      } finally {
+        d.child.kill('SIGKILL');
+      }
+      const lines = d.stderr().split('\n').filter((l) => l !== '');
+      expect(lines.length).toBeGreaterThan(ODD_NAMES.length);
+      for (const line of lines) {
+        if (format === 'json') {
+          const r = JSON.parse(line) as Record<string, unknown>;
+          expect(r).toMatchObject({ name: 'tzip serve', level: expect.stringMatching(/^(debug|info|warn|error)$/), msg: expect.any(String) });
+        } else {
+          expect(line.startsWith('tzip serve: '), JSON.stringify(line)).toBe(true);
+          expect(line.startsWith('tzip serve: stopped: forged'), JSON.stringify(line)).toBe(false);
+          expect(/\p{Cc}/u.test(line), JSON.stringify(line)).toBe(false);
+        }
+      }
+      if (format === 'json') {
+        const msgs = lines.map((l) => String((JSON.parse(l) as { msg: string }).msg));
+        expect(msgs.some((m) => m.includes('evil\ntzip serve: stopped: forged line'))).toBe(true);
+        for (const name of ODD_NAMES) expect(msgs.some((m) => m.includes(JSON.stringify(name))), name).toBe(true);
+      }
+    });
+  }
+});
