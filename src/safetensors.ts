@@ -7,7 +7,6 @@
  * a `__metadata__` object. See https://github.com/huggingface/safetensors.
  */
 import { constants as bufferConstants } from 'node:buffer';
-import { z } from 'zod';
 import { DTYPE_BYTES, isKnownDtype } from './dtype.js';
 import { TzipError } from './errors.js';
 import { openReadOnly, readExactly } from './positioned-io.js';
@@ -56,14 +55,27 @@ export interface SafetensorsHeader {
   metadata: Record<string, unknown> | undefined;
 }
 
-const offset = z.number().int().nonnegative();
-const tensorSchema = z.object({
-  dtype: z.string().min(1),
-  shape: z.array(offset),
-  data_offsets: z.tuple([offset, offset]),
-});
-const headerSchema = z.record(z.string(), z.unknown());
-const metadataSchema = z.record(z.string(), z.unknown());
+// Checked by hand, not with zod: this parser is a decoder entry point of the data path (fuzzed: fuzz/js), runs in
+// every command that reads a file, and loading zod was most of `tzip inspect`'s start-up (docs/benchmarks.md).
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+function isOffset(v: unknown): v is number {
+  return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
+}
+
+/** What is wrong with a tensor entry (`{dtype, shape, data_offsets}`), or null when nothing is. */
+function tensorEntryProblem(v: unknown): string | null {
+  if (!isPlainObject(v)) return 'not a JSON object';
+  if (typeof v.dtype !== 'string' || v.dtype.length === 0) return 'dtype is not a non-empty string';
+  if (!Array.isArray(v.shape)) return 'shape is not an array';
+  const badDim = v.shape.findIndex((d) => !isOffset(d));
+  if (badDim >= 0) return `shape[${badDim}] is not an integer >= 0`;
+  const o = v.data_offsets;
+  if (!Array.isArray(o) || o.length !== 2 || !isOffset(o[0]) || !isOffset(o[1])) return 'data_offsets is not [begin, end] of integers >= 0';
+  return null;
+}
 
 /** Orders tensors by position; ties (empty tensors at one offset) by name in UTF-8 byte order. */
 export function compareTensors(a: SafetensorsTensor, b: SafetensorsTensor): number {
@@ -119,24 +131,23 @@ export function parseSafetensorsHeader(prefix: Uint8Array, fileSize: number, fil
   } catch (err) {
     throw new TzipError('TZIP_CORRUPT', `safetensors header is not UTF-8 JSON: ${(err as Error).message}`, { file, cause: err });
   }
-  if (!headerSchema.safeParse(json).success) throw new TzipError('TZIP_CORRUPT', 'safetensors header is not a JSON object', { file });
+  if (!isPlainObject(json)) throw new TzipError('TZIP_CORRUPT', 'safetensors header is not a JSON object', { file });
 
   let metadata: Record<string, unknown> | undefined;
   const tensors: SafetensorsTensor[] = [];
-  // Iterate JSON.parse's own object, not zod's copy: a copy made by assignment would turn a tensor
+  // Iterate JSON.parse's own object, never a copy: a copy made by assignment would turn a tensor
   // named "__proto__" into a prototype and lose it.
   for (const [name, value] of Object.entries(json as Record<string, unknown>)) {
     if (name === '__metadata__') {
-      const parsed = metadataSchema.safeParse(value);
-      if (!parsed.success) throw new TzipError('TZIP_CORRUPT', '__metadata__ is not a JSON object', { file });
-      metadata = parsed.data;
+      if (!isPlainObject(value)) throw new TzipError('TZIP_CORRUPT', '__metadata__ is not a JSON object', { file });
+      metadata = value;
       continue;
     }
-    const parsed = tensorSchema.safeParse(value);
-    if (!parsed.success) {
-      throw new TzipError('TZIP_CORRUPT', `bad tensor entry: ${z.prettifyError(parsed.error).replace(/\n\s*/g, ' ')}`, { file, tensor: name });
-    }
-    const { dtype, shape, data_offsets: [begin, end] } = parsed.data;
+    const problem = tensorEntryProblem(value);
+    if (problem !== null) throw new TzipError('TZIP_CORRUPT', `bad tensor entry: ${problem}`, { file, tensor: name });
+    const entry = value as { dtype: string; shape: number[]; data_offsets: [number, number] };
+    const { dtype, data_offsets: [begin, end] } = entry;
+    const shape = [...entry.shape];
     if (begin > end) {
       throw new TzipError('TZIP_CORRUPT', `data_offsets [${begin}, ${end}] are reversed`, { file, tensor: name });
     }

@@ -12,7 +12,8 @@ export function formatSize(bytes: number): string {
 
 /** A byte count with thousands separators, e.g. "1,234,567". */
 export function formatBytes(bytes: number): string {
-  return bytes.toLocaleString('en-US');
+  // Not toLocaleString: its first call loads ICU's locale data, a large part of `tzip inspect`'s run time.
+  return String(bytes).replace(/\B(?=(\d{3})+(?!\d))/g, ',');
 }
 
 /** A compressed/original ratio with 4 decimals (lower is better); "-" when the original is empty. */
