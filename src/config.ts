@@ -15,7 +15,7 @@
  * zod is loaded when a configuration is resolved, not when this module is: registering the
  * `serve` command (and every other command's start-up) does not pay for it.
  */
-import { readFileSync, statSync } from 'node:fs';
+import { lstatSync, readFileSync, readlinkSync, statSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import type { z as Zod } from 'zod';
@@ -72,6 +72,13 @@ export interface KeySpec<T> {
 
 const port = (z: typeof Zod) => z.number().int().min(0).max(65535);
 const positive = (z: typeof Zod) => z.number().int().min(1).max(Number.MAX_SAFE_INTEGER);
+/** Codec worker threads the addon takes at most (src/native.ts: more fails every request). */
+const MAX_THREADS = 1024;
+/**
+ * Longest lease, ms: 2^31 - 1, what a Node timer holds. Clients sleep a third of it between heartbeats; a longer one
+ * overflows their timers (Python's threading waits raise OverflowError past about 9.2e9 s).
+ */
+const MAX_LEASE_MS = 2 ** 31 - 1;
 const limits = defaultLimits();
 
 /** The default socket path with the environment's TZIP_SOCKET left out (that variable is the key's own). */
@@ -129,9 +136,9 @@ export const CONFIG_KEYS: { readonly [K in ConfigKey]: KeySpec<ServeConfig[K]> }
     schema: (z) => z.boolean(), default: () => false,
   },
   lease_ms: {
-    flag: '--lease-ms', arg: '<ms>', env: 'TZIP_LEASE_MS', kind: 'number', expect: 'a positive integer',
+    flag: '--lease-ms', arg: '<ms>', env: 'TZIP_LEASE_MS', kind: 'number', expect: `an integer from 1 to ${MAX_LEASE_MS} (24.8 days)`,
     what: 'a client silent for this long loses its session, ms (clients are asked for a heartbeat every third of it)',
-    schema: positive, default: () => limits.leaseMs,
+    schema: (z) => z.number().int().min(1).max(MAX_LEASE_MS), default: () => limits.leaseMs,
   },
   max_message_bytes: {
     flag: '--max-message-bytes', arg: '<bytes>', env: 'TZIP_MAX_MESSAGE_BYTES', kind: 'number', expect: 'a positive integer',
@@ -145,8 +152,8 @@ export const CONFIG_KEYS: { readonly [K in ConfigKey]: KeySpec<ServeConfig[K]> }
   max_ipc_handles: sessionLimit('maxIpcHandlesPerSession', 'max_ipc_handles', limits.maxIpcHandlesPerSession),
   max_inflight_bytes: sessionLimit('maxInflightBytesPerSession', 'max_inflight_bytes', limits.maxInflightBytesPerSession),
   threads: {
-    flag: '--threads', arg: '<n>', env: 'TZIP_THREADS', kind: 'number', expect: 'a positive integer',
-    what: 'codec worker threads', schema: (z) => positive(z).nullable(), default: () => null, defaultText: 'all cores',
+    flag: '--threads', arg: '<n>', env: 'TZIP_THREADS', kind: 'number', expect: `an integer from 1 to ${MAX_THREADS}`,
+    what: 'codec worker threads', schema: (z) => z.number().int().min(1).max(MAX_THREADS).nullable(), default: () => null, defaultText: 'all cores',
   },
   idle_exit_s: {
     flag: '--idle-exit', arg: '<seconds>', env: 'TZIP_IDLE_EXIT_S', kind: 'number', expect: 'a number of seconds >= 0',
@@ -217,13 +224,16 @@ function fromText(kind: Kind, text: string): unknown {
       if (['0', 'false', 'no', 'off'].includes(l)) return false;
       return text;
     }
+    case 'enum':
+      return t;
     default:
       return text;
   }
 }
 
 function show(value: unknown): string {
-  return typeof value === 'string' ? `'${value}'` : JSON.stringify(value);
+  // String(): JSON.stringify writes Infinity (a file's 1e400) as null.
+  return typeof value === 'string' ? `'${value}'` : typeof value === 'number' ? String(value) : JSON.stringify(value);
 }
 
 /** Reads and checks the config file; `undefined` when the default one is missing. */
@@ -235,13 +245,20 @@ function readConfigFile(file: Omit<ConfigFile, 'found'>, z: typeof Zod): Record<
   } catch (err) {
     if (err instanceof TzipError) throw err;
     const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT' && file.chosenBy === 'default') return undefined;
+    if (code === 'ENOENT' && file.chosenBy === 'default') {
+      // A link to a file moved away is a config the user meant to have: said, not replaced by the defaults in silence.
+      if (lstatSync(file.path, { throwIfNoEntry: false })?.isSymbolicLink() === true) {
+        throw new TzipError('TZIP_IO', `the config file is a symbolic link to ${JSON.stringify(readlinkSync(file.path))}, which does not exist`, { file: file.path, cause: err });
+      }
+      return undefined;
+    }
     const by = file.chosenBy === 'flag' ? ' (named by --config)' : file.chosenBy === 'env' ? ' (named by TZIP_CONFIG)' : '';
     throw new TzipError('TZIP_IO', `cannot read the config file${by}: ${(err as Error).message}`, { file: file.path, cause: err });
   }
   let json: unknown;
   try {
-    json = JSON.parse(text);
+    // A byte-order mark (some editors save UTF-8 with one) is not part of the JSON text.
+    json = JSON.parse(text.startsWith('\ufeff') ? text.slice(1) : text);
   } catch (err) {
     throw new TzipError('TZIP_USAGE', `the config file is not JSON: ${(err as Error).message}`, { file: file.path });
   }

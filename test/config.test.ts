@@ -146,8 +146,8 @@ describe('resolveConfig', () => {
       [{ smBudget: 4, Socket: 'x' }, /unknown keys 'smBudget', 'Socket'/],
       [{ sm_budget: 2000 }, /sm_budget: 2000 is not an integer from 0 to 1024/],
       [{ sm_budget: '4' }, /sm_budget: '4' is not an integer from 0 to 1024/],
-      [{ lease_ms: 0 }, /lease_ms: 0 is not a positive integer/],
-      [{ lease_ms: 1.5 }, /lease_ms: 1.5 is not a positive integer/],
+      [{ lease_ms: 0 }, /lease_ms: 0 is not an integer from 1 to 2147483647/],
+      [{ lease_ms: 1.5 }, /lease_ms: 1.5 is not an integer from 1 to 2147483647/],
       [{ metrics_port: 70000 }, /metrics_port: 70000 is not a TCP port/],
       [{ log_level: 'verbose' }, /log_level: 'verbose' is not one of debug, info, warn, error, silent/],
       [{ verbose: 1 }, /verbose: 1 is not a boolean/],
@@ -169,7 +169,7 @@ describe('resolveConfig', () => {
     const flag = await usageError(resolveConfig({ env: cleanEnv(), flags: { sm_budget: '2000' } }));
     expect(flag.message).toBe("--sm-budget: '2000' is not an integer from 0 to 1024");
     const env = await usageError(resolveConfig({ env: cleanEnv({ TZIP_LEASE_MS: '10s' }) }));
-    expect(env.message).toBe("TZIP_LEASE_MS: '10s' is not a positive integer");
+    expect(env.message).toBe("TZIP_LEASE_MS: '10s' is not an integer from 1 to 2147483647 (24.8 days)");
     const bool = await usageError(resolveConfig({ env: cleanEnv({ TZIP_VERBOSE: 'maybe' }) }));
     expect(bool.message).toMatch(/^TZIP_VERBOSE: 'maybe' is not a boolean/);
     const level = await usageError(resolveConfig({ env: cleanEnv({ TZIP_LOG_FORMAT: 'yaml' }) }));
