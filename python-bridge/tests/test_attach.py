@@ -59,6 +59,13 @@ def pools(daemon):
         p.close()
 
 
+@pytest.fixture
+def own_registry(monkeypatch):
+    """A test that attaches in this (the pytest) process gets an attach state of its own: detach() leaves the
+    checkpoint helpers of the whole process on raw frames, which later test modules must not inherit."""
+    monkeypatch.setattr(tzip.attaching, "_reg", tzip.attaching._Registry())
+
+
 @pytest.fixture(scope="module")
 def reference(pools):
     """The job that never attached: per rank (losses, parameters' sha256, optimizer state's sha256)."""
@@ -431,7 +438,32 @@ def test_client_without_v3_sends_no_job_or_tags(daemon, monkeypatch):
         assert torch.equal(bits(c.decompress(c.compress(x))), bits(x))
 
 
-def test_attach_refuses_what_it_cannot_switch():
+def test_checkpoint_helpers_follow_attach_and_detach(daemon, own_registry, tmp_path, monkeypatch):
+    """tzip.save without a codec: compressed while attached (counted as the job's checkpoint stream), raw frames
+    after detach (still a .tzip that loads bit for bit); an explicit codec is kept either way."""
+    from tzip import demo_data
+
+    monkeypatch.delenv("TZIP_JOB", raising=False)
+    name = f"ckpt-job-{os.getpid()}"
+    state = {k: v.to(torch.bfloat16) for k, v in list(demo_data.load_model().state_dict().items())[:12]}
+    with tzip.connect(daemon.socket, spawn=False) as c:
+        a = tzip.attach(job=name, client=c)
+        assert a.job == name and tzip.attaching.attached()
+        on = tzip.save(state, tmp_path / "on.tzip", client=c)
+        job = the_job(daemon.socket, name)
+        assert job is not None and job["attached"] and stream_bytes(job, "checkpoint") > 0, job
+        tzip.detach()
+        assert the_job(daemon.socket, name)["attached"] is False
+        off = tzip.save(state, tmp_path / "off.tzip", client=c)
+        kept = tzip.save(state, tmp_path / "kept.tzip", codec="max", client=c)
+        raw_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        assert on < 0.9 * raw_bytes < off and kept < 0.9 * raw_bytes, (on, off, kept, raw_bytes)
+        for f in ("on", "off", "kept"):
+            back = tzip.load(tmp_path / f"{f}.tzip", client=c)
+            assert all(torch.equal(bits(back[k]), bits(v)) for k, v in state.items()), f
+
+
+def test_attach_refuses_what_it_cannot_switch(own_registry):
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         tzip.attach(model=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="unknown codec"):
@@ -468,7 +500,7 @@ def test_cuda_two_ranks_one_gpu_attach_detach_is_bit_identical(pools, daemon):
 
 
 @needs_cuda
-def test_cuda_attached_optimizer_frees_gpu_memory_and_detach_brings_it_back(daemon):
+def test_cuda_attached_optimizer_frees_gpu_memory_and_detach_brings_it_back(daemon, own_registry):
     """One process, one GPU, no DDP: attach(optimizer=) offloads the AdamW state (torch.cuda.memory_allocated drops
     by its bytes), the steps stay bit-identical to the optimizer never attached, and detach brings the state back
     onto the GPU with its dtype, shape and strides."""
