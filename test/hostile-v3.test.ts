@@ -5,7 +5,7 @@
 // (paths, methods, many connections, label values that break the text format), and JSON log lines of a `tzip serve`
 // child given such names.
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { createServer, request as httpRequest } from 'node:http';
 import { connect, type AddressInfo, type Socket } from 'node:net';
 import { join } from 'node:path';
@@ -607,4 +607,30 @@ describe('the logs of tzip serve given odd names', () => {
       }
     });
   }
+});
+
+describe('a start that fails half-way', () => {
+  it('a taken TCP port fails the start with TZIP_IO and leaves no socket file; the path can be served right after', async () => {
+    const taken = createServer();
+    await new Promise<void>((r) => taken.listen(0, '127.0.0.1', () => r()));
+    const port = (taken.address() as AddressInfo).port;
+    const socketPath = join(tmp(), 'half', 'tzip.sock');
+    try {
+      const err = await Daemon.start({ socketPath, limits: defaultLimits(), log: () => {}, tcpPort: port }).then(() => undefined, (e: unknown) => e);
+      expect(err).toBeInstanceOf(TzipError);
+      expect((err as TzipError).code).toBe('TZIP_IO');
+      expect((err as TzipError).message).toContain(String(port));
+      expect(existsSync(socketPath), 'socket file left behind').toBe(false);
+    } finally {
+      await new Promise((r) => taken.close(r));
+    }
+    const d = await Daemon.start({ socketPath, limits: defaultLimits(), log: () => {} });
+    try {
+      const c = new DaemonConn(d.endpoint, 'after-half');
+      expect((await c.hello()).ok).toBe(true);
+      c.close();
+    } finally {
+      await d.stop('test done');
+    }
+  });
 });

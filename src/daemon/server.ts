@@ -152,13 +152,25 @@ export class Daemon {
     ensurePrivateDir(options.socketPath);
     const lock = await DaemonLock.acquire(options.socketPath);
     if (lock.replacedStale !== null) logger.warn(`replaced the stale lock of pid ${lock.replacedStale.pid} (no longer running)`, { stale_pid: lock.replacedStale.pid });
-    let daemon: Daemon;
+    let daemon: Daemon | undefined;
+    let bound = false;
     try {
       daemon = new Daemon(options.socketPath, options.limits, lock, options.verbose === true, logger, options.observer);
       await daemon.router.bind(endpointOf(options.socketPath));
+      bound = true;
       chmodSync(options.socketPath, 0o600);
       if (options.tcpPort !== undefined) await daemon.listenTcp(options.tcpPort, options.socketPath);
     } catch (err) {
+      // A start that fails after the ipc bind (the TCP port taken) leaves no socket file that no daemon serves: clients
+      // would find it and wait on it.
+      daemon?.router.close();
+      if (bound) {
+        try {
+          unlinkSync(options.socketPath);
+        } catch {
+          // already gone
+        }
+      }
       lock.release();
       if (err instanceof TzipError) throw err;
       throw new TzipError('TZIP_IO', `cannot bind ${endpointOf(options.socketPath)}: ${(err as Error).message}`, { file: options.socketPath, cause: err });
