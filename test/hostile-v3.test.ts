@@ -17,7 +17,9 @@ import { defaultLimits } from '../src/daemon/limits.js';
 import { DaemonMetrics, MAX_METRICS_CONNECTIONS } from '../src/daemon/metrics.js';
 import { Daemon } from '../src/daemon/server.js';
 import { TzipError } from '../src/errors.js';
-import { maxCompressedSize, readHeader } from '../src/native.js';
+import {
+  addonAvailable, compress, cudaIpcGetMemHandle, gpu, gpuAlloc, gpuCopyFromDevice, gpuCopyToDevice, gpuDevices, gpuFree, maxCompressedSize, readHeader,
+} from '../src/native.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
 import { ensureBuilt } from './helpers/cli.js';
 import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
@@ -358,58 +360,6 @@ describe('settings changed while requests run, on ended jobs, from old sessions'
   });
 });
 
-describe('a registry grown by a hostile client', () => {
-  it('bounds the ranks a job lists when one session names a new rank again and again', async () => {
-    const c = await v3('ranky');
-    try {
-      const bodies = Array.from({ length: 3000 }, (_, i) => ({ op: 'job', job: { name: 'ranky', rank: i, world_size: 3000 }, attached: true }));
-      const replies = await pipelined(c, bodies, 1000);
-      for (const r of replies.values()) expect(r.ok, JSON.stringify(r)).toBe(true);
-      const j = (await jobsList()).find((x) => x.name === 'ranky');
-      expect(j?.ranks.length).toBeLessThanOrEqual(1024);
-      expect(j?.ranks).toContain(2999); // the latest ranks are kept
-    } finally {
-      c.close();
-    }
-  });
-
-  it('bounds the jobs listed and the metrics series of a session that renames its job after every request, scraped or not', async () => {
-    const c = await v3('renamer');
-    const data = bf16Weights(2048, 99);
-    const f = tensorFiles(c, data, 'rn');
-    try {
-      const n = MAX_ENDED_JOBS + 100;
-      for (let i = 0; i < n; i++) {
-        const j = await c.call('job', { job: { name: `rename-${i}` }, attached: true });
-        expect(j.ok, JSON.stringify(j)).toBe(true);
-        const r = await c.call('compress', { ...f.compress, stream: 'gradients' });
-        expect(r.ok, JSON.stringify(r)).toBe(true);
-      }
-      const listed = await jobsList();
-      expect(listed.length).toBeLessThanOrEqual(MAX_ENDED_JOBS + daemon.sessions.size);
-      expect(listed.some((j) => j.name === `rename-${n - 1}`)).toBe(true);
-      expect(listed.some((j) => j.name === 'rename-0')).toBe(false);
-      // no scrape since the renames: the series of dropped jobs must not pile up in the daemon between scrapes
-      const series = (await metrics.registry.getSingleMetric('tzip_bytes_in_total')!.get()).values;
-      const names = new Set(listed.map((j) => j.name));
-      expect(series.filter((v) => !names.has(String(v.labels.job_name))).length).toBeLessThanOrEqual(1);
-      // a scrape of it all is valid text, one sample per listed job at most per stream and direction
-      const samples = await scrape();
-      expect(samples.filter((x) => x.name === 'tzip_bytes_in_total' && String(x.labels.job_name).startsWith('rename-')).length).toBeLessThanOrEqual(MAX_ENDED_JOBS + 1);
-
-      // `set` on a job not listed: a clear message of bounded size, not every one of a thousand names
-      const s = await once({ op: 'set', job: 'no-such-job', codec: 'off' });
-      expect(s.ok).toBe(false);
-      expect(s.error.code).toBe('TZIP_USAGE');
-      expect(s.error.message).toContain('no-such-job');
-      expect(s.error.message).toContain(`rename-${n - 1}`);
-      expect(s.error.message.length).toBeLessThan(4096);
-    } finally {
-      c.close();
-    }
-  });
-});
-
 /** A raw HTTP request to the metrics port: status and body (undefined status: the connection was closed). */
 function http(method: string, path: string, headers: Record<string, string> = {}): Promise<{ status: number | undefined; body: string }> {
   const url = new URL(metricsUrl);
@@ -633,4 +583,107 @@ describe('a start that fails half-way', () => {
       await d.stop('test done');
     }
   });
+});
+
+describe('a registry grown by a hostile client', () => {
+  it('bounds the ranks a job lists when one session names a new rank again and again', async () => {
+    const c = await v3('ranky');
+    try {
+      const bodies = Array.from({ length: 3000 }, (_, i) => ({ op: 'job', job: { name: 'ranky', rank: i, world_size: 3000 }, attached: true }));
+      const replies = await pipelined(c, bodies, 1000);
+      for (const r of replies.values()) expect(r.ok, JSON.stringify(r)).toBe(true);
+      const j = (await jobsList()).find((x) => x.name === 'ranky');
+      expect(j?.ranks.length).toBeLessThanOrEqual(1024);
+      expect(j?.ranks).toContain(2999); // the latest ranks are kept
+    } finally {
+      c.close();
+    }
+  });
+
+  it('bounds the jobs listed and the metrics series of a session that renames its job after every request, scraped or not', async () => {
+    const c = await v3('renamer');
+    const data = bf16Weights(2048, 99);
+    const f = tensorFiles(c, data, 'rn');
+    try {
+      const n = MAX_ENDED_JOBS + 100;
+      for (let i = 0; i < n; i++) {
+        const j = await c.call('job', { job: { name: `rename-${i}` }, attached: true });
+        expect(j.ok, JSON.stringify(j)).toBe(true);
+        const r = await c.call('compress', { ...f.compress, stream: 'gradients' });
+        expect(r.ok, JSON.stringify(r)).toBe(true);
+      }
+      const listed = await jobsList();
+      expect(listed.length).toBeLessThanOrEqual(MAX_ENDED_JOBS + daemon.sessions.size);
+      expect(listed.some((j) => j.name === `rename-${n - 1}`)).toBe(true);
+      expect(listed.some((j) => j.name === 'rename-0')).toBe(false);
+      // no scrape since the renames: the series of dropped jobs must not pile up in the daemon between scrapes
+      const series = (await metrics.registry.getSingleMetric('tzip_bytes_in_total')!.get()).values;
+      const names = new Set(listed.map((j) => j.name));
+      expect(series.filter((v) => !names.has(String(v.labels.job_name))).length).toBeLessThanOrEqual(1);
+      // a scrape of it all is valid text, one sample per listed job at most per stream and direction
+      const samples = await scrape();
+      expect(samples.filter((x) => x.name === 'tzip_bytes_in_total' && String(x.labels.job_name).startsWith('rename-')).length).toBeLessThanOrEqual(MAX_ENDED_JOBS + 1);
+
+      // `set` on a job not listed: a clear message of bounded size, not every one of a thousand names
+      const s = await once({ op: 'set', job: 'no-such-job', codec: 'off' });
+      expect(s.ok).toBe(false);
+      expect(s.error.code).toBe('TZIP_USAGE');
+      expect(s.error.message).toContain('no-such-job');
+      expect(s.error.message).toContain(`rename-${n - 1}`);
+      expect(s.error.message.length).toBeLessThan(4096);
+    } finally {
+      c.close();
+    }
+  });
+});
+
+const probe = addonAvailable() ? gpu() : { available: false, reason: 'the native addon is not built', devices: [] };
+
+// The real GPU: this process shares device memory by CUDA IPC handles ([version 2]["c"] + cudaIpcMemHandle_t, as
+// PyTorch does), the daemon is a `tzip serve` child (a process cannot open its own IPC handles).
+describe.skipIf(!probe.available)(`codec switched while GPU requests run${probe.available ? '' : ` (skipped: no GPU: ${probe.reason})`}`, () => {
+  it('every GPU frame is the CPU codec\'s bytes for the codec it records, and decodes exactly, while set flips the job codec', async () => {
+    const d = await serveChild([]);
+    const dev = gpuDevices()[0] as { uuid: string };
+    const n = 1 << 20;
+    const tensors = Array.from({ length: 8 }, (_, i) => bf16Weights(n, 700 + i));
+    const bytes = 2 * n;
+    const cap = maxCompressedSize(bytes, 1);
+    const ptrs = tensors.map(() => ({ src: gpuAlloc(0, bytes), frame: gpuAlloc(0, cap), back: gpuAlloc(0, bytes) }));
+    const c = new DaemonConn(d.ready.endpoint, 'gpu-steer');
+    const q = new DaemonConn(d.ready.endpoint);
+    try {
+      ptrs.forEach((p, i) => gpuCopyToDevice(p.src, tensors[i] as Buffer, 0));
+      const ipc = (ptr: bigint, size: number) => ({ kind: 'cuda_ipc', device_uuid: dev.uuid, handle: Buffer.concat([Buffer.from([2, 0x63]), cudaIpcGetMemHandle(ptr, 0)]), offset: 0, size });
+      const tensor = (ptr: bigint) => ({ device: { type: 2, id: 0 }, dtype: BF16, shape: [n], byte_offset: 0, data: ipc(ptr, bytes) });
+      const h = await c.req({ op: 'hello', versions: [1, 2, 3], pid: c.pid, shm_prefix: c.prefix, job: { name: 'gpu-steer', devices: [dev.uuid] } });
+      expect(h.ok, JSON.stringify(h)).toBe(true);
+      c.sid = h.sid;
+      const sending = pipelined(c, ptrs.map((p) => ({ op: 'compress', codec: 'fast', stream: 'gradients', tensors: [{ tensor: tensor(p.src), out: ipc(p.frame, cap) }] })), 100);
+      for (const codec of ['off', 'max', null, 'off', 'fast', null]) expect((await q.req({ op: 'set', job: 'gpu-steer', codec })).ok).toBe(true);
+      const replies = await sending;
+      for (let i = 0; i < ptrs.length; i++) {
+        const r = replies.get(100 + i) as Record<string, any>;
+        expect(r.ok, JSON.stringify(r)).toBe(true);
+        const p = ptrs[i] as (typeof ptrs)[number];
+        const got = gpuCopyFromDevice(p.frame, r.frames[0].bytes, 0);
+        const want = await compress(tensors[i] as Buffer, { dtype: 'BF16', shape: [n], codec: r.frames[0].codec });
+        expect(got.equals(want), `tensor ${i} (${r.frames[0].codec})`).toBe(true);
+        const back = await c.call('decompress', { frames: [{ frame: ipc(p.frame, r.frames[0].bytes), out: tensor(p.back) }] });
+        expect(back.ok, JSON.stringify(back)).toBe(true);
+        expect(gpuCopyFromDevice(p.back, bytes, 0).equals(tensors[i] as Buffer), `tensor ${i} back`).toBe(true);
+      }
+      expect((await c.call('shutdown')).ok).toBe(true);
+      expect(await d.exited).toBe(0);
+    } finally {
+      c.close();
+      q.close();
+      d.child.kill('SIGKILL');
+      for (const p of ptrs) {
+        gpuFree(p.src, 0);
+        gpuFree(p.frame, 0);
+        gpuFree(p.back, 0);
+      }
+    }
+  }, 120_000);
 });
