@@ -31,7 +31,7 @@ import tzip.client
 from tzip.optim import OffloadedTensor
 
 from dist_support import Pools, bits
-from test_client_support import DaemonProcess, RawConn, daemon_jobs, daemon_set, wait_for
+from test_client_support import DaemonProcess, daemon_jobs, daemon_set, wait_for
 
 HERE = Path(__file__).resolve().parent
 CUDA = torch.cuda.is_available()
