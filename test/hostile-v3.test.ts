@@ -169,6 +169,13 @@ describe('hostile numbers on stream and sm_budget', () => {
         expect(r.ok, `stream ${JSON.stringify(stream)}`).toBe(false);
         expect(r.error.code).toBe('TZIP_PROTOCOL');
       }
+      for (const bad of [{ rank: -1 }, { rank: 2 ** 31 }, { rank: 0.5 }, { world_size: 0 }, { world_size: 1e10 }, { mps: 'yes' }, { devices: 'cpu' },
+        { devices: Array(65).fill('cpu') }, { devices: [''] }, { user: 'u'.repeat(201) }, { extra: 1 }]) {
+        const r = await c.call('job', { job: { name: 'numbers', ...bad }, attached: true });
+        expect(r.ok, JSON.stringify(bad).slice(0, 60)).toBe(false);
+        expect(r.error.code).toBe('TZIP_PROTOCOL');
+      }
+      for (const attached of [1, 'true', null]) expect((await c.call('job', { job: { name: 'numbers' }, attached })).ok).toBe(false);
       // nothing above changed a setting; the edges are accepted and the round trip is exact
       expect((await jobsList()).find((j) => j.name === 'numbers')?.settings).toEqual({ codec: null, sm_budget: null });
       for (const smBudget of [0, 1024]) {
@@ -581,6 +588,43 @@ describe('a start that fails half-way', () => {
       c.close();
     } finally {
       await d.stop('test done');
+    }
+  });
+});
+
+describe('a session renaming its job while its requests run', () => {
+  it('counts every answered request exactly once, in one of the jobs it was in; the daemon serves on after an abrupt disconnect', async () => {
+    const c = await v3('loop-hello');
+    const data = bf16Weights(30_000, 800);
+    const f = tensorFiles(c, data, 'loop');
+    const names = ['loop-a', 'loop-b', 'loop-c'];
+    const bodies: Record<string, unknown>[] = [];
+    for (let i = 0; i < 40; i++) { // 40 compress requests in flight at most: under the session's cap of 64
+      bodies.push({ op: 'job', job: i % 7 === 6 ? null : { name: names[i % 3] }, attached: i % 2 === 0 });
+      bodies.push({ op: 'compress', ...f.compress, stream: 'optimizer' });
+    }
+    const replies = await pipelined(c, bodies, 20_000);
+    let ok = 0;
+    for (const [id, r] of replies) {
+      expect(r.ok, JSON.stringify(r)).toBe(true);
+      if ((id - 20_000) % 2 === 1) {
+        ok++;
+        expect(readHeader(f.frame(r.frames[0].bytes)).frameBytes).toBe(r.frames[0].bytes);
+      }
+    }
+    const listed = await jobsList();
+    const counted = listed.filter((j) => [...names, 'loop-hello'].includes(j.name)).reduce((n, j) => n + j.streams.optimizer.compress.requests, 0);
+    expect(counted).toBe(ok);
+    // requests in flight when the socket goes away: the session ends, the daemon serves the next client
+    await pipelined(c, [{ op: 'compress', ...f.compress }], 30_000).catch(() => undefined);
+    for (let i = 0; i < 5; i++) await c.sock.send(packr.pack({ id: 40_000 + i, sid: c.sid, op: 'compress', ...f.compress }));
+    c.close();
+    const after = await v3('after-loop', { name: 'after-loop' });
+    try {
+      const t = await roundTrip(after, data, 'after');
+      expect(t.back.equals(data)).toBe(true);
+    } finally {
+      after.close();
     }
   });
 });
