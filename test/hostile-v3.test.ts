@@ -566,6 +566,42 @@ describe('the logs of tzip serve given odd names', () => {
   }
 });
 
+describe('a failed start with JSON logs', () => {
+  it('is a JSON error record on stderr and no text line; exit 3; --json still has its error document on stdout', async () => {
+    ensureBuilt();
+    const taken = createServer();
+    await new Promise<void>((r) => taken.listen(0, '127.0.0.1', () => r()));
+    const port = (taken.address() as AddressInfo).port;
+    const env: NodeJS.ProcessEnv = {};
+    for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('TZIP_')) env[k] = v;
+    env.XDG_CONFIG_HOME = join(tmp(), 'no-config');
+    try {
+      for (const json of [false, true]) {
+        const sock = join(tmp(), `failed-${json}`, 'tzip.sock');
+        const child = spawn(process.execPath, [MAIN, ...(json ? ['--json'] : []), 'serve', '--socket', sock, '--metrics', String(port), '--log-format', 'json'],
+          { env, stdio: ['ignore', 'pipe', 'pipe'] });
+        let out = '';
+        let err = '';
+        child.stdout.setEncoding('utf8').on('data', (d: string) => { out += d; });
+        child.stderr.setEncoding('utf8').on('data', (d: string) => { err += d; });
+        const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
+        expect(code, err).toBe(3);
+        const lines = err.split('\n').filter((l) => l !== '');
+        expect(lines.length).toBeGreaterThan(0);
+        const records = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+        const failure = records.find((r) => r.level === 'error');
+        expect(failure).toMatchObject({ code: 'TZIP_IO', exit_code: 3 });
+        expect(String(failure?.msg)).toContain(String(port));
+        if (json) expect(JSON.parse(out)).toMatchObject({ error: { code: 'TZIP_IO', exitCode: 3 } });
+        else expect(out).toBe('');
+        expect(existsSync(sock)).toBe(false);
+      }
+    } finally {
+      await new Promise((r) => taken.close(r));
+    }
+  });
+});
+
 describe('a start that fails half-way', () => {
   it('a taken TCP port fails the start with TZIP_IO and leaves no socket file; the path can be served right after', async () => {
     const taken = createServer();

@@ -12,6 +12,8 @@ import { Option, type Command } from 'commander';
 import { CONFIG_KEYS, CONFIG_KEY_NAMES, configJson, flagAttribute, formatConfigText, resolveConfig, type ConfigKey, type KeySpec, type ResolvedConfig, type ServeConfig } from '../config.js';
 import { TzipError } from '../errors.js';
 import type { DaemonLimits } from '../daemon/limits.js';
+import type { Logger } from '../logger.js';
+import { exitCodeFor } from './exit-codes.js';
 import type { GlobalOptions } from './options.js';
 
 interface ServeOptions extends GlobalOptions {
@@ -92,26 +94,49 @@ async function socketPathOf(config: ResolvedConfig): Promise<string> {
   }
 }
 
+/**
+ * A start that failed, for JSON logs: the error as an `error` record (`code`, `file`), the `--json` error document on
+ * stdout as main.ts writes it, and the exit code main.ts would give.
+ */
+function startFailed(err: unknown, logger: Logger, json: boolean): void {
+  const code = exitCodeFor(err);
+  const message = err instanceof Error ? err.message : String(err);
+  const detail = err instanceof TzipError
+    ? { code: err.code, message: err.message, file: err.file ?? null, tensor: err.tensor ?? null, exitCode: code }
+    : { code: 'INTERNAL', message, file: null, tensor: null, exitCode: code };
+  logger.error(`cannot start: ${message}`, { code: detail.code, file: detail.file ?? undefined, exit_code: code,
+    ...(detail.code === 'INTERNAL' && err instanceof Error ? { stack: err.stack } : {}) });
+  if (json) process.stdout.write(`${JSON.stringify({ error: detail }, null, 2)}\n`);
+  process.exitCode = code;
+}
+
 /** Runs the daemon with `config` until it stops. */
 async function serve(config: ResolvedConfig, json: boolean): Promise<void> {
   const c = config.values;
   const [{ defaultLimits }, { Daemon }, { createLogger }] = await Promise.all([
     import('../daemon/limits.js'), import('../daemon/server.js'), import('../logger.js'),
   ]);
-  const socketPath = await socketPathOf(config);
   const logger = createLogger({ level: c.log_level, format: c.log_format });
-  const limits = limitsOf(c, defaultLimits());
-  // The metrics port is bound before the daemon's socket: a port in use fails the start before any client can connect.
-  const metrics = c.metrics_port !== null ? new (await import('../daemon/metrics.js')).DaemonMetrics() : undefined;
-  const metricsUrl = metrics !== undefined && c.metrics_port !== null ? await metrics.listen(c.metrics_port) : undefined;
+  let socketPath: string;
+  let metrics: InstanceType<typeof import('../daemon/metrics.js').DaemonMetrics> | undefined;
+  let metricsUrl: string | undefined;
   let daemon: Awaited<ReturnType<typeof Daemon.start>>;
   try {
+    socketPath = await socketPathOf(config);
+    const limits = limitsOf(c, defaultLimits());
+    // The metrics port is bound before the daemon's socket: a port in use fails the start before any client can connect.
+    metrics = c.metrics_port !== null ? new (await import('../daemon/metrics.js')).DaemonMetrics() : undefined;
+    metricsUrl = metrics !== undefined && c.metrics_port !== null ? await metrics.listen(c.metrics_port) : undefined;
     daemon = await Daemon.start({
       socketPath, limits, verbose: c.verbose, tcpPort: c.tcp_port ?? undefined, logger, observer: metrics?.observe,
     });
   } catch (err) {
     await metrics?.close();
-    throw err;
+    if (c.log_format !== 'json') throw err;
+    // JSON logs: the failure is a record of the log like any other, and no text line follows it (main.ts writes one for
+    // an error it is thrown): whatever reads stderr as JSON lines reads this too. The exit code is the same.
+    startFailed(err, logger, json);
+    return;
   }
   // Before the first request can be read (the receive loop's first message arrives in a later turn of the event loop):
   // the daemon's SM budget, which `set` changes at run time.
