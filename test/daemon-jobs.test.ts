@@ -110,8 +110,11 @@ describe('jobs (protocol version 3)', () => {
     const r1 = await v3('rank1', { ...info, rank: 1 });
     try {
       let j = await jobNamed('train-a');
+      // The client says nothing of MPS (null); the daemon knows only where it sees a GPU (false or true there), and
+      // shares_mps is false as soon as one side says false.
+      const daemonMps = (await jobs()).daemon.mps as boolean | null;
       expect(j).toMatchObject({ user: 'alice', state: 'running', sessions: 2, ranks: [0, 1], world_size: 2, devices: ['cpu'], attached: true,
-        mps: null, shares_mps: null, settings: { codec: null, sm_budget: null } });
+        mps: null, shares_mps: daemonMps === false ? false : null, settings: { codec: null, sm_budget: null } });
       expect(j.pids).toEqual([process.pid]);
       expect(Math.abs(j.attached_at_ms - Date.now())).toBeLessThan(60_000);
       expect(j.totals.bytes_in).toBe(0);
@@ -308,7 +311,8 @@ describe('jobs (protocol version 3)', () => {
       expect(events.find((e) => e.op === 'invalid')).toMatchObject({ job: null, error: 'TZIP_PROTOCOL' });
       expect(events.find((e) => e.op === 'jobs')).toMatchObject({ job: null, error: null });
       for (const e of events) expect(e.seconds).toBeGreaterThanOrEqual(0);
-      expect(lines.some((l) => l.level === 'info' && l.msg.startsWith('no GPU served'))).toBe(true);
+      // The start-up line about GPUs: which are served, or why none is.
+      expect(lines.some((l) => l.level === 'info' && /^(no GPU served|GPUs served through CUDA IPC)/.test(l.msg))).toBe(true);
       expect(lines.some((l) => l.level === 'debug' && l.msg.includes('opened by pid') && l.fields?.job === 'train-f')).toBe(true);
       expect(lines.some((l) => l.level === 'info' && l.msg.startsWith('settings of job "train-b": codec=off'))).toBe(true);
     } finally {

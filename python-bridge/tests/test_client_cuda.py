@@ -111,7 +111,7 @@ def test_a_protocol_version_1_session_names_the_staging_buffer_in_full(shared_da
     old = tz.connect(shared_daemon.socket, spawn=False, strict=True)
     try:
         old._call("heartbeat", {})
-        assert old._version == 1 and client._version == 2
+        assert old._version == 1 and client._version >= 2  # the newest both speak (3 since jobs)
         batch = [random_cuda(torch.bfloat16, (37 + i, 5), seed=i) for i in range(12)] + [random_cuda(torch.int8, (1000,), seed=99)]
         v1, v2 = old.compress(batch), client.compress(batch)
         for a, b in zip(v1, v2):
