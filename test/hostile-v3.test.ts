@@ -395,6 +395,13 @@ describe('the metrics endpoint under odd requests', () => {
       expect(r.status === 405 || r.status === 400 || r.status === undefined, `${method}: ${r.status}`).toBe(true);
     }
     expect((await http('GET', '/metrics?name[]=tzip_sessions&x=%ZZ')).status).toBe(200);
+    // Host names other than the loopback's (DNS rebinding: a web page's own name resolved to 127.0.0.1) are refused
+    for (const host of ['evil.example', 'evil.example:9464', '127.0.0.1.evil.example', '10.0.0.1:80']) {
+      expect((await http('GET', '/metrics', { host })).status, host).toBe(403);
+    }
+    for (const host of ['127.0.0.1', 'localhost:9464', 'LOCALHOST', `127.0.0.1:${new URL(metricsUrl).port}`]) {
+      expect((await http('GET', '/metrics', { host })).status, host).toBe(200);
+    }
     const head = await http('HEAD', '/metrics');
     expect(head).toEqual({ status: 200, body: '' });
     // a header block far over Node's limit: 431, and the endpoint still serves

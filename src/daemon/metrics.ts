@@ -46,6 +46,8 @@ export const DURATION_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 
  * (shared-memory files, sockets). A Prometheus server keeps one.
  */
 export const MAX_METRICS_CONNECTIONS = 64;
+/** Host names (the Host header, port left out) the endpoint answers: its own address's. */
+const LOCAL_HOSTS = new Set(['127.0.0.1', 'localhost', '[::1]']);
 /** A scrape's request must arrive within this long, ms (a connection that sends nothing is closed then). */
 const REQUEST_TIMEOUT_MS = 10_000;
 
@@ -240,6 +242,13 @@ export class DaemonMetrics {
   }
 
   private serve(req: IncomingMessage, res: ServerResponse): void {
+    // DNS rebinding: a web page the user opens can have its own host name resolve to 127.0.0.1 and read this
+    // endpoint as same-origin (job names); its requests carry that name in Host, a scrape of this machine does not.
+    const host = (req.headers.host ?? '').toLowerCase().replace(/:\d*$/, '');
+    if (!LOCAL_HOSTS.has(host)) {
+      res.writeHead(403, { 'Content-Type': 'text/plain' }).end('tzip daemon metrics answer requests for 127.0.0.1 or localhost only\n');
+      return;
+    }
     const path = (req.url ?? '/').split('?')[0];
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.writeHead(405, { Allow: 'GET, HEAD', 'Content-Type': 'text/plain' }).end('only GET and HEAD\n');
