@@ -116,3 +116,23 @@ def test_tcp_endpoints_are_loopback_only_and_need_keys(tmp_path):
         tzip.connect("tcp://10.0.0.1:5555", strict=True)
     with pytest.raises(DaemonUnavailableError, match="CURVE keys"):
         tzip.connect("tcp://127.0.0.1:5555", strict=True, curve_dir=str(tmp_path / "none"))
+
+
+def test_tzip_socket_as_the_tcp_endpoint_finds_the_keys_next_to_the_default_ipc_socket(sock_dir, monkeypatch):
+    """TZIP_SOCKET=tcp://127.0.0.1:PORT and no curve_dir: the keys are read from curve/ next to the default ipc socket
+    ($XDG_RUNTIME_DIR/tzip/), where that daemon wrote them, not from a folder named after "tcp:"."""
+    runtime = os.path.join(sock_dir, "run")
+    os.makedirs(runtime, mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    monkeypatch.delenv("TZIP_CURVE_DIR", raising=False)
+    d = DaemonProcess(os.path.join(runtime, "tzip", "tzip.sock"), "--tcp", "0", "--json").start()
+    try:
+        monkeypatch.setenv("TZIP_SOCKET", tcp_endpoint(d))
+        c = tzip.connect(spawn=False, strict=True)
+        try:
+            x = torch.arange(4096, dtype=torch.int32).view(torch.float32)
+            assert torch.equal(c.decompress(c.compress(x)).view(torch.int32), x.view(torch.int32))
+        finally:
+            c.close()
+    finally:
+        d.stop()

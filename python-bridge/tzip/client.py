@@ -109,7 +109,8 @@ from ._dlpack import (
 )
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
 from ._frame import decode_raw, encode_raw, max_compressed_size, read_header
-from ._spawn import daemon_pid, daemon_running, default_socket_path, normalize_endpoint, pid_alive, spawn_daemon
+from ._spawn import (daemon_pid, daemon_running, default_ipc_path, default_socket_path, normalize_endpoint, pid_alive,
+                     spawn_daemon)
 from ._transport import Transport
 from .compressed import CompressedTensor
 
@@ -307,7 +308,11 @@ def _curve_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes]:
     """The CURVE keys for the daemon's TCP socket: ``server.public``, ``client.public`` and ``client.secret`` (Z85)
     from ``curve_dir``, else $TZIP_CURVE_DIR, else the ``curve/`` folder next to the default socket (the daemon
     creates them there, mode 0600 in a 0700 folder). Raises DaemonUnavailableError when they cannot be read."""
-    d = curve_dir or os.environ.get("TZIP_CURVE_DIR") or os.path.join(os.path.dirname(default_socket_path()), "curve")
+    # TZIP_SOCKET may itself be the tcp:// endpoint: the keys are then next to the default ipc socket.
+    near = default_socket_path()
+    if near.startswith("tcp://"):
+        near = default_ipc_path()
+    d = curve_dir or os.environ.get("TZIP_CURVE_DIR") or os.path.join(os.path.dirname(near), "curve")
     try:
         return tuple(Path(d, name).read_bytes().strip() for name in ("server.public", "client.public", "client.secret"))
     except OSError as e:
