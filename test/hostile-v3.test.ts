@@ -672,6 +672,47 @@ describe('a session renaming its job while its requests run', () => {
   });
 });
 
+describe('random v3 messages', () => {
+  it('answers 2000 random job/jobs/set/heartbeat/compress messages with a reply each, never an internal error', async () => {
+    const c = await v3('fuzz', { name: 'fuzz' });
+    let seed = 12345;
+    const rnd = (n: number) => {
+      seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+      return seed % n;
+    };
+    const values = (): unknown => {
+      const pool: unknown[] = [null, true, false, 0, -1, 1, 1024, 1025, 2 ** 31, 2 ** 53, -(2 ** 53), 0.5, Number.NaN, Number.POSITIVE_INFINITY,
+        '', 'fuzz', 'x'.repeat(300), '\u001b[2J', 'off', 'fast', 'max', 'auto', 'raw', 'gradients', 'other', [], [1, 2], {}, { name: 'fuzz' },
+        { name: 'fuzz-2', rank: 1 }, { name: '' }, Buffer.alloc(3), c.sid, 'f'.repeat(32)];
+      return pool[rnd(pool.length)];
+    };
+    const ops = ['job', 'jobs', 'set', 'heartbeat', 'compress', 'decompress', 'stats'];
+    const fields = ['job', 'attached', 'codec', 'sm_budget', 'stream', 'sid', 'tensors', 'frames', 'name', 'versions'];
+    const internalBefore = logged.filter((l) => /internal/i.test(l)).length;
+    for (let i = 0; i < 2000; i += 50) {
+      const bodies: Record<string, unknown>[] = [];
+      for (let k = 0; k < 50; k++) {
+        const body: Record<string, unknown> = { op: ops[rnd(ops.length)], sid: c.sid };
+        for (let f = rnd(4); f > 0; f--) body[fields[rnd(fields.length)] as string] = values();
+        bodies.push(body);
+      }
+      const replies = await pipelined(c, bodies, 100_000 + i);
+      for (const r of replies.values()) {
+        expect(typeof r.ok).toBe('boolean');
+        if (!r.ok) expect(r.error.code, JSON.stringify(r.error)).not.toBe('TZIP_INTERNAL');
+      }
+    }
+    expect(logged.filter((l) => /internal/i.test(l)).length).toBe(internalBefore);
+    // random set ops may have left the daemon's settings changed: cleared for the tests after
+    expect((await once({ op: 'set', codec: null, sm_budget: null })).ok).toBe(true);
+    const after = await v3('after-fuzz');
+    const t = await roundTrip(after, bf16Weights(4096, 900), 'af');
+    expect(t.back.equals(bf16Weights(4096, 900))).toBe(true);
+    after.close();
+    c.close();
+  });
+});
+
 describe('a registry grown by a hostile client', () => {
   it('bounds the ranks a job lists when one session names a new rank again and again', async () => {
     const c = await v3('ranky');
