@@ -142,6 +142,27 @@ PROTOCOL_VERSIONS = [1, 2, 3]
 STREAMS = ("gradients", "optimizer", "checkpoint", "sendrecv", "other")
 #: The stream tag of the requests made in this context (see :func:`tagged`); None: untagged ("other").
 _stream_tag: contextvars.ContextVar[str | None] = contextvars.ContextVar("tzip_stream_tag", default=None)
+#: The SM budget of the call being made (``sm_budget=`` of compress/decompress), None: the daemon's.
+_sm_budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("tzip_sm_budget", default=None)
+#: The largest SM budget a request may name (docs/protocol.md, "Jobs": sm_budget is 0..1024).
+MAX_SM_BUDGET = 1024
+
+
+def _checked_sm_budget(sm_budget: int | None) -> int | None:
+    if sm_budget is None:
+        return None
+    if isinstance(sm_budget, bool) or not isinstance(sm_budget, int) or not 0 <= sm_budget <= MAX_SM_BUDGET:
+        raise ValueError(f"sm_budget is an int from 0 (all SMs) to {MAX_SM_BUDGET}, or None (the daemon's); got {sm_budget!r}")
+    return sm_budget
+
+
+def _with_sm_budget(sm_budget: int | None, fn, *args):
+    """Runs ``fn(*args)`` with the call's SM budget set (in this context only)."""
+    token = _sm_budget.set(sm_budget)
+    try:
+        return fn(*args)
+    finally:
+        _sm_budget.reset(token)
 #: Seconds between reconnection attempts while the daemon is away.
 RETRY_INTERVAL_S = 1.0
 #: Decompressed tensors of at least this many bytes get their own shared-memory segment (no copy).
@@ -666,6 +687,9 @@ class Client:
                 tag = _stream_tag.get()
                 if tag is not None:
                     msg["stream"] = tag
+                budget = _sm_budget.get()
+                if budget is not None:
+                    msg["sm_budget"] = budget
             try:
                 reply = self._transport.request(msg, self._daemon_alive, timeout if timeout is not None else self.request_timeout)
             except DaemonUnavailableError as e:
@@ -766,7 +790,7 @@ class Client:
         return self._arena.segment(max(nbytes, 1), "t").tensor(dtype, shape)
 
     # --- compress -----------------------------------------------------------------------------
-    def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str = "auto"):
+    def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str = "auto", *, sm_budget: int | None = None):
         """Compresses one tensor (-> CompressedTensor) or a batch (-> list, one request per batch and device where it
         fits). A CUDA tensor's payload stays on its GPU.
 
@@ -774,30 +798,37 @@ class Client:
             tensors: a tensor or an iterable of tensors, any shape and dtype, on the CPU or a GPU; views keep their
                 storage offset, non-contiguous tensors are compressed as their contiguous values.
             codec: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md).
+            sm_budget: SMs the daemon's GPU kernels may occupy for this call (0: all SMs of the device); None: the
+                daemon's budget (``tzip serve --sm-budget``, default 10). A job's own budget (``tzip set JOB
+                sm_budget=N``) wins over it (docs/protocol.md, "Jobs"). Protocol version 3; older daemons ignore it.
 
         Returns:
             CompressedTensor (payload: a uint8 tensor on the input's device) or a list of them.
 
         Raises:
-            ValueError: unknown codec. TypeError: an item that is not a tensor.
+            ValueError: unknown codec, or an sm_budget that is not an int in 0..1024. TypeError: an item that is not a
+                tensor.
             TzipDaemonError: the daemon refused a tensor (its ``code``: e.g. TZIP_INVALID_ARGUMENT).
             DaemonUnavailableError / DeviceUnavailableError: with ``strict=True`` only, when the daemon is gone or
                 cannot serve the tensor's GPU (otherwise raw frames, and one warning).
         """
         self._check_pid()
+        budget = _checked_sm_budget(sm_budget)
         single = isinstance(tensors, torch.Tensor)
         items = [tensors] if single else list(tensors)
-        return self._compress(items, single, codec, None)
+        return _with_sm_budget(budget, self._compress, items, single, codec, None)
 
-    def compress_async(self, tensors, codec: str = "auto") -> concurrent.futures.Future:
+    def compress_async(self, tensors, codec: str = "auto", *, sm_budget: int | None = None) -> concurrent.futures.Future:
         """:meth:`compress` on the client's worker threads; returns a Future. CUDA work is ordered after the work
         queued so far on the caller's current stream, and the payloads are ready in that stream's order."""
         self._check_pid()
+        budget = _checked_sm_budget(sm_budget)
         single = isinstance(tensors, torch.Tensor)
         items = [tensors] if single else list(tensors)
         streams = _caller_streams(t for t in items if isinstance(t, torch.Tensor))
         # the caller's stream tag (tagged()) goes with the call to the worker thread
-        return self._pool().submit(contextvars.copy_context().run, self._compress, items, single, codec, streams)
+        return self._pool().submit(contextvars.copy_context().run, _with_sm_budget, budget, self._compress, items, single,
+                                   codec, streams)
 
     def _compress(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None):
         self._check_pid()
@@ -1106,12 +1137,14 @@ class Client:
         return [self._compress_raw(t) for t in tensors]
 
     # --- decompress ---------------------------------------------------------------------------
-    def decompress(self, cts: CompressedTensor | Iterable[CompressedTensor], out=None, verify: bool = True):
+    def decompress(self, cts: CompressedTensor | Iterable[CompressedTensor], out=None, verify: bool = True, *,
+                   sm_budget: int | None = None):
         """Decompresses one CompressedTensor (-> tensor) or a batch (-> list).
 
         ``out``: a tensor (or, for a batch, a list with tensors or None) of the same dtype and shape to
         write into; returned filled. The result lies on ``out``'s device, else on the payload's device.
         ``verify``: check every chunk's digest (docs/format.md, section 9; default True).
+        ``sm_budget``: as for :meth:`compress`.
         Frames of codec ``raw`` are decoded in this process without the daemon (always when the result goes to the
         CPU; for a GPU result when the daemon cannot serve that GPU); other codecs need the daemon.
 
@@ -1124,17 +1157,20 @@ class Client:
                 decode it.
         """
         self._check_pid()
+        budget = _checked_sm_budget(sm_budget)
         items, outs, single = self._decompress_args(cts, out)
-        return self._decompress(items, outs, single, verify, None)
+        return _with_sm_budget(budget, self._decompress, items, outs, single, verify, None)
 
-    def decompress_async(self, cts, out=None, verify: bool = True) -> concurrent.futures.Future:
+    def decompress_async(self, cts, out=None, verify: bool = True, *, sm_budget: int | None = None) -> concurrent.futures.Future:
         """:meth:`decompress` on the client's worker threads; returns a Future (CUDA work is ordered on the caller's
         current stream, as for :meth:`compress_async`)."""
         self._check_pid()
+        budget = _checked_sm_budget(sm_budget)
         items, outs, single = self._decompress_args(cts, out)
         streams = _caller_streams([*(o for o in outs if isinstance(o, torch.Tensor)),
                                    *(ct.payload for ct in items if isinstance(ct, CompressedTensor))])
-        return self._pool().submit(contextvars.copy_context().run, self._decompress, items, outs, single, verify, streams)
+        return self._pool().submit(contextvars.copy_context().run, _with_sm_budget, budget, self._decompress, items, outs,
+                                   single, verify, streams)
 
     @staticmethod
     def _decompress_args(cts, out) -> tuple[list, list, bool]:

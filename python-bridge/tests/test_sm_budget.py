@@ -1,0 +1,101 @@
+"""The per-call SM budget of the Python client (``Client.compress(..., sm_budget=N)``, protocol version 3): checked,
+sent to a version-3 daemon with compress and decompress requests (also from the async calls' worker threads), never
+sent to an older one, and on a GPU every budget gives the same frames and tensors, byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import tzip
+import tzip.client as client_module
+from tzip.demo_data import source_weights_path
+
+from test_client_support import daemon, sock_dir  # noqa: F401
+
+CUDA = torch.cuda.is_available()
+
+
+def weights_bf16() -> list[torch.Tensor]:
+    """A few of all-MiniLM-L6-v2's trained weight tensors, rounded to bf16."""
+    w = load_file(str(source_weights_path()))
+    return [w[k].to(torch.bfloat16).contiguous() for k in sorted(w)[:12] if w[k].dtype == torch.float32]
+
+
+def record_requests(c) -> list[dict]:
+    """Every message the client sends from now on (the real transport still sends them)."""
+    sent: list[dict] = []
+    request = c._transport.request
+
+    def spy(msg, *args, **kwargs):
+        sent.append(dict(msg))
+        return request(msg, *args, **kwargs)
+
+    c._transport.request = spy
+    return sent
+
+
+@pytest.mark.parametrize("bad", [-1, 1025, 2.5, "8", True])
+def test_a_bad_budget_is_a_value_error_before_anything_is_sent(daemon, bad):  # noqa: F811
+    c = tzip.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        x = torch.arange(64, dtype=torch.float32)
+        with pytest.raises(ValueError, match="sm_budget"):
+            c.compress(x, sm_budget=bad)
+        with pytest.raises(ValueError, match="sm_budget"):
+            c.decompress(c.compress(x), sm_budget=bad)
+        with pytest.raises(ValueError, match="sm_budget"):
+            c.compress_async(x, sm_budget=bad)
+    finally:
+        c.close()
+
+
+def test_the_budget_goes_with_each_request_of_the_call_only(daemon):  # noqa: F811
+    c = tzip.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        ts = weights_bf16()
+        c.compress(ts[0])  # hello done before recording
+        sent = record_requests(c)
+        cts = c.compress(ts, codec="fast", sm_budget=16)
+        back = c.decompress(cts, sm_budget=0)
+        plain = c.compress(ts[0], codec="fast")
+        later = c.compress_async(ts, codec="fast", sm_budget=3).result()
+        back_async = c.decompress_async(later, sm_budget=7).result()
+        ops = [(m["op"], m.get("sm_budget")) for m in sent if m["op"] in ("compress", "decompress")]
+        assert ops == [("compress", 16), ("decompress", 0), ("compress", None), ("compress", 3), ("decompress", 7)]
+        for t, a, b in zip(ts, back, back_async):
+            assert torch.equal(a.view(torch.int16), t.view(torch.int16)) and torch.equal(b.view(torch.int16), t.view(torch.int16))
+        assert plain.payload.numpy().tobytes() == cts[0].payload.numpy().tobytes()
+    finally:
+        c.close()
+
+
+def test_an_older_daemon_is_sent_no_budget(daemon, monkeypatch):  # noqa: F811
+    """A version-2 session would be refused (TZIP_PROTOCOL) for a field it does not have: the client leaves it out."""
+    monkeypatch.setattr(client_module, "PROTOCOL_VERSIONS", [1, 2])
+    c = tzip.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        t = weights_bf16()[0]
+        ct = c.compress(t, sm_budget=4)
+        assert c.protocol_version == 2
+        assert torch.equal(c.decompress(ct, sm_budget=4).view(torch.int16), t.view(torch.int16))
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("codec", ["fast", "max"])
+def test_cuda_every_budget_gives_the_same_frames_and_tensors(daemon, codec):  # noqa: F811
+    c = tzip.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        ts = [t.cuda() for t in weights_bf16()]
+        ref = c.compress(ts, codec=codec)
+        ref_bytes = [ct.payload.cpu().numpy().tobytes() for ct in ref]
+        for budget in (0, 1, 4, 132, 1024):
+            cts = c.compress(ts, codec=codec, sm_budget=budget)
+            assert [ct.payload.cpu().numpy().tobytes() for ct in cts] == ref_bytes, budget
+            for t, b in zip(ts, c.decompress(cts, sm_budget=budget)):
+                assert torch.equal(b.view(torch.int16), t.view(torch.int16)), budget
+    finally:
+        c.close()
