@@ -15,7 +15,7 @@
  * zod is loaded when a configuration is resolved, not when this module is: registering the
  * `serve` command (and every other command's start-up) does not pay for it.
  */
-import { lstatSync, readFileSync, readlinkSync, statSync } from 'node:fs';
+import { closeSync, lstatSync, openSync, readlinkSync, readSync, statSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import type { z as Zod } from 'zod';
@@ -236,12 +236,36 @@ function show(value: unknown): string {
   return typeof value === 'string' ? `'${value}'` : typeof value === 'number' ? String(value) : JSON.stringify(value);
 }
 
+/** Bytes a config file may have at most (a few keys: a larger file is one named by mistake). */
+const MAX_CONFIG_BYTES = 1 << 20;
+
+/**
+ * The text of `path`, read up to {@link MAX_CONFIG_BYTES}: `--config model.safetensors` (a tab completion away) or
+ * `/dev/zero` fails at once instead of reading gigabytes, or forever. Pipes (`--config <(...)`) are read as files.
+ * @throws TzipError TZIP_USAGE for a larger file; the fs errors of opening and reading.
+ */
+function readBounded(path: string): string {
+  const fd = openSync(path, 'r');
+  try {
+    const buf = Buffer.alloc(MAX_CONFIG_BYTES + 1);
+    let n = 0;
+    for (let got = -1; got !== 0 && n < buf.length;) {
+      got = readSync(fd, buf, n, buf.length - n, null);
+      n += got;
+    }
+    if (n > MAX_CONFIG_BYTES) throw new TzipError('TZIP_USAGE', `the config file is over ${MAX_CONFIG_BYTES} bytes: not a config file (one JSON object of a few keys)`, { file: path });
+    return buf.toString('utf8', 0, n);
+  } finally {
+    closeSync(fd);
+  }
+}
+
 /** Reads and checks the config file; `undefined` when the default one is missing. */
 function readConfigFile(file: Omit<ConfigFile, 'found'>, z: typeof Zod): Record<string, unknown> | undefined {
   let text: string;
   try {
     if (statSync(file.path).isDirectory()) throw new TzipError('TZIP_IO', 'the config file is a folder', { file: file.path });
-    text = readFileSync(file.path, 'utf8');
+    text = readBounded(file.path);
   } catch (err) {
     if (err instanceof TzipError) throw err;
     const code = (err as NodeJS.ErrnoException).code;

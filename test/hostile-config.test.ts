@@ -106,6 +106,23 @@ describe('config files a careless user writes', () => {
     expect((await resolveConfig({ env: env(), configPath: file('null.json', '{"tcp_port": null, "threads": null}') })).values.tcp_port).toBe(null);
   });
 
+  it('refuses a file over 1 MiB at once (a checkpoint named by mistake, /dev/zero), reads a pipe', async () => {
+    const big = file('big.json', `{"sm_budget": 4, "x": "${'y'.repeat(3 << 20)}"}`);
+    expect((await refused(resolveConfig({ env: env(), configPath: big }))).message).toContain('over 1048576 bytes');
+    expect((await refused(resolveConfig({ env: env(), configPath: '/dev/zero' }))).message).toContain('over 1048576 bytes');
+    // a pipe, as --config <(echo ...) gives one
+    const { spawn, spawnSync } = await import('node:child_process');
+    const fifo = join(tmp(), 'config.fifo');
+    expect(spawnSync('mkfifo', [fifo]).status).toBe(0);
+    // the writer is another process (the config is read synchronously: a writer in this one would never run)
+    const writer = spawn('sh', ['-c', `printf '{"sm_budget": 6}' > '${fifo}'`], { stdio: 'ignore' });
+    try {
+      expect((await resolveConfig({ env: env(), configPath: fifo })).values.sm_budget).toBe(6);
+    } finally {
+      writer.kill();
+    }
+  });
+
   it('reads a file that begins with a byte-order mark (as some editors save it)', async () => {
     const c = await resolveConfig({ env: env(), configPath: file('bom.json', '\ufeff{"sm_budget": 5}') });
     expect(c.values.sm_budget).toBe(5);
