@@ -86,7 +86,12 @@ export function createLogger(options: LoggerOptions = {}): Logger {
   const name = options.name ?? 'tzip serve';
   if ((options.format ?? 'text') === 'text') {
     return textLogger((line) => {
-      writeSync(fd, `${name}: ${line}\n`);
+      try {
+        writeSync(fd, `${name}: ${line}\n`);
+      } catch {
+        // The log's reader went away (EPIPE: `tzip serve 2>&1 | head`, a log collector restarting): the line is
+        // lost, the daemon serves on. A throw here would end the daemon (it logs from its receive loop).
+      }
     }, level);
   }
   // Levels as words ("level":"info"), not pino's numbers: what log tools and people read.

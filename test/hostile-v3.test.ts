@@ -573,6 +573,31 @@ describe('the logs of tzip serve given odd names', () => {
   }
 });
 
+describe('the reader of the log going away', () => {
+  for (const format of ['text', 'json'] as const) {
+    it(`--log-format ${format}: the daemon serves on after its stderr pipe is closed (EPIPE on every line)`, async () => {
+      const d = await serveChild(['--log-format', format, '--verbose']);
+      try {
+        d.child.stderr.destroy();
+        await new Promise((r) => setTimeout(r, 100));
+        for (let i = 0; i < 3; i++) {
+          const c = new DaemonConn(d.ready.endpoint, `after-epipe-${i}`);
+          c.sock.receiveTimeout = 5000;
+          expect((await c.hello()).ok).toBe(true);
+          const data = bf16Weights(4096, 1000 + i);
+          const h = await c.req({ op: 'hello', versions: [1, 2, 3], pid: c.pid, shm_prefix: c.prefix, name: `v3-${i}`, job: { name: 'epipe' } });
+          c.sid = h.sid;
+          expect((await roundTrip(c, data, `ep${format}${i}`)).back.equals(data)).toBe(true);
+          c.close();
+        }
+        expect(d.child.exitCode).toBe(null);
+      } finally {
+        d.child.kill('SIGKILL');
+      }
+    });
+  }
+});
+
 describe('a failed start with JSON logs', () => {
   it('is a JSON error record on stderr and no text line; exit 3; --json still has its error document on stdout', async () => {
     ensureBuilt();
