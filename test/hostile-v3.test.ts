@@ -748,6 +748,8 @@ describe('a registry grown by a hostile client', () => {
       const j = (await jobsList()).find((x) => x.name === 'ranky');
       expect(j?.ranks.length).toBeLessThanOrEqual(1024);
       expect(j?.ranks).toContain(2999); // the latest ranks are kept
+      // the same job, attached, 3000 times: one info line (log at info what changed), not 3000
+      expect(logged.filter((l) => l.includes('job "ranky"')).length).toBeLessThanOrEqual(2);
     } finally {
       c.close();
     }

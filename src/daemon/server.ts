@@ -460,9 +460,14 @@ export class Daemon {
       throw new ReplyError('TZIP_PROTOCOL', `the "job" op is protocol version 3; this session said hello with version ${session.version}`);
     }
     const before = this.jobs.jobOf(session)?.name;
+    const wasAttached = session.attached;
     session.setJob(request.job, request.attached);
     const job = this.jobs.join(session);
-    this.logger.info(`session ${session.sid} of pid ${session.pid}: job ${JSON.stringify(job.name)} ${request.attached ? 'attached' : 'detached'}`,
+    // At info only when the job or its attachment changed: a client repeating its job (a rank, devices) at every
+    // step would otherwise write a line each time.
+    const changed = before !== job.name || wasAttached !== request.attached;
+    (changed ? this.logger.info : this.logger.debug).call(this.logger,
+      `session ${session.sid} of pid ${session.pid}: job ${JSON.stringify(job.name)} ${request.attached ? 'attached' : 'detached'}`,
       { job: job.name, ...(before !== undefined && before !== job.name ? { previous_job: before } : {}) });
     return { job: job.name, ...this.settingsOf(session) };
   }
