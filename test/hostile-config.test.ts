@@ -3,13 +3,16 @@
 // not JSON objects, hold wrong types or unknown keys, begin with a byte-order mark, are folders or symbolic links
 // (dangling ones too); values the daemon or its clients cannot run with (threads above the addon's 1024, a lease
 // longer than a timer holds). Real files and links in a temp folder; the addon's own limit checked with a real call.
+import { spawn } from 'node:child_process';
 import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { resolveConfig, type ConfigKey } from '../src/config.js';
 import { TzipError } from '../src/errors.js';
 import { compress } from '../src/native.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
+import { ensureBuilt } from './helpers/cli.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('hostile-config');
@@ -171,4 +174,18 @@ describe('config files a careless user writes', () => {
     expect(c.values.lease_ms).toBe(2222);
     expect(c.sources.lease_ms).toEqual({ from: 'env', name: 'TZIP_LEASE_MS' });
   });
+});
+
+describe('tzip serve given a tiny idle time', () => {
+  it('--idle-exit 0.0004 exits when idle, as any time above 0 does (rounded to 0 ms it meant never)', async () => {
+    ensureBuilt();
+    const main = fileURLToPath(new URL('../dist/src/cli/main.js', import.meta.url));
+    const child = spawn(process.execPath, [main, 'serve', '--socket', join(tmp(), 'idle', 'tzip.sock'), '--idle-exit', '0.0004'], { env: env(), stdio: 'ignore' });
+    const code = await Promise.race([
+      new Promise<number | null>((r) => child.once('exit', (c) => r(c))),
+      new Promise<string>((r) => setTimeout(() => r('still running after 10 s'), 10_000)),
+    ]);
+    child.kill('SIGKILL');
+    expect(code).toBe(0);
+  }, 20_000);
 });

@@ -43,7 +43,8 @@ function limitsOf(c: ServeConfig, limits: DaemonLimits): DaemonLimits {
   limits.maxIpcHandlesPerSession = c.max_ipc_handles;
   limits.maxInflightBytesPerSession = c.max_inflight_bytes;
   limits.threads = c.threads ?? undefined;
-  limits.idleExitMs = Math.round(c.idle_exit_s * 1000);
+  // Under half a millisecond still means "exit when idle" (rounded to 0 it would be "never").
+  limits.idleExitMs = c.idle_exit_s > 0 ? Math.max(1, Math.round(c.idle_exit_s * 1000)) : 0;
   return limits;
 }
 
