@@ -628,6 +628,13 @@ describe('a failed start with JSON logs', () => {
         else expect(out).toBe('');
         expect(existsSync(sock)).toBe(false);
       }
+      // --log-level silent: no log, but the failure is still said (main.ts's line), exit 3
+      const child = spawn(process.execPath, [MAIN, 'serve', '--socket', join(tmp(), 'failed-silent', 'tzip.sock'), '--metrics', String(port),
+        '--log-format', 'json', '--log-level', 'silent'], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+      let err = '';
+      child.stderr.setEncoding('utf8').on('data', (d: string) => { err += d; });
+      expect(await new Promise<number | null>((r) => child.once('exit', (c) => r(c)))).toBe(3);
+      expect(err).toContain(String(port));
     } finally {
       await new Promise((r) => taken.close(r));
     }

@@ -133,7 +133,7 @@ async function serve(config: ResolvedConfig, json: boolean): Promise<void> {
     });
   } catch (err) {
     await metrics?.close();
-    if (c.log_format !== 'json') throw err;
+    if (c.log_format !== 'json' || c.log_level === 'silent') throw err; // silent: the error is still said (main.ts)
     // JSON logs: the failure is a record of the log like any other, and no text line follows it (main.ts writes one for
     // an error it is thrown): whatever reads stderr as JSON lines reads this too. The exit code is the same.
     startFailed(err, logger, json);
