@@ -553,3 +553,16 @@ def test_cuda_attached_optimizer_frees_gpu_memory_and_detach_brings_it_back(daem
     for (a, b) in zip(opt.state.values(), ref_opt.state.values()):
         for k in b:
             assert a[k].stride() == b[k].stride() and torch.equal(bits(a[k]), bits(b[k])), k
+
+
+def test_a_job_name_with_control_characters_is_sent_printable(daemon):
+    """The daemon refuses control characters in job names and users (they would reach the terminals of tzip jobs and
+    tzip top); the client sends them as U+FFFD, so such a job still connects and is listed."""
+    c = tzip.connect(daemon.socket, spawn=False, strict=True, job="night\nrun\x1b[2J")
+    try:
+        x = torch.arange(1024, dtype=torch.int32).view(torch.float32)
+        assert torch.equal(c.decompress(c.compress(x)).view(torch.int32), x.view(torch.int32))
+        names = [j["name"] for j in daemon_jobs(daemon.socket)["jobs"]]
+        assert "night\ufffdrun\ufffd[2J" in names, names
+    finally:
+        c.close()

@@ -83,6 +83,7 @@ import contextvars
 import getpass
 import logging
 import os
+import re
 import secrets
 import sys
 import threading
@@ -356,6 +357,12 @@ def tagged(stream: str):
         _stream_tag.reset(token)
 
 
+def _printable(text: str) -> str:
+    """``text`` with control characters (C0, DEL, C1) as U+FFFD: the daemon refuses them in job names and users
+    (they would reach the terminals of ``tzip jobs``/``tzip top`` and split log lines; docs/protocol.md, "Jobs")."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", "\ufffd", text)
+
+
 def _script_name() -> str:
     arg0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
     if arg0 in ("", "-c", "-m", "-"):
@@ -393,9 +400,9 @@ def job_info(name: str | None = None, devices: Iterable[torch.device] = ()) -> d
         name = os.environ.get("TZIP_JOB") or (run_id if run_id and run_id != "none" else None)
     if not name:
         name = f"{_script_name()}-{os.getpid()}"
-    info: dict[str, Any] = {"name": str(name)[:200]}
+    info: dict[str, Any] = {"name": _printable(str(name))[:200]}
     try:
-        info["user"] = getpass.getuser()[:200]
+        info["user"] = _printable(getpass.getuser())[:200]
     except (KeyError, OSError):
         info["user"] = str(os.getuid())
     rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
