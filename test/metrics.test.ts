@@ -202,6 +202,10 @@ describe('tzip serve --metrics', () => {
       expect(after.get('tzip_sm_budget')).toBe(3);
       expect(after.get('tzip_job_sm_budget', { job_name: JOB })).toBe(5);
       expect(after.get('tzip_requests_total', { op: 'set' })).toBe(2);
+      // Cleared, the daemon's budget goes back to what it started with (--sm-budget 7), the job's to the daemon's.
+      expect((await c.req({ op: 'set', sm_budget: null })).settings).toMatchObject({ sm_budget: 7 });
+      expect((await c.req({ op: 'set', job: JOB, sm_budget: null })).settings).toMatchObject({ sm_budget: 7 });
+      expect((await c.req({ op: 'set', sm_budget: 3 })).ok).toBe(true);
 
       // The session ends (goodbye): the gauges follow, the job is listed as ended, its counters stay.
       expect((await c.call('release', { end: true })).ok).toBe(true);

@@ -142,6 +142,7 @@ async function serve(config: ResolvedConfig, json: boolean): Promise<void> {
   // Before the first request can be read (the receive loop's first message arrives in a later turn of the event loop):
   // the daemon's SM budget, which `set` changes at run time.
   daemon.jobs.daemonSettings.smBudget = c.sm_budget;
+  daemon.jobs.startSettings.smBudget = c.sm_budget;
   metrics?.attach(daemon);
   if (metricsUrl !== undefined) logger.info(`metrics on ${metricsUrl}`, { metrics: metricsUrl });
   const tcp = daemon.tcpEndpoint;

@@ -136,6 +136,11 @@ export function wireSettings(s: Settings): { codec: SettingCodec | null; sm_budg
 export class JobRegistry {
   /** The daemon's settings (`set` without a job). */
   readonly daemonSettings: Settings = { codec: null, smBudget: null };
+  /**
+   * What the daemon's settings go back to when `set` clears one (null): those it started with (`tzip serve
+   * --sm-budget`, its configuration), not the addon's.
+   */
+  readonly startSettings: Settings = { codec: null, smBudget: null };
   private readonly byName = new Map<string, Job>();
   private readonly ofSession = new Map<Session, Job>();
   private readonly defaultUser: string;
@@ -278,8 +283,10 @@ export class JobRegistry {
     } else {
       target = this.daemonSettings;
     }
-    if (patch.codec !== undefined) target.codec = patch.codec;
-    if (patch.sm_budget !== undefined) target.smBudget = patch.sm_budget;
+    // A job's cleared setting falls back to the daemon's; the daemon's to what it started with.
+    const cleared = jobName !== undefined ? { codec: null, smBudget: null } : this.startSettings;
+    if (patch.codec !== undefined) target.codec = patch.codec ?? cleared.codec;
+    if (patch.sm_budget !== undefined) target.smBudget = patch.sm_budget ?? cleared.smBudget;
     return { job: job?.name ?? null, settings: jobName !== undefined ? this.effective(job) : { ...this.daemonSettings } };
   }
 
