@@ -3,8 +3,8 @@
 // job's codec (and the daemon's) at the next request, version gating, the observer's events and the logger option.
 // The GPU path's SM budget is checked against a stand-in for the addon's GPU functions, and, on a machine with a GPU,
 // against the real GPU codec of a `tzip serve` child process that opens this process's CUDA IPC handles.
-import { spawn } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -462,6 +462,62 @@ describe('SM budget on the GPU path (stand-in GPU)', () => {
   afterAll(async () => {
     await gpuDaemon.stop('tests done');
     useGpuApiForTests(undefined);
+  });
+
+  it('says at start-up whether it is an MPS client, and warns once per session whose client does not share its MPS server', async () => {
+    const pipes = join(tmp(), 'mps');
+    mkdirSync(pipes, { recursive: true });
+    const saved = process.env.CUDA_MPS_PIPE_DIRECTORY;
+    process.env.CUDA_MPS_PIPE_DIRECTORY = pipes;
+    const seen: { level: string; msg: string }[] = [];
+    const capture: Logger = {
+      debug: () => undefined,
+      info: (msg) => seen.push({ level: 'info', msg }),
+      warn: (msg) => seen.push({ level: 'warn', msg }),
+      error: (msg) => seen.push({ level: 'error', msg }),
+    };
+    const hello = async (d: Daemon, name: string, mps: boolean | null) => {
+      const c = new DaemonConn(d.endpoint, name);
+      const h = await c.req({ op: 'hello', versions: [3], pid: c.pid, shm_prefix: c.prefix, job: { name, mps } });
+      c.sid = h.sid;
+      return c;
+    };
+    const warnings = (name: string) => seen.filter((l) => l.level === 'warn' && l.msg.includes(`(job "${name}")`));
+    try {
+      // No MPS control daemon: the start-up line says so; an MPS client is warned once (hello, then a job op: one line),
+      // a client that said nothing of MPS never.
+      let d = await Daemon.start({ socketPath: join(tmp(), 'm1', 'tzip.sock'), limits: defaultLimits(), logger: capture });
+      try {
+        expect(seen.some((l) => l.level === 'info' && l.msg.startsWith(`MPS: no MPS control daemon in ${pipes}`))).toBe(true);
+        const a = await hello(d, 'mps-client', true);
+        expect((await a.call('job', { job: { name: 'mps-client', mps: true }, attached: true })).ok).toBe(true);
+        const b = await hello(d, 'silent', null);
+        a.close(); b.close();
+        expect(warnings('mps-client')).toHaveLength(1);
+        expect(warnings('mps-client')[0]!.msg).toMatch(/is an MPS client and this daemon is not/);
+        expect(warnings('silent')).toHaveLength(0);
+      } finally {
+        await d.stop('test done');
+      }
+      // The control pipe there: the daemon is an MPS client; an MPS client is not warned, a client without MPS is.
+      execFileSync('mkfifo', [join(pipes, 'control')]);
+      seen.length = 0;
+      d = await Daemon.start({ socketPath: join(tmp(), 'm2', 'tzip.sock'), limits: defaultLimits(), logger: capture });
+      try {
+        expect(seen.some((l) => l.level === 'info' && l.msg.startsWith('MPS: this daemon is an MPS client'))).toBe(true);
+        const a = await hello(d, 'shared', true);
+        const b = await hello(d, 'plain', false);
+        a.close(); b.close();
+        expect(warnings('shared')).toHaveLength(0);
+        expect(warnings('plain')).toHaveLength(1);
+        expect(warnings('plain')[0]!.msg).toMatch(/is not an MPS client and this daemon is:/);
+      } finally {
+        await d.stop('test done');
+      }
+    } finally {
+      if (saved === undefined) delete process.env.CUDA_MPS_PIPE_DIRECTORY;
+      else process.env.CUDA_MPS_PIPE_DIRECTORY = saved;
+    }
   });
 
   it('passes the request\'s sm_budget, else the daemon\'s, and a job\'s over both; GPU memory once a request ran there', async () => {

@@ -20,7 +20,7 @@ import { ipcAllocations } from './gpu-map.js';
 import { ADDON_SM_BUDGET, JobRegistry, wireSettings, type Job } from './jobs.js';
 import { PROTOCOL_VERSIONS, type DaemonLimits } from './limits.js';
 import { DaemonLock } from './lock.js';
-import { daemonUsesMps, sharesMps } from './mps.js';
+import { daemonUsesMps, mpsPipeDirectory, sharesMps } from './mps.js';
 import type { RequestEvent, RequestObserver } from './observer.js';
 import { handleCompress } from './op-compress.js';
 import { handleDecompress } from './op-decompress.js';
@@ -103,6 +103,8 @@ function packageVersion(): string {
 export class Daemon {
   readonly stats = new DaemonStats();
   readonly sessions: SessionTable;
+  /** Sessions already warned that they do not share an MPS server with the daemon (once each). */
+  private readonly mpsWarned = new Set<string>();
   /** The jobs of its sessions, their settings and counters, and the daemon's settings (jobs.ts). */
   readonly jobs = new JobRegistry();
   /** Original (tensor) bytes of the compress and decompress requests of the last 10 s (`jobs` op's `daemon.rates`). */
@@ -179,6 +181,13 @@ export class Daemon {
     logger.info(gpus.devices.length > 0
       ? `GPUs served through CUDA IPC: ${gpus.devices.map((d) => `${d.uuid} (${d.name})`).join(', ')}`
       : `no GPU served: ${gpus.reason}`);
+    if (gpus.devices.length > 0) {
+      const dir = mpsPipeDirectory();
+      logger.info(daemonUsesMps(true)
+        ? `MPS: this daemon is an MPS client (the control pipe is in ${dir}): its kernels run beside the other MPS clients' under their SM budgets`
+        : `MPS: no MPS control daemon in ${dir}: the codec's kernels time-slice with other processes' GPU work (start nvidia-cuda-mps-control -d before the daemon and the jobs to share the GPU)`,
+      { mps: daemonUsesMps(true), mps_pipe_directory: dir });
+    }
     daemon.startTimers();
     void daemon.receiveLoop(daemon.router, '');
     if (daemon.tcp !== undefined) void daemon.receiveLoop(daemon.tcp.router, 'tcp:');
@@ -454,6 +463,22 @@ export class Daemon {
     return { settings: wireSettings(this.jobs.effective(this.jobs.jobOf(session))) };
   }
 
+  /**
+   * Once per session, a warning when the client and this daemon do not share an MPS server (one is an MPS client, the
+   * other not: docs/protocol.md, "Jobs"), so their GPU work time-slices instead of running side by side. Nothing
+   * when either cannot tell (a client that said nothing of MPS, a daemon without a GPU).
+   */
+  private warnIfMpsNotShared(session: Session, jobName: string): void {
+    if (this.mpsWarned.has(session.sid)) return;
+    const clientMps = session.job?.mps ?? null;
+    const daemonMps = daemonUsesMps(gpuInventory().devices.length > 0);
+    if (clientMps === null || daemonMps === null || sharesMps(clientMps, daemonMps) !== false) return;
+    this.mpsWarned.add(session.sid);
+    this.logger.warn(`pid ${session.pid} (job ${JSON.stringify(jobName)}) ${clientMps ? 'is' : 'is not'} an MPS client and this daemon ${daemonMps ? 'is' : 'is not'}: `
+      + 'their GPU work time-slices instead of running side by side (start nvidia-cuda-mps-control -d before both)',
+    { job: jobName, pid: session.pid, client_mps: clientMps, daemon_mps: daemonMps });
+  }
+
   /** The `job` op: the session's job set, changed or cleared, attached or not. */
   private jobOp(request: JobRequest, session: Session): object {
     if (session.version < 3) {
@@ -463,6 +488,7 @@ export class Daemon {
     const wasAttached = session.attached;
     session.setJob(request.job, request.attached);
     const job = this.jobs.join(session);
+    this.warnIfMpsNotShared(session, job.name);
     // At info only when the job or its attachment changed: a client repeating its job (a rank, devices) at every
     // step would otherwise write a line each time.
     const changed = before !== job.name || wasAttached !== request.attached;
@@ -571,6 +597,7 @@ export class Daemon {
     // A hello that names its job is a job attached from its start (TZIP_ATTACH=1, or a client given the job).
     session.setJob(jobInfo, jobInfo !== null);
     const job = this.jobs.join(session);
+    this.warnIfMpsNotShared(session, job.name);
     ctx.session = session;
     this.stats.sessionsOpened++;
     this.sessionLog(`session ${session.sid} opened by pid ${session.pid} (${session.name || 'unnamed'})`, { job: job.name });
@@ -624,7 +651,8 @@ export class Daemon {
       compress: { items: this.stats.compress.items, bytes_in: this.stats.compress.bytesIn, bytes_out: this.stats.compress.bytesOut },
       decompress: { items: this.stats.decompress.items, bytes_in: this.stats.decompress.bytesIn, bytes_out: this.stats.decompress.bytesOut },
       mapped: { files, bytes },
-      gpu: { devices: gpuInventory().devices.map((d) => d.uuid), requests: this.stats.gpuRequests, allocations: ipcAllocations.count },
+      gpu: { devices: gpuInventory().devices.map((d) => d.uuid), requests: this.stats.gpuRequests, allocations: ipcAllocations.count,
+        mps: daemonUsesMps(gpuInventory().devices.length > 0) },
     };
     if (request.sid !== undefined) {
       const s = this.sessions.peek(request.sid);
@@ -648,6 +676,7 @@ export class Daemon {
   }
 
   private onSessionEnd(session: Session, reason: EndReason): void {
+    this.mpsWarned.delete(session.sid);
     this.stats.countEnd(reason);
     const job = this.jobs.jobOf(session)?.name;
     this.jobs.leave(session);
