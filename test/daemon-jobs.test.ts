@@ -4,7 +4,7 @@
 // The GPU path's SM budget is checked against a stand-in for the addon's GPU functions, and, on a machine with a GPU,
 // against the real GPU codec of a `tzip serve` child process that opens this process's CUDA IPC handles.
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -22,7 +22,8 @@ import {
 } from '../src/native.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
 import { ensureBuilt } from './helpers/cli.js';
-import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
+import { DaemonConn } from './helpers/daemon-conn.js';
+import { bf16RoundTrip } from './helpers/shm-round-trip.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
 const tmp = useTempDir('daemon-jobs');
@@ -84,25 +85,6 @@ async function set(body: Record<string, unknown>): Promise<Record<string, any>> 
   }
 }
 
-/** Compresses `data` (bf16) of connection `c` into a frame and back, with `extra` fields on both requests. */
-async function roundTrip(c: DaemonConn, data: Buffer, tag: string, extra: Record<string, unknown> = {}) {
-  const n = data.length / 2;
-  const cap = maxCompressedSize(data.length, 1);
-  const inName = `${c.prefix}${tag}-in`;
-  const outName = `${c.prefix}${tag}-frame`;
-  const backName = `${c.prefix}${tag}-back`;
-  shmFile(inName, data.length, data);
-  const framePath = shmFile(outName, cap);
-  const backPath = shmFile(backName, data.length);
-  const tensor = (name: string) => ({ device: CPU, dtype: BF16, shape: [n], byte_offset: 0, data: { kind: 'shm', name, offset: 0, size: data.length } });
-  const r = await c.call('compress', { tensors: [{ tensor: tensor(inName), out: { kind: 'shm', name: outName, offset: 0, size: cap } }], codec: 'auto', ...extra });
-  expect(r.ok, JSON.stringify(r)).toBe(true);
-  const frame = readFileSync(framePath).subarray(0, r.frames[0].bytes);
-  const d = await c.call('decompress', { frames: [{ frame: { kind: 'shm', name: outName, offset: 0, size: r.frames[0].bytes }, out: tensor(backName) }], ...extra });
-  expect(d.ok, JSON.stringify(d)).toBe(true);
-  return { compress: r, decompress: d, frame, back: readFileSync(backPath) };
-}
-
 describe('jobs (protocol version 3)', () => {
   it('lists the job hello names, with every rank, and counts each stream of real round trips', async () => {
     const info = { name: 'train-a', user: 'alice', world_size: 2, devices: ['cpu'], mps: null };
@@ -120,15 +102,15 @@ describe('jobs (protocol version 3)', () => {
       expect(j.totals.bytes_in).toBe(0);
 
       const grads = bf16Weights(50_000, 3);
-      const a = await roundTrip(r0, grads, 'g', { stream: 'gradients' });
+      const a = await bf16RoundTrip(r0, grads, 'g', { stream: 'gradients' });
       expect(a.back.equals(grads)).toBe(true);
       expect(a.compress.settings).toEqual({ codec: null, sm_budget: null });
       expect(a.decompress.settings).toEqual({ codec: null, sm_budget: null });
       const state = bf16Weights(20_000, 4);
-      const b = await roundTrip(r1, state, 'o', { stream: 'optimizer' });
+      const b = await bf16RoundTrip(r1, state, 'o', { stream: 'optimizer' });
       expect(b.back.equals(state)).toBe(true);
       const plain = bf16Weights(1000, 5);
-      await roundTrip(r1, plain, 'x'); // no stream: counted as "other"
+      await bf16RoundTrip(r1, plain, 'x'); // no stream: counted as "other"
 
       j = await jobNamed('train-a');
       const g = j.streams.gradients;
@@ -169,36 +151,36 @@ describe('jobs (protocol version 3)', () => {
     const other = await v3('bystander', { name: 'train-c' });
     try {
       const data = bf16Weights(40_000, 7);
-      const before = await roundTrip(c, data, 'b0');
+      const before = await bf16RoundTrip(c, data, 'b0');
       expect(['fast', 'max']).toContain(before.compress.frames[0].codec);
 
       const s = await set({ job: 'train-b', codec: 'off' });
       expect(s).toMatchObject({ ok: true, job: 'train-b', settings: { codec: 'off', sm_budget: null }, overrides: { codec: 'off', sm_budget: null } });
-      const off = await roundTrip(c, data, 'b1');
+      const off = await bf16RoundTrip(c, data, 'b1');
       expect(off.compress.frames[0].codec).toBe('raw');
       expect(readHeader(off.frame).codec).toBe('raw');
       expect(off.back.equals(data)).toBe(true);
       expect(off.compress.settings).toEqual({ codec: 'off', sm_budget: null });
       // the heartbeat tells the client too; the other job is untouched
       expect((await c.call('heartbeat')).settings).toEqual({ codec: 'off', sm_budget: null });
-      const untouched = await roundTrip(other, data, 'c0');
+      const untouched = await bf16RoundTrip(other, data, 'c0');
       expect(['fast', 'max']).toContain(untouched.compress.frames[0].codec);
 
       // the daemon's codec: for every job without one of its own
       const d = await set({ codec: 'max', sm_budget: 20 });
       expect(d).toMatchObject({ ok: true, job: null, settings: { codec: 'max', sm_budget: 20 } });
-      const viaDaemon = await roundTrip(other, data, 'c1');
+      const viaDaemon = await bf16RoundTrip(other, data, 'c1');
       expect(viaDaemon.compress.frames[0].codec).toBe('max');
       expect(viaDaemon.compress.settings).toEqual({ codec: 'max', sm_budget: 20 });
       expect(viaDaemon.back.equals(data)).toBe(true);
-      expect((await roundTrip(c, data, 'b2')).compress.frames[0].codec).toBe('raw');
+      expect((await bf16RoundTrip(c, data, 'b2')).compress.frames[0].codec).toBe('raw');
       expect((await jobNamed('train-b')).settings).toEqual({ codec: 'off', sm_budget: 20 });
 
       // cleared: the job follows the daemon again, then the request's own codec
       expect((await set({ job: 'train-b', codec: null })).settings).toEqual({ codec: 'max', sm_budget: 20 });
-      expect((await roundTrip(c, data, 'b3')).compress.frames[0].codec).toBe('max');
+      expect((await bf16RoundTrip(c, data, 'b3')).compress.frames[0].codec).toBe('max');
       expect((await set({ codec: null, sm_budget: null })).settings).toEqual({ codec: null, sm_budget: null });
-      const back = await roundTrip(c, data, 'b4');
+      const back = await bf16RoundTrip(c, data, 'b4');
       expect(back.compress.frames[0].codec).toBe(before.compress.frames[0].codec);
       expect(back.frame.equals(before.frame)).toBe(true);
 
@@ -242,7 +224,7 @@ describe('jobs (protocol version 3)', () => {
 
   it('a job outlives its sessions as "ended", with its counters and settings', async () => {
     const c = await v3('short', { name: 'train-e' });
-    await roundTrip(c, bf16Weights(2000, 9), 'e');
+    await bf16RoundTrip(c, bf16Weights(2000, 9), 'e');
     await set({ job: 'train-e', sm_budget: 4 });
     await c.call('release', { end: true });
     c.close();
@@ -268,7 +250,7 @@ describe('jobs (protocol version 3)', () => {
       expect(h.daemon.protocol_versions).toEqual([1, 2, 3]);
       expect(h.settings).toBeUndefined();
       const data = bf16Weights(3000, 11);
-      const rt = await roundTrip(c, data, 'v1');
+      const rt = await bf16RoundTrip(c, data, 'v1');
       expect(rt.back.equals(data)).toBe(true);
       expect(rt.compress.settings).toBeUndefined();
       expect((await c.call('heartbeat')).settings).toBeUndefined();
@@ -300,7 +282,7 @@ describe('jobs (protocol version 3)', () => {
     const c = await v3('observed', { name: 'train-f' });
     try {
       const data = bf16Weights(5000, 13);
-      const rt = await roundTrip(c, data, 'f', { stream: 'sendrecv' });
+      const rt = await bf16RoundTrip(c, data, 'f', { stream: 'sendrecv' });
       await c.raw(Buffer.from('not msgpack'));
       await jobs();
       const hello = events.find((e) => e.op === 'hello');

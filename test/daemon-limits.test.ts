@@ -3,7 +3,6 @@
 // and the `tzip serve` flag; the daemon goes on serving it and other sessions; round trips stay bit-exact. The
 // bookkeeping under the limits (mappings kept for requests in flight, bytes reserved, CUDA IPC allocations in use) is
 // checked on the classes directly, where a request can be held in flight without timing.
-import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { useGpuApiForTests, type GpuApi } from '../src/daemon/gpu.js';
@@ -15,6 +14,7 @@ import { Session } from '../src/daemon/session.js';
 import { FileOwners, ShmMappings } from '../src/daemon/shm-map.js';
 import { compress, maxCompressedSize } from '../src/native.js';
 import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
+import { bf16RoundTrip } from './helpers/shm-round-trip.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
@@ -31,22 +31,11 @@ const tensor = (name: string, elements: number, offset = 0) =>
   ({ device: CPU, dtype: BF16, shape: [elements], byte_offset: 0, data: { kind: 'shm', name, offset, size: elements * 2 } });
 const region = (name: string, offset: number, size: number) => ({ kind: 'shm', name, offset, size });
 
-/** Compresses `data` (bf16) from file `inName` into file `outName` and back into a third file: the bytes back. */
+/** Compresses `data` (bf16) of `c` and back: the bytes back (the frame's file kept its capacity). */
 async function roundTrip(c: DaemonConn, data: Buffer, tag: string): Promise<Buffer> {
-  const n = data.length / 2;
-  const cap = maxCompressedSize(data.length, 1);
-  const inName = `${c.prefix}${tag}-in`;
-  const outName = `${c.prefix}${tag}-frame`;
-  const backName = `${c.prefix}${tag}-back`;
-  shmFile(inName, data.length, data);
-  const framePath = shmFile(outName, cap);
-  const backPath = shmFile(backName, data.length);
-  const r = await c.call('compress', { tensors: [{ tensor: tensor(inName, n), out: region(outName, 0, cap) }], codec: 'auto' });
-  expect(r.ok, JSON.stringify(r)).toBe(true);
-  const d = await c.call('decompress', { frames: [{ frame: region(outName, 0, r.frames[0].bytes), out: tensor(backName, n) }] });
-  expect(d.ok, JSON.stringify(d)).toBe(true);
-  expect(readFileSync(framePath).length).toBe(cap);
-  return readFileSync(backPath);
+  const rt = await bf16RoundTrip(c, data, tag);
+  expect(rt.frameFileBytes).toBe(maxCompressedSize(data.length, 1));
+  return rt.back;
 }
 
 beforeAll(async () => {
