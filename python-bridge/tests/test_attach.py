@@ -32,6 +32,7 @@ from tzip.optim import OffloadedTensor
 
 from dist_support import Pools, bits
 from test_client_support import DaemonProcess, daemon_jobs, daemon_set, wait_for
+from test_client_support import shared_daemon as daemon  # noqa: F401  (one daemon for the module)
 
 HERE = Path(__file__).resolve().parent
 CUDA = torch.cuda.is_available()
@@ -40,13 +41,6 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.i
 STEPS = 4
 JOB = f"attach-test-{os.getpid()}"
 
-
-@pytest.fixture(scope="module")
-def daemon():
-    with tempfile.TemporaryDirectory(prefix="tzip-attach-") as d:
-        dp = DaemonProcess(os.path.join(d, "s", "tzip.sock")).start()
-        yield dp
-        dp.stop()
 
 
 @pytest.fixture(scope="module")
