@@ -255,11 +255,14 @@ def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] 
     # the stale path just before the new daemon replaces it.
     stale = _inode(socket_path)
     sock_dir = os.path.dirname(socket_path)
-    os.makedirs(os.path.dirname(sock_dir), exist_ok=True)
     try:
-        os.mkdir(sock_dir, 0o700)
-    except FileExistsError:
-        pass
+        os.makedirs(os.path.dirname(sock_dir), exist_ok=True)
+        try:
+            os.mkdir(sock_dir, 0o700)
+        except FileExistsError:
+            pass
+    except OSError as e:  # a failed start like the others: the client falls back to raw frames (strict: raises)
+        raise DaemonSpawnError(f"cannot start the tzip daemon: cannot create the socket folder {sock_dir}: {e}") from e
     log_path = socket_path + ".log"
     cli = find_cli()
     global last_spawn_cli

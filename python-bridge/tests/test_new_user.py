@@ -1,0 +1,52 @@
+"""What a new user runs into with the README and docs/install.md in hand, kept as tests once found.
+
+A socket whose folder cannot be created (a typo that puts it under a regular file; a path like the docs'
+``/run/user/1000/tzip/tzip.sock`` on a machine where the user may not create ``/run/user/1000``) is a daemon that
+cannot be started: like every other failed start (no CLI, the daemon exits at once) the client stores tensors
+uncompressed and warns once, and ``strict=True`` raises DaemonUnavailableError (README, "From PyTorch"). It used to
+raise the OSError of ``mkdir`` (FileExistsError, NotADirectoryError, PermissionError) out of ``tzip.connect()`` and
+out of every integration that uses the default client (``tzip.save`` included).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import tzip
+from tzip.client import DaemonUnavailableError
+
+
+@pytest.fixture
+def socket_under_a_file(tmp_path, monkeypatch):
+    """A socket path whose folder's parent is a regular file, and no CLI to start a daemon with (so that nothing is
+    started even if the folder could be made)."""
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
+    monkeypatch.setenv("TZIP_CLI", str(tmp_path / "no-cli.js"))
+    return str(tmp_path / "notes.txt" / "tzip" / "tzip.sock")
+
+
+def test_connect_to_a_socket_whose_folder_cannot_be_made_falls_back_to_raw_and_warns_once(socket_under_a_file):
+    t = torch.randn(3000, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c = tzip.connect(socket_under_a_file)
+        cts = c.compress([t, t[:100]])
+        c.compress(t)
+    try:
+        ours = [w for w in caught if "tzip" in str(w.message)]
+        assert len(ours) == 1, [str(w.message) for w in caught]
+        assert "notes.txt" in str(ours[0].message)  # says which folder could not be made
+        assert [ct.codec for ct in cts] == ["raw", "raw"]
+        back = c.decompress(cts)  # raw frames decode without a daemon
+        assert back[0].view(torch.int16).numpy().tobytes() == t.view(torch.int16).numpy().tobytes()
+        assert back[1].view(torch.int16).numpy().tobytes() == t[:100].view(torch.int16).numpy().tobytes()
+    finally:
+        c.close()
+
+
+def test_strict_connect_to_a_socket_whose_folder_cannot_be_made_raises_daemon_unavailable(socket_under_a_file):
+    with pytest.raises(DaemonUnavailableError, match="notes.txt"):
+        tzip.connect(socket_under_a_file, strict=True)
