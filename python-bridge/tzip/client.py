@@ -605,7 +605,7 @@ class Client:
                 if self.spawn:
                     spawn_daemon(self.socket_path)
                 elif not self._tcp and not daemon_running(self.socket_path):
-                    raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path} (start one with `npx tzip serve` in the tzip folder, or connect with spawn=True)")
+                    raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path} (start one with `tzip serve`, or connect with spawn=True)")
                 self._hello()
             except DaemonUnavailableError as e:
                 self._last_error = e

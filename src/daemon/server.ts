@@ -573,7 +573,8 @@ export class Daemon {
         errors,
         bytes_in: original,
         bytes_out: coded,
-        ratio: coded > 0 ? original / coded : null,
+        // Compressed over original, as tzip writes ratios everywhere (the CLI, CompressedTensor.ratio): lower is better.
+        ratio: original > 0 ? coded / original : null,
         seconds,
         gbps: seconds > 0 ? original / seconds / 1e9 : null,
       },
