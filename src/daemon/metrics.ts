@@ -25,7 +25,7 @@ import type { DaemonStats } from './stats.js';
 /** What the metrics read from the daemon at scrape time (the `Daemon` satisfies it). */
 export interface MetricsSource {
   readonly stats: DaemonStats;
-  readonly sessions: { readonly size: number; all(): Iterable<{ mappings: { count: number; bytes: number } }> };
+  readonly sessions: { readonly size: number; mapped(): { files: number; bytes: number } };
   readonly jobs: Pick<JobRegistry, 'all' | 'effective' | 'daemonSettings'>;
 }
 
@@ -132,19 +132,13 @@ export class DaemonMetrics {
     new Gauge({
       name: 'tzip_mapped_bytes', help: 'Bytes of client shared memory mapped by the daemon', registers,
       collect() {
-        if (metrics.source === undefined) return;
-        let bytes = 0;
-        for (const s of metrics.source.sessions.all()) bytes += s.mappings.bytes;
-        this.set(bytes);
+        if (metrics.source !== undefined) this.set(metrics.source.sessions.mapped().bytes);
       },
     });
     new Gauge({
       name: 'tzip_mapped_files', help: 'Client shared-memory files mapped by the daemon', registers,
       collect() {
-        if (metrics.source === undefined) return;
-        let files = 0;
-        for (const s of metrics.source.sessions.all()) files += s.mappings.count;
-        this.set(files);
+        if (metrics.source !== undefined) this.set(metrics.source.sessions.mapped().files);
       },
     });
     new Gauge({

@@ -103,8 +103,6 @@ function packageVersion(): string {
 export class Daemon {
   readonly stats = new DaemonStats();
   readonly sessions: SessionTable;
-  /** Sessions already warned that they do not share an MPS server with the daemon (once each). */
-  private readonly mpsWarned = new Set<string>();
   /** The jobs of its sessions, their settings and counters, and the daemon's settings (jobs.ts). */
   readonly jobs = new JobRegistry();
   /** Original (tensor) bytes of the compress and decompress requests of the last 10 s (`jobs` op's `daemon.rates`). */
@@ -183,10 +181,11 @@ export class Daemon {
       : `no GPU served: ${gpus.reason}`);
     if (gpus.devices.length > 0) {
       const dir = mpsPipeDirectory();
-      logger.info(daemonUsesMps(true)
+      const mps = daemonUsesMps(true);
+      logger.info(mps
         ? `MPS: this daemon is an MPS client (the control pipe is in ${dir}): its kernels run beside the other MPS clients' under their SM budgets`
         : `MPS: no MPS control daemon in ${dir}: the codec's kernels time-slice with other processes' GPU work (start nvidia-cuda-mps-control -d before the daemon and the jobs to share the GPU)`,
-      { mps: daemonUsesMps(true), mps_pipe_directory: dir });
+      { mps, mps_pipe_directory: dir });
     }
     daemon.startTimers();
     void daemon.receiveLoop(daemon.router, '');
@@ -469,11 +468,11 @@ export class Daemon {
    * when either cannot tell (a client that said nothing of MPS, a daemon without a GPU).
    */
   private warnIfMpsNotShared(session: Session, jobName: string): void {
-    if (this.mpsWarned.has(session.sid)) return;
+    if (session.mpsWarned) return;
     const clientMps = session.job?.mps ?? null;
     const daemonMps = daemonUsesMps(gpuInventory().devices.length > 0);
     if (clientMps === null || daemonMps === null || sharesMps(clientMps, daemonMps) !== false) return;
-    this.mpsWarned.add(session.sid);
+    session.mpsWarned = true;
     this.logger.warn(`pid ${session.pid} (job ${JSON.stringify(jobName)}) ${clientMps ? 'is' : 'is not'} an MPS client and this daemon ${daemonMps ? 'is' : 'is not'}: `
       + 'their GPU work time-slices instead of running side by side (start nvidia-cuda-mps-control -d before both)',
     { job: jobName, pid: session.pid, client_mps: clientMps, daemon_mps: daemonMps });
@@ -632,12 +631,6 @@ export class Daemon {
   }
 
   private statsReply(request: StatsRequest): object {
-    let files = 0;
-    let bytes = 0;
-    for (const s of this.sessions.all()) {
-      files += s.mappings.count;
-      bytes += s.mappings.bytes;
-    }
     const reply: Record<string, unknown> = {
       pid: process.pid,
       version: this.version,
@@ -651,7 +644,7 @@ export class Daemon {
       errors: { ...this.stats.errors },
       compress: { items: this.stats.compress.items, bytes_in: this.stats.compress.bytesIn, bytes_out: this.stats.compress.bytesOut },
       decompress: { items: this.stats.decompress.items, bytes_in: this.stats.decompress.bytesIn, bytes_out: this.stats.decompress.bytesOut },
-      mapped: { files, bytes },
+      mapped: this.sessions.mapped(),
       gpu: { devices: gpuInventory().devices.map((d) => d.uuid), requests: this.stats.gpuRequests, allocations: ipcAllocations.count,
         mps: daemonUsesMps(gpuInventory().devices.length > 0) },
     };
@@ -677,7 +670,6 @@ export class Daemon {
   }
 
   private onSessionEnd(session: Session, reason: EndReason): void {
-    this.mpsWarned.delete(session.sid);
     this.stats.countEnd(reason);
     const job = this.jobs.jobOf(session)?.name;
     this.jobs.leave(session);

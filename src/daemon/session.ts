@@ -38,6 +38,8 @@ export class Session {
   attached = false;
   /** When the session became attached (ms since the epoch), or null while it is not. */
   attachedAt: number | null = null;
+  /** Whether the daemon has warned that this session's client does not share its MPS server (once per session). */
+  mpsWarned = false;
   readonly routingIds = new Set<string>();
   readonly mappings: ShmMappings;
   /** The CUDA IPC allocations and events opened for this session (made on its first GPU request). */
@@ -140,6 +142,17 @@ export class SessionTable {
   /** Live sessions. */
   all(): IterableIterator<Session> {
     return this.bySid.values();
+  }
+
+  /** Shared-memory files and bytes mapped for the live sessions, in all (`stats`, the metrics' gauges). */
+  mapped(): { files: number; bytes: number } {
+    let files = 0;
+    let bytes = 0;
+    for (const s of this.bySid.values()) {
+      files += s.mappings.count;
+      bytes += s.mappings.bytes;
+    }
+    return { files, bytes };
   }
 
   /**
