@@ -164,6 +164,8 @@ def _with_sm_budget(sm_budget: int | None, fn, *args):
         return fn(*args)
     finally:
         _sm_budget.reset(token)
+
+
 #: Seconds between reconnection attempts while the daemon is away.
 RETRY_INTERVAL_S = 1.0
 #: Decompressed tensors of at least this many bytes get their own shared-memory segment (no copy).
