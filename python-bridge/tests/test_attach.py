@@ -560,3 +560,28 @@ def test_a_job_name_with_control_characters_is_sent_printable(daemon):
         assert "night\ufffdrun\ufffd[2J" in names, names
     finally:
         c.close()
+
+
+def run_attached(pool, **attach_kw):
+    """The job: one plain step, attach (with ``attach_kw``), two steps, detach, one step; (losses, parameters,
+    optimizer state) per rank."""
+    pool.run(w_start)
+    pool.run(w_steps, n=1)
+    pool.run(w_attach, **attach_kw)
+    pool.run(w_steps, n=2)
+    pool.run(w_detach)
+    pool.run(w_steps, n=1)
+    return pool.run(w_end)
+
+
+def test_attached_compressed_equals_attached_with_codec_raw(pools, reference, daemon):
+    """Lossless means: the job attached with compression equals the same job attached with codec="raw" (the same
+    hook, offload and checkpoint path, frames stored uncompressed) bit for bit, and both equal the run that never
+    attached (two ranks: the order of a sum cannot matter)."""
+    pool = pools(2)
+    compressed = run_attached(pool, codec="auto")
+    raw = run_attached(pool, codec="raw")
+    for rank, (c, r) in enumerate(zip(compressed, raw)):
+        assert c == r, rank  # losses' float bits, parameters' and optimizer state's sha256
+    assert_matches(compressed, reference)
+    assert_matches(raw, reference)
