@@ -66,8 +66,11 @@ export interface DaemonLimits {
   inlineMaxItems: number;
 }
 
-/** Protocol versions this daemon speaks, newest last (2: compress/decompress may carry a handle table; 3: jobs, streams, settings: docs/protocol.md). */
-export const PROTOCOL_VERSIONS: readonly number[] = [1, 2, 3];
+/**
+ * Protocol versions this daemon speaks, newest last (2: compress/decompress may carry a handle table; 3: jobs, streams,
+ * settings: docs/protocol.md; 4: the submission ring, docs/ring.md).
+ */
+export const PROTOCOL_VERSIONS: readonly number[] = [1, 2, 3, 4];
 
 /** Default limits. */
 export function defaultLimits(): DaemonLimits {

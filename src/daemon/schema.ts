@@ -341,6 +341,71 @@ export const SetRequest = z.strictObject({
   sm_budget: SmBudget.nullable().optional(),
 });
 
+/**
+ * Protocol version 4 (docs/ring.md): the submission ring's control plane. `entries` of a ring: a power of two in
+ * [{@link RING_ENTRIES_MIN}, {@link RING_ENTRIES_MAX}].
+ */
+export const RING_ENTRIES_MIN = 8;
+export const RING_ENTRIES_MAX = 4096;
+const RingEntries = z.number().int().min(RING_ENTRIES_MIN).max(RING_ENTRIES_MAX)
+  .refine((n) => (n & (n - 1)) === 0, 'entries is a power of two');
+/** A ring's id, as ring_open gave it. */
+const RingId = z.number().int().min(0).max(2 ** 31 - 1);
+/** A GPU as rings name it: DLPack's kDLCUDA and the daemon's device ordinal (hello's `daemon.gpus[].index`). */
+export const RingDevice = z.strictObject({ type: z.literal(2), id: z.number().int().min(0).max(65535) });
+
+/** Protocol version 4: opens a ring on the session's ring file /dev/shm/`name` (docs/ring.md, "The ring file"). */
+export const RingOpenRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('ring_open'),
+  sid: SessionId,
+  /** The ring file: a name of the session's (its shm_prefix), `ring_bytes(entries)` long. */
+  name: ShmName,
+  entries: RingEntries,
+  /** The GPU whose batches the ring serves (on a stream of its own); absent: CPU batches only. */
+  device: RingDevice.optional(),
+  /** 16 bytes of a CUDA allocation on `device`: the ring's `produced` (offset 0) and `done` (offset 8) words. */
+  flag: z.strictObject({ handle: ShareableHandle, offset: uint }).optional(),
+  /** SMs of the GPU kernels of SQEs that give 0 (0: all SMs). */
+  sm_budget: SmBudget.optional(),
+});
+
+/** A region as ring_register names it: a shared-memory file of the session (whole), or bytes of a CUDA allocation. */
+export const RingRegion = z.discriminatedUnion('kind', [
+  z.strictObject({ kind: z.literal('shm'), name: ShmName }),
+  z.strictObject({
+    kind: z.literal('cuda'),
+    device: RingDevice,
+    /** PyTorch's shareable handle of the allocation, as in GPU requests. */
+    handle: ShareableHandle,
+    /** Where the region starts in the allocation, bytes. */
+    offset: uint,
+    bytes: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
+  }),
+]);
+export type RingRegion = z.infer<typeof RingRegion>;
+
+/** Regions of one ring_register / ring_release at most. */
+export const MAX_RING_REGIONS_PER_REQUEST = 4096;
+
+export const RingRegisterRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('ring_register'),
+  sid: SessionId,
+  ring: RingId,
+  regions: z.array(RingRegion).min(1).max(MAX_RING_REGIONS_PER_REQUEST),
+});
+
+export const RingReleaseRequest = z.strictObject({
+  id: RequestId,
+  op: z.literal('ring_release'),
+  sid: SessionId,
+  ring: RingId,
+  regions: z.array(z.number().int().min(0).max(2 ** 32 - 1)).min(1).max(MAX_RING_REGIONS_PER_REQUEST),
+});
+
+export const RingCloseRequest = z.strictObject({ id: RequestId, op: z.literal('ring_close'), sid: SessionId, ring: RingId });
+
 /** The request schemas by op. */
 export const REQUESTS = {
   hello: HelloRequest,
@@ -353,6 +418,10 @@ export const REQUESTS = {
   job: JobRequest,
   jobs: JobsRequest,
   set: SetRequest,
+  ring_open: RingOpenRequest,
+  ring_register: RingRegisterRequest,
+  ring_release: RingReleaseRequest,
+  ring_close: RingCloseRequest,
 } as const;
 
 export type Op = keyof typeof REQUESTS;
@@ -368,9 +437,13 @@ export type ShutdownRequest = z.infer<typeof ShutdownRequest>;
 export type JobRequest = z.infer<typeof JobRequest>;
 export type JobsRequest = z.infer<typeof JobsRequest>;
 export type SetRequest = z.infer<typeof SetRequest>;
+export type RingOpenRequest = z.infer<typeof RingOpenRequest>;
+export type RingRegisterRequest = z.infer<typeof RingRegisterRequest>;
+export type RingReleaseRequest = z.infer<typeof RingReleaseRequest>;
+export type RingCloseRequest = z.infer<typeof RingCloseRequest>;
 export type Request =
   | HelloRequest | HeartbeatRequest | CompressRequest | DecompressRequest | ReleaseRequest | StatsRequest | ShutdownRequest
-  | JobRequest | JobsRequest | SetRequest;
+  | JobRequest | JobsRequest | SetRequest | RingOpenRequest | RingRegisterRequest | RingReleaseRequest | RingCloseRequest;
 
 /** The envelope read first, to echo the id and pick the schema even when the rest is bad. */
 export const Envelope = z.looseObject({ id: z.unknown().optional(), op: z.unknown().optional() });

@@ -28,8 +28,9 @@ import { parseRequest } from './parse-request.js';
 import { loadCurveKeys, ZAP_DOMAIN, ZapHandler, type CurveKeys } from './curve.js';
 import { endpointOf, ensurePrivateDir } from './paths.js';
 import { RateWindow } from './rates.js';
+import { ringCapability, ringOpener, streamOfTag, type RingCompletionStats, type RingEvents } from './ring-ops.js';
 import { ReplyError, toWireError } from './reply-error.js';
-import { STREAMS, type HelloRequest, type JobRequest, type Request, type SetRequest, type StatsRequest } from './schema.js';
+import { STREAMS, type HelloRequest, type JobRequest, type Request, type RingOpenRequest, type SetRequest, type StatsRequest } from './schema.js';
 import { Session, SessionTable, type EndReason } from './session.js';
 import { scheduleOrphanCleanup } from './shm-cleanup.js';
 import { DaemonStats } from './stats.js';
@@ -411,7 +412,18 @@ export class Daemon {
     if (this.stopping) throw new ReplyError('TZIP_BUSY', 'the daemon is shutting down');
     const session = this.sessions.lookup(request.sid, routingKey);
     ctx.session = session;
+    if (request.op === 'heartbeat' || request.op === 'job' || request.op === 'ring_open' || request.op === 'ring_register') {
+      // A ring of the session broke since its last such request: this one says so, once (docs/ring.md). Requests that
+      // free memory (release, ring_release, ring_close) and the ZeroMQ data path are served as usual.
+      const broken = session.rings.takeBrokenReport();
+      if (broken !== undefined) throw broken;
+    }
     switch (request.op) {
+      case 'ring_open':
+      case 'ring_register':
+      case 'ring_release':
+      case 'ring_close':
+        return this.ringOp(request, session);
       case 'heartbeat':
         return { lease_ms: this.limits.leaseMs, ...this.settingsOf(session) };
       case 'job':
@@ -453,6 +465,77 @@ export class Daemon {
     } finally {
       session.inflight--;
       session.touch();
+    }
+  }
+
+  /** The ring ops (protocol version 4, ring-ops.ts). */
+  private async ringOp(request: Extract<Request, { op: 'ring_open' | 'ring_register' | 'ring_release' | 'ring_close' }>, session: Session): Promise<object> {
+    if (session.version < 4) {
+      throw new ReplyError('TZIP_PROTOCOL', `the "${request.op}" op is protocol version 4; this session said hello with version ${session.version}`);
+    }
+    const opener = ringOpener();
+    if (opener === null) throw new ReplyError('TZIP_UNSUPPORTED', 'this build of the tzip daemon has no submission ring in its native addon (hello offered no "ring"): use compress/decompress requests');
+    session.touch();
+    switch (request.op) {
+      case 'ring_open':
+        return this.ringOpen(request, session, opener);
+      case 'ring_register':
+        return session.rings.register(request);
+      case 'ring_release':
+        return session.rings.release(request);
+      case 'ring_close':
+        return session.rings.close(request);
+    }
+  }
+
+  private ringOpen(request: RingOpenRequest, session: Session, opener: NonNullable<ReturnType<typeof ringOpener>>): object {
+    // The SQEs' default SM budget: the job's, else ring_open's, else the daemon's, else the addon's (as for requests).
+    const smBudget = this.jobs.apply(session, request.sm_budget).smBudget ?? ADDON_SM_BUDGET;
+    const opened = session.rings.open(request, smBudget, this.ringEvents, opener);
+    this.sessionLog(`session ${session.sid} of pid ${session.pid}: ring ${opened.ring} opened on /dev/shm/${request.name.replace(/^\//, '')} (${request.entries} entries${request.device !== undefined ? `, GPU ${request.device.id}` : ', CPU'})`);
+    return opened;
+  }
+
+  /** What the sessions' rings report: completions counted as requests are, broken rings logged. */
+  private readonly ringEvents: RingEvents = {
+    onStats: (session, batch) => this.countRingCompletions(session, batch),
+    onBroken: (session, ring, why) => {
+      this.logger.warn(`session ${session.sid} of pid ${session.pid}: ring ${ring} broken (${why}); its ZeroMQ requests and the other sessions are served as before`,
+        { ring, pid: session.pid, why });
+    },
+  };
+
+  /**
+   * A batch of a ring's completions, counted as ZeroMQ requests are (observe): into the session's job per stream and
+   * direction, the daemon's totals and rates, and one observer event per entry.
+   */
+  private countRingCompletions(session: Session, batch: readonly RingCompletionStats[]): void {
+    session.touch();
+    const counters = this.sessions.ringCounters;
+    for (const s of batch) {
+      const op = s.op === 'decompress' ? 'decompress' : 'compress';
+      const stream = streamOfTag(s.stream);
+      const items = Math.max(0, s.items);
+      const errors = Math.max(0, s.errors);
+      counters.sqes += items + errors;
+      counters.sqeErrors += errors;
+      for (let i = 0; i < errors; i++) this.jobs.record(session, op, stream, { seconds: 0, items: 0, bytesIn: 0, bytesOut: 0, error: 'ring' });
+      if (items === 0) continue;
+      this.jobs.record(session, op, stream, { seconds: s.seconds, items, bytesIn: s.inBytes, bytesOut: s.outBytes, error: null });
+      this.stats.addCodec(op, items, s.inBytes, s.outBytes);
+      if (s.gpu) this.stats.gpuRequests++;
+      if (op === 'compress') this.rates.compress.add(s.inBytes);
+      else this.rates.decompress.add(s.outBytes);
+      if (this.observer === undefined) continue;
+      const event: RequestEvent = {
+        op, job: this.jobs.jobOf(session)?.name ?? JobRegistry.jobNameOf(session), stream, device: s.gpu ? 'gpu' : 'cpu',
+        seconds: s.seconds, items, bytesIn: s.inBytes, bytesOut: s.outBytes, error: null,
+      };
+      try {
+        this.observer(event);
+      } catch (err) {
+        this.logger.error(`the request observer failed: ${err instanceof Error ? err.message : String(err)}`, { op });
+      }
     }
   }
 
@@ -593,6 +676,7 @@ export class Daemon {
       throw new ReplyError('TZIP_PROTOCOL', `"job" in hello is protocol version 3; the versions in common are ${common.join(', ')}`);
     }
     const gpus = gpuInventory();
+    const ring = ringCapability(this.limits);
     const session = this.sessions.open(request.pid, request.shm_prefix, request.name ?? '', version, routingKey);
     // A hello that names its job is a job attached from its start (TZIP_ATTACH=1, or a client given the job).
     session.setJob(jobInfo, jobInfo !== null);
@@ -603,6 +687,7 @@ export class Daemon {
     this.sessionLog(`session ${session.sid} opened by pid ${session.pid} (${session.name || 'unnamed'})`, { job: job.name });
     return {
       ...(version >= 3 ? { job: job.name, ...this.settingsOf(session) } : {}),
+      ...(version >= 4 && ring !== undefined ? { ring } : {}),
       version,
       sid: session.sid,
       lease_ms: this.limits.leaseMs,
@@ -645,6 +730,7 @@ export class Daemon {
       compress: { items: this.stats.compress.items, bytes_in: this.stats.compress.bytesIn, bytes_out: this.stats.compress.bytesOut },
       decompress: { items: this.stats.decompress.items, bytes_in: this.stats.decompress.bytesIn, bytes_out: this.stats.decompress.bytesOut },
       mapped: this.sessions.mapped(),
+      rings: this.ringStats(),
       gpu: { devices: gpuInventory().devices.map((d) => d.uuid), requests: this.stats.gpuRequests, allocations: ipcAllocations.count,
         mps: daemonUsesMps(gpuInventory().devices.length > 0) },
     };
@@ -660,13 +746,20 @@ export class Daemon {
           inflight: s.inflight,
           inflight_bytes: s.inflightBytes,
           sockets: s.routingIds.size,
-          mapped: { files: s.mappings.count, bytes: s.mappings.bytes },
+          mapped: { files: s.mappings.count + s.rings.mappedFiles, bytes: s.mappings.bytes + s.rings.mappedBytes },
+          rings: { open: s.rings.count, regions: s.rings.regionCount },
           gpu: { allocations: s.gpuIfAny?.allocations ?? 0, events: s.gpuIfAny?.events ?? 0 },
           lease_left_ms: Math.max(0, this.limits.leaseMs - (Date.now() - s.lastSeen)),
         };
       }
     }
     return reply;
+  }
+
+  /** `stats`'s `rings`: the daemon's submission rings (docs/ring.md). */
+  private ringStats(): object {
+    const c = this.sessions.ringCounters;
+    return { available: ringOpener() !== null, open: c.open, opened: c.opened, broken: c.broken, regions: c.regions, sqes: c.sqes, sqe_errors: c.sqeErrors };
   }
 
   private onSessionEnd(session: Session, reason: EndReason): void {
@@ -692,6 +785,8 @@ export class Daemon {
     const sendDeadline = Date.now() + 1000;
     while ((this.sending || this.sendQueue.length > 0) && Date.now() < sendDeadline) await new Promise((r) => setTimeout(r, 5));
     this.sessions.endAll('shutdown');
+    // The rings' threads stop after their batch in flight; the client memory they hold is let go after.
+    await Promise.race([this.sessions.closing(), new Promise((r) => setTimeout(r, 10_000).unref())]);
     this.router.close();
     if (this.tcp !== undefined) {
       this.tcp.router.close();

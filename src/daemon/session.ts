@@ -6,7 +6,8 @@
  * on `release` with `end`, when its lease lapses (no request for `leaseMs`, requests in flight
  * excepted) or when the last of its sockets disconnects; its mappings are dropped then (CUDA IPC
  * allocations and events once its requests in flight are done: gpu-map.ts), and the
- * shared-memory files it made are removed if its process is gone (shm-cleanup.ts).
+ * shared-memory files it made are removed if its process is gone (shm-cleanup.ts). Its submission rings (protocol
+ * version 4, ring-ops.ts) are closed then too, their threads stopped and their regions let go.
  *
  * A session may name only its own memory: files whose name starts with its `shm_prefix`
  * (`tzip-<pid>-<hex>-`, unique among live sessions) or PyTorch's shared-memory files of its own
@@ -17,6 +18,7 @@ import { DEFAULT_GPU_CAPS, GpuSession } from './gpu-map.js';
 import { processStartTime } from './lock.js';
 import { limitError, type DaemonLimits } from './limits.js';
 import { ReplyError } from './reply-error.js';
+import { RingCounters, SessionRings } from './ring-ops.js';
 import type { JobInfo } from './schema.js';
 import { ShmMappings } from './shm-map.js';
 
@@ -41,7 +43,10 @@ export class Session {
   /** Whether the daemon has warned that this session's client does not share its MPS server (once per session). */
   mpsWarned = false;
   readonly routingIds = new Set<string>();
+  /** The shared-memory files mapped for its ZeroMQ requests (a cache: idle ones are dropped to make room). */
   readonly mappings: ShmMappings;
+  /** Its submission rings and the memory registered to them (protocol version 4). */
+  readonly rings: SessionRings;
   /** The CUDA IPC allocations and events opened for this session (made on its first GPU request). */
   private gpuState: GpuSession | undefined;
   /** Start time of the client's process when the daemon can see it (same pid namespace), else null. */
@@ -53,13 +58,24 @@ export class Session {
     readonly shmPrefix: string,
     readonly name: string,
     readonly version: number,
-    private readonly limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxMappingsPerSession' | 'maxRegionsPerSession' | 'maxIpcHandlesPerSession' | 'maxInflightBytesPerSession'>,
+    private readonly limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxMappingsPerSession' | 'maxRegionsPerSession' | 'maxIpcHandlesPerSession' | 'maxInflightBytesPerSession' | 'threads'>,
+    ringCounters: RingCounters = new RingCounters(),
   ) {
     this.torchPrefix = `torch_${pid}_`;
     // PyTorch's files of the process are every one of its sessions' (a process may have several clients).
     const torchOwner = `pid:${pid}`;
-    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxCached: limits.maxMappingsPerSession, maxRegions: limits.maxRegionsPerSession },
-      (name) => (name.startsWith(this.torchPrefix) ? torchOwner : this.sid));
+    const ownerOf = (name: string) => (name.startsWith(this.torchPrefix) ? torchOwner : this.sid);
+    const rings = (): SessionRings => this.rings;
+    // The files its rings hold count against maxRegionsPerSession too: the requests' mappings get what they leave
+    // (at least one, as a request always could map its newest file).
+    this.mappings = new ShmMappings({
+      maxBytes: limits.maxMappedBytesPerSession,
+      maxCached: limits.maxMappingsPerSession,
+      get maxRegions() {
+        return Math.max(1, limits.maxRegionsPerSession - rings().mappedFiles);
+      },
+    }, ownerOf);
+    this.rings = new SessionRings(this, ringCounters, limits, ownerOf);
     this.pidStart = processStartTime(pid);
   }
 
@@ -133,7 +149,17 @@ export class SessionTable {
   constructor(
     private readonly limits: DaemonLimits,
     private readonly onEnd: EndListener,
+    /** The daemon's counters of rings (stats). */
+    readonly ringCounters: RingCounters = new RingCounters(),
   ) {}
+
+  /** Rings being closed for sessions that ended (see {@link closing}). */
+  private readonly ringsClosing = new Set<Promise<void>>();
+
+  /** Resolves when the rings of every ended session are closed (their threads stopped). */
+  async closing(): Promise<void> {
+    while (this.ringsClosing.size > 0) await Promise.allSettled([...this.ringsClosing]);
+  }
 
   get size(): number {
     return this.bySid.size;
@@ -144,13 +170,13 @@ export class SessionTable {
     return this.bySid.values();
   }
 
-  /** Shared-memory files and bytes mapped for the live sessions, in all (`stats`, the metrics' gauges). */
+  /** Shared-memory files and bytes mapped for the live sessions (their requests' and their rings'), in all (`stats`, the metrics' gauges). */
   mapped(): { files: number; bytes: number } {
     let files = 0;
     let bytes = 0;
     for (const s of this.bySid.values()) {
-      files += s.mappings.count;
-      bytes += s.mappings.bytes;
+      files += s.mappings.count + s.rings.mappedFiles;
+      bytes += s.mappings.bytes + s.rings.mappedBytes;
     }
     return { files, bytes };
   }
@@ -171,7 +197,7 @@ export class SessionTable {
     if (this.bySid.size >= this.limits.maxSessions) {
       throw new ReplyError('TZIP_BUSY', `the daemon serves its maximum of ${this.limits.maxSessions} sessions`);
     }
-    const session = new Session(pid, shmPrefix, name, version, this.limits);
+    const session = new Session(pid, shmPrefix, name, version, this.limits, this.ringCounters);
     this.bySid.set(session.sid, session);
     this.byPrefix.set(shmPrefix, session);
     this.attach(session, routingId);
@@ -239,7 +265,10 @@ export class SessionTable {
     return ended;
   }
 
-  /** Ends `session`: drops its mappings and forgets it. Idempotent. */
+  /**
+   * Ends `session`: drops its mappings, starts closing its rings (their memory is let go once their threads have
+   * stopped: {@link closing}) and forgets it. Idempotent.
+   */
   end(session: Session, reason: EndReason): void {
     if (this.bySid.get(session.sid) !== session) return;
     this.bySid.delete(session.sid);
@@ -247,6 +276,14 @@ export class SessionTable {
     for (const r of session.routingIds) if (this.byRouting.get(r) === session) this.byRouting.delete(r);
     session.routingIds.clear();
     session.mappings.drop();
+    if (session.rings.count > 0) {
+      const closing = session.rings.closeAll();
+      this.ringsClosing.add(closing);
+      void closing.finally(() => this.ringsClosing.delete(closing));
+    } else {
+      session.rings.closeAll();
+    }
+    // The allocations its rings hold stay open (marked in use) until the rings are closed.
     session.gpuIfAny?.close();
     this.onEnd(session, reason);
   }
