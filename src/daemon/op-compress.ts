@@ -14,23 +14,13 @@ import { runsInline, type DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
 import { handleGpuCompress } from './op-gpu.js';
+import { countCompressed, type FrameResult } from './op-results.js';
 import { checkNotShrunk, checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { CompressRequest } from './schema.js';
 import type { AppliedSettings } from './jobs.js';
 import type { Session } from './session.js';
 import type { RequestTally } from './tally.js';
-
-/** One frame of the reply. */
-export interface FrameResult {
-  /** Length of the frame written at the start of the output region, bytes. */
-  bytes: number;
-  /** Codec the frame records ('auto' resolved). */
-  codec: string;
-  /** The frame's dtype and shape (docs/protocol.md, "Tensors and frames"). */
-  dtype: string;
-  shape: number[];
-}
 
 /**
  * Handles a validated compress request of `session` (GPU memory: op-gpu.ts) with the job's `settings`: their codec,
@@ -94,18 +84,4 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
     // The files of this request may be dropped to make room again (shm-map.ts).
     session.mappings.endRequest(epoch);
   }
-}
-
-/**
- * Adds a compress batch to the request's account and the daemon's counters: its tensors' bytes in, its frames' bytes
- * out. Shared by the CPU path and the GPU path (op-gpu.ts).
- */
-export function countCompressed(tally: RequestTally, plans: readonly { input: { layout: { nbytes: number } } }[], frames: readonly FrameResult[]): void {
-  let inBytes = 0;
-  let outBytes = 0;
-  for (let i = 0; i < plans.length; i++) {
-    inBytes += (plans[i] as (typeof plans)[number]).input.layout.nbytes;
-    outBytes += (frames[i] as FrameResult).bytes;
-  }
-  tally.coded('compress', plans.length, inBytes, outBytes);
 }

@@ -7,53 +7,17 @@
  * after it). The first failing frame (by index) is the error reply.
  */
 import { decompress, readHeader, type FrameHeader } from '../native.js';
-import type { FrameLayout } from './dtype-map.js';
 import { runsInline, type DaemonLimits } from './limits.js';
 import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
 import { handleGpuDecompress } from './op-gpu.js';
+import { checkFrameDestination, checkFrameSize, type TensorResult } from './op-results.js';
 import { checkNotShrunk, checkOverlaps, resolveHandle, resolveTensor, type ResolvedRegion } from './regions.js';
 import { ReplyError, toWireError } from './reply-error.js';
 import type { DecompressRequest } from './schema.js';
 import type { AppliedSettings } from './jobs.js';
 import type { Session } from './session.js';
 import type { RequestTally } from './tally.js';
-
-/** One tensor of the reply: what the frame said. */
-export interface TensorResult {
-  nbytes: number;
-  dtype: string;
-  shape: number[];
-  codec: string;
-}
-
-function sameShape(a: readonly number[], b: readonly number[]): boolean {
-  return a.length === b.length && a.every((d, i) => d === b[i]);
-}
-
-/**
- * Checks that frame `i`'s header gives the size of the memory its handle gives (bytes).
- * Shared by the CPU path and the GPU path (op-gpu.ts).
- * @throws ReplyError TZIP_INVALID_ARGUMENT naming the frame.
- */
-export function checkFrameSize(i: number, header: FrameHeader, handleBytes: number): void {
-  if (header.frameBytes !== handleBytes) {
-    throw new ReplyError('TZIP_INVALID_ARGUMENT', `frame ${i}: the handle gives ${handleBytes} bytes, the frame is ${header.frameBytes}`, { index: i });
-  }
-}
-
-/**
- * Checks frame `i`'s header against its destination's layout: dtype, shape and nbytes must be the
- * frame's (docs/protocol.md "Tensors and frames"). Shared by the CPU and GPU paths.
- * @throws ReplyError TZIP_INVALID_ARGUMENT naming the frame.
- */
-export function checkFrameDestination(i: number, header: FrameHeader, out: FrameLayout): void {
-  if (out.dtype !== header.dtype || !sameShape(out.shape, header.shape) || out.nbytes !== header.nbytes) {
-    throw new ReplyError('TZIP_INVALID_ARGUMENT',
-      `frame ${i} holds ${header.dtype} [${header.shape.join(', ')}] (${header.nbytes} bytes); the destination is ${out.dtype} [${out.shape.join(', ')}] (${out.nbytes} bytes)`,
-      { index: i });
-  }
-}
 
 /**
  * Handles a validated decompress request of `session` (GPU memory: op-gpu.ts) with the job's `settings` (their SM
