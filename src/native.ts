@@ -219,6 +219,104 @@ export interface InterprocessEvent {
   handle: Buffer;
 }
 
+/** A region of a {@link NativeRing}: what SQEs name it by (docs/ring.md, "Regions"). */
+export interface RingRegion {
+  /** Small integer, reused after a region is removed (never 0). */
+  id: number;
+  /** Incremented each time `id` is reused (starts at 1): an SQE naming an earlier generation fails TZIP_HANDLE. */
+  generation: number;
+  /** The region's size in bytes. */
+  bytes: number;
+}
+
+/**
+ * Completions of one kind (op, stream tag, CPU or GPU) that a ring thread handed to JavaScript in one batch (at most
+ * every 10 ms, or every 256 CQEs). nop SQEs are not counted.
+ */
+export interface RingCompletionStats {
+  op: 'compress' | 'decompress';
+  /** The SQEs' stream tag: 0 other, 1 gradients, 2 optimizer, 3 checkpoint, 4 sendrecv. */
+  stream: number;
+  /** CQEs written, errors included. */
+  items: number;
+  /** Bytes the SQEs named as input (`src` bytes: tensors for compress, frames for decompress). */
+  inBytes: number;
+  /** Bytes written by the completions that succeeded (frame bytes for compress, tensor bytes for decompress). */
+  outBytes: number;
+  /** Wall time in seconds of the batches these completions came from. */
+  seconds: number;
+  /** CQEs with a non-zero status. */
+  errors: number;
+  /** Whether the batches ran on the ring's GPU stream. */
+  gpu: boolean;
+}
+
+/** A submission ring served by a native thread of the addon ({@link ringOpen}; docs/ring.md, "Native API"). */
+export interface NativeRing {
+  /**
+   * Adds a region of host memory: a {@link mapShared} Buffer, whole (its SIGBUS guard then covers the region: a
+   * file that shrinks under it makes the SQEs using it fail TZIP_HANDLE). The ring keeps the Buffer alive until the
+   * region is removed. A read-only mapping can be a `src`, never a `dst` (TZIP_INVALID_ARGUMENT in the CQE).
+   * @throws TzipError TZIP_INVALID_ARGUMENT when the ring is closed or broken, or holds 65535 regions.
+   */
+  addHost(buffer: Buffer): RingRegion;
+  /**
+   * Adds [ptr, ptr + bytes) of device memory on `device` (one allocation: checked with cuMemGetAddressRange).
+   * SQEs using it run on the ring's stream when `device` is the ring's device, else fail TZIP_INVALID_ARGUMENT.
+   * @throws TzipError TZIP_UNSUPPORTED (no GPU), TZIP_INVALID_ARGUMENT (not device memory of `device`, ring closed).
+   */
+  addDevice(ptr: DevicePtr, bytes: number, device: number): RingRegion;
+  /**
+   * Resolves when no batch uses the regions any more; SQEs naming them fail TZIP_HANDLE from this call on. The ring
+   * then drops its reference to their Buffers, and their ids may be reused (with the next generation).
+   * @throws TzipError (as a rejection) TZIP_INVALID_ARGUMENT when an id is not registered or already being removed.
+   */
+  remove(ids: number[]): Promise<void>;
+  /**
+   * Stops the thread after the batch in flight (a GPU batch whose stream waits on `produced` gets the awaited value
+   * written by the ring, so that it drains); resolves when the thread has stopped and every region is released.
+   * The header's state becomes 1 (closed) unless the ring was broken.
+   */
+  close(): Promise<void>;
+  /** 'serving', 'closed' (close() was called or the object was dropped) or 'broken' (see docs/ring.md). */
+  readonly state: 'serving' | 'closed' | 'broken';
+}
+
+/** Options of {@link ringOpen}. */
+export interface RingOpenOptions {
+  /** Entries of the ring (a power of two from 8 to 4096): must equal the file's `entries` word. */
+  entries: number;
+  /** The GPU ordinal of the ring's stream; without it the ring serves CPU batches only. */
+  device?: number | undefined;
+  /** SM budget of SQEs whose sm_budget is 0 (GPU batches); default 10. */
+  smBudget: number;
+  /** Device pointer of the 16 flag bytes (u64 produced, u64 done) on `device`, 8-byte aligned, for WAIT/SIGNAL. */
+  flag?: DevicePtr | undefined;
+  /** Threads of a CPU batch (1..1024). */
+  cpuThreads: number;
+  /** Microseconds the thread polls sq_head (and a GPU batch's event) before it sleeps (0..1000000). */
+  spinUs: number;
+  /** Completions in batches (JavaScript thread). */
+  onStats: (batch: RingCompletionStats[]) => void;
+  /** Called once when the ring breaks (an index out of range, the ring file shrank), with why. */
+  onBroken: (why: string) => void;
+}
+
+/** Sizes of the ring file (docs/ring.md, "The ring file"). */
+export const RING_LAYOUT = Object.freeze({
+  headerBytes: 4096,
+  sqeBytes: 128,
+  cqeBytes: 64,
+  entriesMin: 8,
+  entriesMax: 4096,
+  maxBatch: 1024,
+});
+
+/** Bytes of a ring file of `entries` entries: 4096 + entries * 128 + entries * 64. */
+export function ringBytes(entries: number): number {
+  return RING_LAYOUT.headerBytes + entries * (RING_LAYOUT.sqeBytes + RING_LAYOUT.cqeBytes);
+}
+
 /** The addon's exports, as documented in docs/addon.md. */
 interface Addon {
   compress(input: Uint8Array, opts: CompressOptions): Promise<Uint8Array>;
@@ -241,6 +339,9 @@ interface Addon {
   gpuFree(ptr: DevicePtr, device: number): void;
   gpuCopyToDevice(ptr: DevicePtr, src: Uint8Array, device: number): void;
   gpuCopyFromDevice(ptr: DevicePtr, nbytes: ByteCount, device: number): Buffer;
+  mapShared(path: string, writable: boolean): Buffer;
+  mapSharedFaulted(buffer: Buffer): boolean;
+  ringOpen(file: Buffer, opts: RingOpenOptions): NativeRing;
   formatVersion: number;
   defaultChunkSize: number;
   defaultThreads: number;
@@ -534,4 +635,58 @@ export function gpuCopyToDevice(ptr: DevicePtr, src: Uint8Array, device: number)
  */
 export function gpuCopyFromDevice(ptr: DevicePtr, nbytes: ByteCount, device: number): Buffer {
   return call((n) => n.gpuCopyFromDevice(ptr, nbytes, device));
+}
+
+// ------------------------------------------------------------------------------------------------ shared memory and the ring
+
+/**
+ * Maps the whole /dev/shm file at `path` (MAP_SHARED; writable or read-only), SIGBUS-guarded: a file that shrinks
+ * under the mapping reads zeros there instead of killing the process ({@link mapSharedFaulted} then says so).
+ * Unmapped when the Buffer is garbage collected.
+ * @throws TzipError TZIP_INVALID_ARGUMENT (not a regular file under /dev/shm, cannot open or map it),
+ *   TZIP_OUT_OF_MEMORY (no address space).
+ */
+export function mapShared(path: string, writable: boolean): Buffer {
+  return call((n) => n.mapShared(path, writable));
+}
+
+/** Whether a mapping made by {@link mapShared} took a SIGBUS (its file shrank) since it was made. */
+export function mapSharedFaulted(buffer: Buffer): boolean {
+  return call((n) => n.mapSharedFaulted(buffer));
+}
+
+/** Calls `f` and maps a native error into {@link TzipError}. */
+function mapped<T>(f: () => T): T {
+  try {
+    return f();
+  } catch (err) {
+    throw toTzipError(err);
+  }
+}
+
+/**
+ * Opens the submission ring of docs/ring.md on a ring file the client created (its {@link mapShared} mapping,
+ * writable, exactly {@link ringBytes}(entries) bytes, starting with "TZRING01" and `entries`), and starts its native
+ * thread. The thread serves SQEs until {@link NativeRing.close}; every SQE gets a CQE (status 0 or the numeric value
+ * of an error code of src/errors.json); a ring whose indices leave their range is broken (state 2, `onBroken`).
+ * @throws TzipError TZIP_INVALID_ARGUMENT (bad options or file), TZIP_UNSUPPORTED (`device` given without a usable
+ *   GPU, or a driver without stream memory operations for `flag`), TZIP_CUDA.
+ */
+export function ringOpen(file: Buffer, opts: RingOpenOptions): NativeRing {
+  const r = call((n) => n.ringOpen(file, opts));
+  return {
+    addHost: (buffer) => mapped(() => r.addHost(buffer)),
+    addDevice: (ptr, bytes, device) => mapped(() => r.addDevice(ptr, bytes, device)),
+    remove: async (ids) => {
+      try {
+        await r.remove(ids);
+      } catch (err) {
+        throw toTzipError(err);
+      }
+    },
+    close: () => r.close(),
+    get state() {
+      return r.state;
+    },
+  };
 }

@@ -1,7 +1,8 @@
 // N-API binding of the codec core (node-addon-api). Codec work runs on libuv worker threads (AsyncWorker) and
 // fans out to its own threads per chunk, so the JavaScript event loop never waits on a codec call.
 // The JavaScript surface is documented in src/native.ts and docs/addon.md; the GPU codec and CUDA IPC entry points are
-// registered from addon/gpu_codec.cpp, addon/gpu_memory.cpp and addon/cuda_ipc.cpp.
+// registered from addon/gpu_codec.cpp, addon/gpu_memory.cpp and addon/cuda_ipc.cpp, the submission ring (ringOpen) from
+// addon/ring_napi.cpp.
 #include <napi.h>
 
 #include <fcntl.h>
@@ -417,6 +418,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   tzip::addon::register_gpu_codec(env, exports);
   tzip::addon::register_gpu_memory(env, exports);
   tzip::addon::register_cuda_ipc(env, exports);
+  tzip::addon::register_ring(env, exports);
   return exports;
 }
 

@@ -1,4 +1,4 @@
-// The addon's GPU and CUDA IPC entry points (documented in docs/addon.md and src/native.ts), registered by addon.cpp.
+// The addon's GPU, CUDA IPC and submission ring entry points (documented in docs/addon.md and src/native.ts), registered by addon.cpp.
 #pragma once
 #include <napi.h>
 
@@ -16,6 +16,10 @@ void register_gpu_memory(Napi::Env env, Napi::Object exports);
 /// cudaIpcGetMemHandle, cudaIpcOpenMemHandle, cudaIpcCloseMemHandle, cudaEventCreateInterprocess,
 /// cudaIpcOpenEventHandle, cudaEventDestroy (addon/cuda_ipc.cpp).
 void register_cuda_ipc(Napi::Env env, Napi::Object exports);
+
+/// ringOpen: the submission ring of docs/ring.md, a native thread per ring serving SQEs from a shared-memory file
+/// (addon/ring_napi.cpp, addon/ring.h).
+void register_ring(Napi::Env env, Napi::Object exports);
 
 /// Checks that a GPU can be used (else TZIP_UNSUPPORTED) and that `v` is the ordinal of a visible one (else
 /// TZIP_INVALID_ARGUMENT); returns it. Defined in addon/gpu_memory.cpp.

@@ -1,0 +1,344 @@
+// The GPU side of a submission ring (addon/ring_gpu.h).
+#include "addon/ring_gpu.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "addon/coded_error.h"
+#include "addon/device.h"
+#include "gpu/codec.h"
+#include "gpu/gather.h"
+#include "gpu/scratch.h"
+#include "tzip/format.h"
+
+namespace tzip::addon {
+
+namespace {
+
+using ring::Cqe;
+using ring::Resolved;
+using ring::Sqe;
+
+/// cuStreamWaitValue64 / cuStreamWriteValue64 (CUstream, CUdeviceptr, cuuint64_t, unsigned flags) through the
+/// runtime's driver entry points, as device.cpp gets cuMemGetAddressRange: no link-time libcuda dependency.
+using MemOpFn = int (*)(void* stream, unsigned long long addr, unsigned long long value, unsigned int flags);
+constexpr unsigned kWaitValueGeq = 0x0;        // CU_STREAM_WAIT_VALUE_GEQ
+constexpr unsigned kWriteValueDefault = 0x0;   // CU_STREAM_WRITE_VALUE_DEFAULT: a memory fence before the write
+
+struct MemOps {
+  MemOpFn wait = nullptr;
+  MemOpFn write = nullptr;
+};
+
+const MemOps& memops() {
+  static const MemOps ops = [] {
+    MemOps m;
+    auto get = [](const char* name) -> MemOpFn {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+      const bool ok = cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+                      q == cudaDriverEntryPointSuccess && f;
+      cudaGetLastError();
+      return ok ? reinterpret_cast<MemOpFn>(f) : nullptr;
+    };
+    m.wait = get("cuStreamWaitValue64");
+    m.write = get("cuStreamWriteValue64");
+    return m;
+  }();
+  return ops;
+}
+
+using Clock = std::chrono::steady_clock;
+
+/// A CUDA failure as a CQE's status and message.
+void cuda_failure(cudaError_t e, const char* what, int32_t* status, std::string* message) {
+  cudaGetLastError();
+  *status = e == cudaErrorMemoryAllocation ? ring::kOutOfMemory : ring::kCuda;
+  *message = std::string(what) + ": " + cudaGetErrorName(e);
+}
+
+void gpu_failure(const gpu::Status& st, int32_t* status, std::string* message) {
+  const std::string name = cuda_error_name_of_text(st.message);
+  if (st.code == gpu::kCudaError || st.code == gpu::kOutOfMemory) {
+    *status = st.code == gpu::kOutOfMemory || name == "cudaErrorMemoryAllocation" ? ring::kOutOfMemory : ring::kCuda;
+    *message = "GPU codec: " + (name.empty() ? st.message : name);
+  } else {
+    *status = int32_t(from_gpu(st.code));
+    *message = "GPU codec: " + st.message;
+  }
+}
+
+}  // namespace
+
+struct RingGpu::Impl {
+  cudaStream_t stream = nullptr;
+  cudaStream_t drain = nullptr;  // made on first use: writes `produced` from the host side at close
+  cudaEvent_t done = nullptr;    // recorded after a batch's work
+  cudaEvent_t waited = nullptr;  // recorded right after a WAIT: not complete while the stream still waits
+  long spin_us = 0;
+  uint64_t flag = 0;
+
+  /// Writes `value` to `produced` on the drain stream and waits for it: the ring's stream, waiting on it, drains.
+  void drain_wait(uint64_t value) {
+    if (!drain && cudaStreamCreateWithFlags(&drain, cudaStreamNonBlocking) != cudaSuccess) {
+      cudaGetLastError();
+      drain = nullptr;
+      return;
+    }
+    if (memops().write(drain, flag, value, kWriteValueDefault) == 0) cudaStreamSynchronize(drain);
+    cudaGetLastError();
+  }
+
+  /// Waits for `done`: polls for spin_us, then sleeps in growing steps (at most 1 ms), so that `stop` is seen. With
+  /// `awaiting`, a stop while `waited` is not complete (the stream still waits on `produced`) writes `wait_value`.
+  cudaError_t wait_done(const std::atomic<bool>& stop, bool awaiting, uint64_t wait_value) {
+    const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_us);
+    std::chrono::microseconds step(20);
+    bool drained = false;
+    for (;;) {
+      const cudaError_t e = cudaEventQuery(done);
+      if (e != cudaErrorNotReady) return e;
+      if (awaiting && !drained && stop.load(std::memory_order_acquire)) {
+        if (cudaEventQuery(waited) == cudaErrorNotReady) drain_wait(wait_value);
+        cudaGetLastError();
+        drained = true;
+      }
+      if (Clock::now() < spin_until) continue;
+      std::this_thread::sleep_for(step);
+      step = std::min(step * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  /// [WAIT] before a batch's work; returns whether the stream now waits on `produced`.
+  bool enqueue_wait(const Sqe& first, int32_t* status, std::string* message) {
+    if (!(first.flags & ring::kWait)) return false;
+    if (memops().wait(stream, flag, first.wait_value, kWaitValueGeq) != 0) {
+      *status = ring::kCuda;
+      *message = "cuStreamWaitValue64 failed";
+      return false;
+    }
+    const cudaError_t e = cudaEventRecord(waited, stream);
+    if (e != cudaSuccess) cuda_failure(e, "cudaEventRecord", status, message);
+    return true;
+  }
+
+  void enqueue_signal(const Sqe& last, int32_t* status, std::string* message) {
+    if (!(last.flags & ring::kSignal)) return;
+    if (memops().write(stream, flag + 8, last.signal_value, kWriteValueDefault) != 0 && *status == ring::kOk) {
+      *status = ring::kCuda;
+      *message = "cuStreamWriteValue64 failed";
+    }
+  }
+};
+
+RingGpu::RingGpu(int device, uint64_t flag, long spin_us) : device_(device), flag_(flag) {
+  require_gpu();
+  check_device(device);
+  DeviceScope scope(device);
+  if (flag) {
+    if (flag % 8) throw_invalid("opts.flag " + hex_ptr(flag) + " is not 8-byte aligned");
+    check_device_range(flag, 16, device, "opts.flag");
+    if (!memops().wait || !memops().write)
+      throw CodedError(tzip::ErrorCode::Unsupported, "the CUDA driver has no cuStreamWaitValue64/cuStreamWriteValue64");
+  }
+  auto* impl = new Impl;
+  impl->spin_us = spin_us;
+  impl->flag = flag;
+  try {
+    cuda_check(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    gpu::keep_scratch(impl->stream);
+    cuda_check(cudaEventCreateWithFlags(&impl->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    cuda_check(cudaEventCreateWithFlags(&impl->waited, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  } catch (...) {
+    if (impl->done) cudaEventDestroy(impl->done);
+    if (impl->stream) {
+      gpu::release_scratch(impl->stream);
+      cudaStreamDestroy(impl->stream);
+    }
+    delete impl;
+    throw;
+  }
+  impl_ = impl;
+}
+
+RingGpu::~RingGpu() {
+  try {
+    DeviceScope scope(device_);
+    cudaStreamSynchronize(impl_->stream);
+    gpu::release_scratch(impl_->stream);
+    cudaStreamSynchronize(impl_->stream);
+    cudaEventDestroy(impl_->done);
+    cudaEventDestroy(impl_->waited);
+    cudaStreamDestroy(impl_->stream);
+    if (impl_->drain) cudaStreamDestroy(impl_->drain);
+    cudaGetLastError();
+  } catch (...) {
+    // Teardown: nothing to report to.
+  }
+  delete impl_;
+}
+
+void RingGpu::bind_thread() {
+  if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
+}
+
+std::string RingGpu::order_only(bool wait, uint64_t wait_value, bool signal, uint64_t signal_value,
+                                const std::atomic<bool>& stop) {
+  Sqe s;
+  s.flags = uint8_t((wait ? ring::kWait : 0) | (signal ? ring::kSignal : 0));
+  s.wait_value = wait_value;
+  s.signal_value = signal_value;
+  int32_t status = ring::kOk;
+  std::string message;
+  const bool awaiting = impl_->enqueue_wait(s, &status, &message);
+  impl_->enqueue_signal(s, &status, &message);
+  cudaError_t e = cudaEventRecord(impl_->done, impl_->stream);
+  if (e == cudaSuccess) e = impl_->wait_done(stop, awaiting, wait_value);
+  else e = cudaStreamSynchronize(impl_->stream);
+  if (e != cudaSuccess && status == ring::kOk) cuda_failure(e, "GPU ordering", &status, &message);
+  return status == ring::kOk ? std::string() : message;
+}
+
+void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget, Cqe* out,
+                  const std::atomic<bool>& stop) {
+  Impl& g = *impl_;
+  const bool encode = sqes[0].op == ring::kCompress;
+  int32_t status = ring::kOk;  // a failure of the whole batch
+  std::string message;
+
+  std::vector<gpu::EncodeItem> enc;
+  std::vector<gpu::DecodeItem> dec;
+  std::vector<size_t> on_device;  // compress items whose codec the device picks
+  std::vector<gpu::FrameSpan> spans;
+  bool verify = false;
+  if (encode) {
+    enc.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const Sqe& s = sqes[i];
+      gpu::EncodeItem& it = enc[i];
+      it.data = reinterpret_cast<const void*>(static_cast<uintptr_t>(res[i].src));
+      it.nbytes = s.src_bytes;
+      it.dtype = s.dtype;
+      it.codec = s.codec;
+      it.ndim = s.ndim;
+      it.shape = s.shape;
+      it.frame = reinterpret_cast<void*>(static_cast<uintptr_t>(res[i].dst));
+      out[i].codec = ring::known_frame_codec(s.codec, s.dtype, s.src_bytes);
+      if (out[i].codec == ring::kCodecAuto) {
+        on_device.push_back(i);
+        spans.push_back(gpu::FrameSpan{it.frame, s.dst_bytes});  // dst_bytes >= the 48-byte fixed header
+      }
+    }
+  } else {
+    dec.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      gpu::DecodeItem& it = dec[i];
+      it.frame = reinterpret_cast<const void*>(static_cast<uintptr_t>(res[i].src));
+      it.frame_bytes = sqes[i].src_bytes;
+      it.out = reinterpret_cast<void*>(static_cast<uintptr_t>(res[i].dst));
+      it.out_bytes = sqes[i].dst_bytes;
+      verify = verify || (sqes[i].flags & ring::kVerify);
+    }
+  }
+  // Results: n frame sizes (u64) and a codec byte per on_device item, or n error codes (i32).
+  const size_t result_bytes = encode ? 8 * n + on_device.size() : 4 * n;
+  PinnedBuffer pinned(result_bytes);
+  void* d_results = nullptr;
+  bool codec_queued = false, copy_queued = false;
+
+  const bool awaiting = g.enqueue_wait(sqes[0], &status, &message);
+  if (status == ring::kOk) {
+    const gpu::Status st = gpu::scratch_alloc(&d_results, result_bytes, g.stream);
+    if (!st.ok()) gpu_failure(st, &status, &message);
+  }
+  if (status == ring::kOk) {
+    gpu::Status st;
+    if (encode) {
+      gpu::EncodeOptions eo;
+      eo.chunk_bytes = kDefaultChunkBytes;
+      eo.sm_budget = sm_budget;
+      eo.stream = g.stream;
+      st = gpu::encode(enc.data(), n, eo, static_cast<uint64_t*>(d_results));
+      codec_queued = st.ok();
+      if (st.ok() && !spans.empty())
+        st = gpu::gather_frame_bytes(spans.data(), spans.size(), kOffCodec, 1,
+                                     static_cast<uint8_t*>(d_results) + 8 * n, sm_budget, g.stream);
+    } else {
+      gpu::DecodeOptions dopt;
+      dopt.sm_budget = sm_budget;
+      dopt.verify = verify;
+      dopt.stream = g.stream;
+      st = gpu::decode(dec.data(), n, dopt, static_cast<int32_t*>(d_results));
+      codec_queued = st.ok();
+    }
+    if (!st.ok()) gpu_failure(st, &status, &message);
+  }
+  // SIGNAL even after a failure: the client's stream may wait on `done` for this batch.
+  g.enqueue_signal(sqes[n - 1], &status, &message);
+  if (status == ring::kOk) {
+    const cudaError_t e = cudaMemcpyAsync(pinned.data(), d_results, result_bytes, cudaMemcpyDeviceToHost, g.stream);
+    copy_queued = e == cudaSuccess;
+    if (!copy_queued) cuda_failure(e, "cudaMemcpyAsync", &status, &message);
+  }
+  if (d_results) gpu::scratch_free(d_results, g.stream);
+  // Wait for everything queued (the codec may have launched some kernels before one failed): the regions must not be
+  // released, nor the pinned buffer reused, while it runs.
+  cudaError_t e = cudaEventRecord(g.done, g.stream);
+  if (e == cudaSuccess) e = g.wait_done(stop, awaiting, sqes[0].wait_value);
+  else e = cudaStreamSynchronize(g.stream);
+  if (e != cudaSuccess) {
+    pinned.poison();
+    if (status == ring::kOk) cuda_failure(e, "GPU batch", &status, &message);
+  }
+  (void)codec_queued;
+  for (size_t i = 0; i < n; ++i) {
+    out[i].user_data = sqes[i].user_data;
+    out[i].status = status;
+    out[i].message = message;
+    out[i].result = 0;
+  }
+  if (status != ring::kOk || !copy_queued) {
+    for (size_t i = 0; i < n; ++i) out[i].codec = 0;
+    return;
+  }
+  const auto* bytes = static_cast<const uint8_t*>(pinned.data());
+  if (encode) {
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t sz = 0;
+      std::memcpy(&sz, bytes + 8 * i, 8);
+      out[i].result = sz;
+    }
+    for (size_t k = 0; k < on_device.size(); ++k) {
+      const size_t i = on_device[k];
+      const uint8_t c = bytes[8 * n + k];
+      if (c != uint8_t(Codec::FAST) && c != uint8_t(Codec::MAX)) {
+        // The encoder resolves auto on a float tensor to fast or max: the frame's memory was changed meanwhile.
+        out[i].status = ring::kCorrupt;
+        out[i].message = "frame memory changed during the encode";
+        out[i].result = 0;
+        out[i].codec = 0;
+      } else {
+        out[i].codec = c;
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      int32_t code = 0;
+      std::memcpy(&code, bytes + 4 * i, 4);
+      out[i].codec = 0;
+      if (code == gpu::kOk) {
+        out[i].result = sqes[i].dst_bytes;
+      } else {
+        out[i].status = int32_t(from_gpu(code));
+        out[i].message = std::string("GPU decode: ") + tzip::error_code_name(tzip::ErrorCode(out[i].status));
+      }
+    }
+  }
+}
+
+}  // namespace tzip::addon
