@@ -95,7 +95,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from . import _shm
+from . import _ring, _shm
 from ._dlpack import (
     DL_CPU,
     DL_CUDA,
@@ -109,7 +109,7 @@ from ._dlpack import (
     wire_dtype,
 )
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
-from ._frame import decode_raw, encode_raw, max_compressed_size, read_header
+from ._frame import DTYPE_CODES, decode_raw, encode_raw, max_compressed_size, read_header
 from ._spawn import (daemon_pid, daemon_running, default_ipc_path, default_socket_path, normalize_endpoint, pid_alive,
                      spawn_daemon)
 from ._transport import Transport
@@ -135,8 +135,9 @@ _log = logging.getLogger("tzip")
 
 #: Codecs a compress call accepts.
 CODECS = ("auto", "fast", "max", "bytes", "raw")
-#: Protocol versions this client speaks (3: job info, stream tags, the job's settings in replies).
-PROTOCOL_VERSIONS = [1, 2, 3]
+#: Protocol versions this client speaks (3: job info, stream tags, the job's settings in replies; 4: the submission
+#: ring, docs/ring.md).
+PROTOCOL_VERSIONS = [1, 2, 3, 4]
 #: What a request's bytes are, for the daemon's job registry (protocol version 3, docs/protocol.md): gradients (the
 #: DDP comm hook, FSDP's reduce-scatter), optimizer (state offload), checkpoint (tzip.save/load, tzip.checkpoint),
 #: sendrecv (the other tzip.distributed collectives), other (anything untagged).
@@ -184,6 +185,11 @@ _BYTES_PER_GPU_ITEM = 800
 GPU_SHARE_MIN_BYTES = 1 << 20
 #: Idle GPU staging bytes kept per GPU. Client(gpu_arena_keep_bytes=...) overrides it.
 GPU_ARENA_KEEP_BYTES = 128 << 20
+#: Entries of each submission ring (docs/ring.md; a power of two, at most hello's ``ring.entries_max``): batches of up
+#: to this many tensors are one LINKed batch. Client(ring_entries=...) overrides it; 0 turns the ring off.
+RING_ENTRIES = 1024
+#: Seconds a thread waiting for a ring completion polls before it sleeps on the futex. Client(ring_spin_s=...).
+RING_SPIN_S = 200e-6
 _ALIGN = 64
 
 
@@ -279,6 +285,92 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if host.numel() == 0:
         return torch.empty(host.shape, dtype=host.dtype, device=device)
     return from_bytes(_host_bytes(host).to(device), host.dtype, host.shape)
+
+
+def _u8_of(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as a 1-D uint8 view (any dtype: through its integer alias)."""
+    return int_alias(t.detach()).reshape(-1).view(torch.uint8)
+
+
+def _done_handle(fn, err: BaseException | None) -> _ring.Handle:
+    """A Handle settled now with ``fn(err)`` (its value, or what it raised)."""
+    h = _ring.Handle()
+    try:
+        h.set_result(fn(err))
+    except BaseException as e:  # noqa: BLE001 - the caller gets it from the handle
+        h.set_exception(e)
+    return h
+
+
+class _Gathered(_ring.Handle):
+    """One call's handle over the handles of its parts (a CPU batch, each GPU's batch): ``parts`` are (indices in
+    the call, handle of a list) pairs; the value is the list in call order (``single``: its one item)."""
+
+    def __init__(self, parts: list[tuple[list[int], _ring.Handle]], n: int, single: bool):
+        super().__init__(on_wait=self._wait_parts)
+        self._parts = parts
+        self._count = n
+        self._single = single
+        self._left_parts = len(parts)
+        self._glock = threading.Lock()
+        for _, h in parts:
+            h.add_done_callback(self._part_done)
+
+    def _drive(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _, h in self._parts:
+            h._drive(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _wait_parts(self, stream) -> None:
+        for _, h in self._parts:
+            h.wait(stream)
+
+    def _part_done(self, _h) -> None:
+        with self._glock:
+            self._left_parts -= 1
+            if self._left_parts:
+                return
+        out: list = [None] * self._count
+        try:
+            for idx, h in self._parts:
+                for i, v in zip(idx, h.result(0)):
+                    out[i] = v
+        except BaseException as e:  # noqa: BLE001
+            self.set_exception(e)
+            return
+        self.set_result(out[0] if self._single else out)
+
+
+def _raiser(err: BaseException):
+    def fn(_):
+        raise err
+    return fn
+
+
+def _settle_from(h: _ring.Handle, f: concurrent.futures.Future) -> None:
+    """Settles ``h`` as the worker thread's future ``f`` ended."""
+    e = f.exception()
+    if e is not None:
+        h.set_exception(e)
+    else:
+        h.set_result(f.result())
+
+
+def _host_wait(h: _ring.Handle, streams: dict[int, Any] | None, stream) -> None:
+    """wait(stream) of a request through ZeroMQ: on the host; then ``stream`` waits for the caller's stream of its GPU
+    (where the worker ordered the outputs)."""
+    concurrent.futures.wait([h])
+    if stream is None or not streams:
+        return
+    src = streams.get(stream.device.index if stream.device.index is not None else 0)
+    if src is not None and src != stream:
+        ev = torch.cuda.Event()
+        ev.record(src)
+        stream.wait_event(ev)
+
+
+def _gather(parts: list[tuple[list[int], _ring.Handle]], n: int, single: bool) -> _ring.Handle:
+    return _Gathered(parts, n, single)
 
 
 class _NoDevice(Exception):
@@ -438,7 +530,7 @@ class Client:
                  connect_timeout: float = 10.0, request_timeout: float | None = None, workers: int = 4,
                  gpu_share_min_bytes: int = GPU_SHARE_MIN_BYTES, gpu_arena_keep_bytes: int = GPU_ARENA_KEEP_BYTES,
                  result_pool_keep_bytes: int = RESULT_POOL_KEEP_BYTES, curve_dir: str | None = None,
-                 job: str | None = None):
+                 job: str | None = None, ring_entries: int = RING_ENTRIES, ring_spin_s: float = RING_SPIN_S):
         # The endpoint as users write it (a path, ipc:///abs/path, tcp://127.0.0.1:PORT), in one form. A tcp://
         # endpoint: the daemon's CURVE-only TCP socket on this host (shared memory and CUDA IPC handles still need
         # the same machine). No spawning, and liveness comes from request timeouts only.
@@ -489,6 +581,17 @@ class Client:
         self._gpu_warned: set[str] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._heartbeat: threading.Thread | None = None
+        # Protocol version 4 (docs/ring.md): hello's `ring` capability, this session's rings by what they serve (None:
+        # CPU tensors, else the CUDA index), what could not be opened, and region releases for the heartbeat to send.
+        self.ring_entries = int(ring_entries)
+        self.ring_spin_s = float(ring_spin_s)
+        self._ring_caps: dict[str, Any] | None = None
+        self._rings: dict[int | None, _ring.Ring] = {}
+        self._ring_refused: dict[int | None, str] = {}
+        self._ring_lock = threading.RLock()
+        self._ring_counter = 0
+        self._ring_releases: list[tuple[_ring.Ring, int]] = []
+        self._retired: list[_ring.Ring] = []
         if not self._ensure_session(force=True):
             if strict:
                 err = self._unavailable()
@@ -509,8 +612,21 @@ class Client:
 
     @property
     def protocol_version(self) -> int:
-        """The protocol version of the current (or last) session: 1, 2 or 3."""
+        """The protocol version of the current (or last) session: 1 to 4."""
         return self._version
+
+    @property
+    def ring_info(self) -> dict[str, Any]:
+        """The submission rings of this session (protocol version 4, docs/ring.md): ``offered`` (hello's ``ring``
+        capability, or None: requests go through ZeroMQ), ``rings`` (what each open ring serves: ``"cpu"`` or
+        ``"cuda:N"`` -> its daemon id, state, entries and registered regions) and ``refused`` (why a ring could not be
+        opened, by what it would serve)."""
+        with self._ring_lock:
+            rings = {("cpu" if k is None else f"cuda:{k}"): {"id": r.id, "state": r.state, "entries": r.entries,
+                                                              "regions": len(r.regions), "file": r.name}
+                     for k, r in self._rings.items()}
+            refused = {("cpu" if k is None else f"cuda:{k}"): why for k, why in self._ring_refused.items()}
+        return {"offered": None if self._ring_caps is None else dict(self._ring_caps), "rings": rings, "refused": refused}
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -660,6 +776,9 @@ class Client:
             self._gpu_handles.clear()  # a new session has opened none of them
         self._settings = {"codec": None, "sm_budget": None}  # a new session: the daemon's say from its replies
         self._note_settings(reply)
+        self._retire_rings()  # the last session's rings (the daemon closed them with it)
+        caps = reply.get("ring") if self._version >= 4 else None
+        self._ring_caps = dict(caps) if isinstance(caps, dict) else None
         self._sid = str(reply["sid"])
         if self._version >= 3 and self._attached is not None and job is None:
             # attached (or detached) before this session, e.g. the daemon restarted: it hears it again
@@ -729,6 +848,10 @@ class Client:
             if self._closed:
                 return
             self._pending_release.append(name)
+            for ring in list(self._rings.values()):  # a file a ring maps stays mapped (pinned) until ring_release
+                r = ring.regions.pop(("shm", name), None)
+                if r is not None:
+                    self._ring_releases.append((ring, r.id))
             many = len(self._pending_release) >= 64
         if many:
             self._wake.set()
@@ -742,6 +865,7 @@ class Client:
             names, self._pending_release = self._pending_release, []
         if self._sid is None:
             return
+        self._flush_ring_releases(timeout=5.0)  # the rings' mappings of removed files hold their pages too
         try:
             self._call("release", {"names": names, "reclaim": True}, timeout=5.0)
         except (DaemonUnavailableError, TzipDaemonError):
@@ -754,8 +878,13 @@ class Client:
             if self._closed or self._closing or os.getpid() != self._pid:
                 return
             self._results.trim()  # idle result segments go after 30 s, connected or not
+            self._close_retired()
             if self._sid is None:
                 continue
+            for ring in list(self._rings.values()):
+                if ring.device is not None:
+                    self._gpu_buffer_regions(ring)
+            self._flush_ring_releases()
             with self._release_lock:
                 names, self._pending_release = self._pending_release, []
             try:
@@ -767,6 +896,156 @@ class Client:
                 pass
             except Exception:  # pragma: no cover - never let the heartbeat thread die
                 pass
+
+    # --- the submission ring (protocol version 4, docs/ring.md) -------------------------------------------------
+    def _ring(self, key: int | None) -> _ring.Ring | None:
+        """This session's ring for CPU tensors (``key`` None) or for the tensors of cuda:``key``, opened on first use;
+        None when the daemon offers no ring, this machine cannot use one, or opening it failed (the requests then go
+        through ZeroMQ; why is in :attr:`ring_info`)."""
+        ring = self._rings.get(key)
+        if ring is not None and ring.usable and ring.sid == self._sid:
+            return ring
+        self._close_retired()
+        if self._ring_caps is None or self._sid is None or key in self._ring_refused or self.ring_entries <= 0:
+            return None
+        with self._ring_lock:
+            ring = self._rings.get(key)
+            if ring is not None:
+                if ring.usable and ring.sid == self._sid:
+                    return ring
+                # It stopped serving (closed, broken, or the daemon went away): ZeroMQ for the rest of this session.
+                del self._rings[key]
+                self._ring_refused[key] = f"ring {ring.name} stopped serving ({ring.state})"
+                self._retired.append(ring)
+                return None
+            why = _ring.supported()
+            if why is not None:
+                self._ring_refused[key] = why
+                return None
+            return self._open_ring(key)
+
+    def _open_ring(self, key: int | None) -> _ring.Ring | None:
+        """(Ring lock held) ``ring_open`` of a new ring file; None (and the reason noted) when it cannot be opened."""
+        caps = self._ring_caps or {}
+        entries = min(self.ring_entries, int(caps.get("entries_max", 4096)))
+        entries = 1 << max(3, entries.bit_length() - 1)  # a power of two, at least 8
+        self._ring_counter += 1
+        name = f"{self.shm_prefix}ring-{self._ring_counter}"
+        sid = self._sid
+        try:
+            ring = _ring.Ring(name, entries, self._daemon_alive, spin_s=self.ring_spin_s,
+                              max_batch=int(caps.get("max_batch", 1024)))
+        except OSError as e:
+            self._ring_refused[key] = f"cannot make the ring file: {e}"
+            return None
+        body: dict[str, Any] = {"name": name, "entries": entries}
+        try:
+            if key is not None:
+                g = self._gpu(key)
+                ordinal = self._daemon_ordinal(g)
+                if ordinal is None:
+                    raise _NoDevice(self._gpu_reason(g))
+                from ._memops import available, host_register, host_unregister
+
+                why = available()
+                if why is not None:
+                    raise _NoDevice(why)
+                # The GPU ordering words (produced, done) live in the header page: our GPU writes and waits on it there.
+                with torch.cuda.device(key):
+                    dptr = host_register(ring.base, _ring.HEADER_BYTES)
+                ring.before_unmap.append(lambda base=ring.base: host_unregister(base))
+                ring.produced_dptr = dptr + _ring.OFF_PRODUCED  # type: ignore[attr-defined]
+                ring.done_dptr = dptr + _ring.OFF_DONE  # type: ignore[attr-defined]
+                ring.seq = 0  # type: ignore[attr-defined]  # the last produced / signal value used
+                body["device"] = {"type": DL_CUDA, "id": ordinal}
+            reply = self._call("ring_open", body, timeout=self.connect_timeout)
+        except Exception as e:  # noqa: BLE001 - any refusal: ZeroMQ instead
+            ring.close()
+            if isinstance(e, DaemonUnavailableError):
+                raise
+            self._ring_refused[key] = f"ring_open: {e}"
+            _log.info("tzip: no submission ring for %s (%s); requests go through ZeroMQ", "CPU tensors" if key is None else f"cuda:{key}", e)
+            return None
+        ring.id = int(reply["ring"])
+        ring.sid = self._sid if self._sid is not None else sid
+        ring.device = key
+        self._rings[key] = ring
+        return ring
+
+    def _daemon_ordinal(self, g: "_Gpu") -> int | None:
+        """The daemon's ordinal of ``g`` (hello's ``daemon.gpus[].index``, matched by UUID), or None."""
+        for d in self._daemon.get("gpus") or []:
+            if isinstance(d, dict) and _normalize_uuid(d.get("uuid", "")) == g.norm and isinstance(d.get("index"), int):
+                return int(d["index"])
+        return None
+
+    def _ring_regions(self, ring: _ring.Ring, wanted: list[tuple[Any, dict[str, Any]]]) -> list[_ring.Region]:
+        """The regions of ``wanted`` ((cache key, ``ring_register`` region) pairs) on ``ring``: cached ones as they
+        are, the others registered in one ``ring_register``. Raises TzipDaemonError / DaemonUnavailableError."""
+        with self._release_lock:
+            got = [ring.regions.get(k) for k, _ in wanted]
+        missing: dict[Any, dict[str, Any]] = {}
+        for (k, spec), r in zip(wanted, got):
+            if r is None and k not in missing:
+                missing[k] = spec
+        if missing:
+            reply = self._call("ring_register", {"ring": ring.id, "regions": list(missing.values())})
+            regs = reply.get("regions") or []
+            if len(regs) != len(missing):
+                raise TzipDaemonError("TZIP_PROTOCOL", f"ring_register answered {len(regs)} regions for {len(missing)}")
+            with self._release_lock:
+                for k, r in zip(missing, regs):
+                    region = _ring.Region(r["id"], r["generation"], r["bytes"])
+                    if k in ring.regions:  # another thread registered it meanwhile: ours goes again
+                        self._ring_releases.append((ring, region.id))
+                    else:
+                        ring.regions[k] = region
+                got = [ring.regions[k] for k, _ in wanted]
+        return got  # type: ignore[return-value]
+
+    def _ring_shm(self, ring: _ring.Ring, names: list[str]) -> dict[str, _ring.Region]:
+        """The regions of the session's shared-memory files ``names`` (whole files) on ``ring``."""
+        regs = self._ring_regions(ring, [(("shm", n), {"kind": "shm", "name": n}) for n in names])
+        return dict(zip(names, regs))
+
+    def _flush_ring_releases(self, timeout: float = 10.0) -> None:
+        """Sends the queued ``ring_release``s (regions of dropped segments and staging buffers), one per ring."""
+        with self._release_lock:
+            todo, self._ring_releases = self._ring_releases, []
+        by_ring: dict[int, tuple[_ring.Ring, list[int]]] = {}
+        for ring, rid in todo:
+            by_ring.setdefault(id(ring), (ring, []))[1].append(rid)
+        for ring, ids in by_ring.values():
+            if ring.sid != self._sid or not ring.usable or self._sid is None:
+                continue  # that session's rings are gone with it
+            try:
+                self._call("ring_release", {"ring": ring.id, "regions": ids}, timeout=timeout)
+            except (DaemonUnavailableError, TzipDaemonError):
+                pass
+
+    def _gpu_buffer_regions(self, ring: _ring.Ring) -> None:
+        """Queues the release of regions of staging buffers the GPU arena dropped (their memory went back to PyTorch)."""
+        with self._release_lock:
+            for k in [k for k in ring.regions if k[0] == "gpubuf" and k[1].u8 is None]:
+                self._ring_releases.append((ring, ring.regions.pop(k).id))
+
+    def _retire_rings(self) -> None:
+        """A new session: the rings of the last one are put aside (closed later, outside any lock: closing one fails
+        its pending requests, whose fallback may itself call the daemon)."""
+        with self._ring_lock:
+            self._retired.extend(self._rings.values())
+            self._rings.clear()
+            self._ring_refused.clear()
+        with self._release_lock:
+            self._ring_releases.clear()
+
+    def _close_retired(self) -> None:
+        if not self._retired:
+            return
+        with self._ring_lock:
+            rings, self._retired = self._retired, []
+        for r in rings:
+            r.close()
 
     # --- daemon requests ----------------------------------------------------------------------
     def ping(self) -> float:
@@ -827,25 +1106,65 @@ class Client:
         items = [tensors] if single else list(tensors)
         return _with_sm_budget(budget, self._compress, items, single, codec, None)
 
-    def compress_async(self, tensors, codec: str = "auto", *, sm_budget: int | None = None) -> concurrent.futures.Future:
-        """:meth:`compress` on the client's worker threads; returns a Future. CUDA work is ordered after the work
-        queued so far on the caller's current stream, and the payloads are ready in that stream's order."""
+    def compress_async(self, tensors, codec: str = "auto", *, sm_budget: int | None = None) -> _ring.Handle:
+        """:meth:`compress` without waiting: returns a :class:`tzip._ring.Handle`, a concurrent.futures.Future of
+        what :meth:`compress` returns, with ``wait(stream=None)``.
+
+        Through the submission ring (protocol version 4): submitted on the calling thread (a few microseconds);
+        ``result()`` reaps the completion. CUDA tensors: their bytes are read after the work queued so far on the
+        caller's current stream (a ``cuStreamWriteValue64`` the daemon's stream waits for, no CPU wait);
+        ``wait(stream)`` makes ``stream`` wait on the GPU for the frames; ``result()`` gives CompressedTensors whose
+        payloads are ready in the caller's stream order. Otherwise (ZeroMQ): the call runs on the client's worker
+        threads, ordered the same way; ``wait(stream)`` then waits on the host.
+
+        Raises: as :meth:`compress`, from ``result()`` (an invalid ``sm_budget`` at once)."""
         self._check_pid()
         budget = _checked_sm_budget(sm_budget)
         single = isinstance(tensors, torch.Tensor)
         items = [tensors] if single else list(tensors)
         streams = _caller_streams(t for t in items if isinstance(t, torch.Tensor))
+        try:
+            handle = _with_sm_budget(budget, self._compress_start_call, items, single, codec, streams)
+        except (ValueError, TypeError, TzipDaemonError) as e:
+            return _done_handle(_raiser(e), None)
+        if handle is not None:
+            return handle
         # the caller's stream tag (tagged()) goes with the call to the worker thread
-        return self._pool().submit(contextvars.copy_context().run, _with_sm_budget, budget, self._compress, items, single,
-                                   codec, streams)
+        return self._pool_handle(streams, _with_sm_budget, budget, self._compress, items, single, codec, streams, False)
 
-    def _compress(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None):
-        self._check_pid()
+    def _compress_start_call(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None) -> _ring.Handle | None:
+        """Checks the call's arguments and submits it through the ring when it can (else None)."""
+        self._check_compress_args(items, codec)
+        if not self._ring_caps or self._sid is None:
+            return None
+        h = self._compress_submit(items, single, codec, streams)
+        if h is not None and len(self._rings):
+            for r in list(self._rings.values()):
+                r.watch()  # completions nobody waits for (concurrent.futures.wait) are reaped in the background
+        return h
+
+    def _pool_handle(self, streams: dict[int, Any] | None, fn, *args) -> _ring.Handle:
+        """``fn(*args)`` on the worker threads (in the caller's context: its stream tag) as a Handle."""
+        fut = self._pool().submit(contextvars.copy_context().run, fn, *args)
+        h = _ring.Handle(on_wait=lambda s: _host_wait(h, streams, s))
+        fut.add_done_callback(lambda f: _settle_from(h, f))
+        return h
+
+    @staticmethod
+    def _check_compress_args(items: list, codec: str) -> None:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; one of {', '.join(CODECS)}")
         for t in items:
             check_supported(t)
             _device(t)
+
+    def _compress(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None, use_ring: bool = True):
+        self._check_pid()
+        self._check_compress_args(items, codec)
+        if use_ring and self._ring_caps and self._sid is not None:
+            h = self._compress_submit(items, single, codec, streams)
+            if h is not None:
+                return self._wait_handle(h)
         out = None
         for attempt in range(2):
             try:
@@ -937,6 +1256,514 @@ class Client:
                     copy_bytes(payload, seg.u8[it.out_off : it.out_off + n])
                     results.append(CompressedTensor(payload, it.tensor.dtype, it.tensor.shape, str(fr["codec"]), it.nbytes))
         return results
+
+    # --- requests through the ring (protocol version 4, docs/ring.md) -------------------------------------------
+    def _ring_sm_budget(self) -> int | None:
+        """The SQE's sm_budget of the call (0: the ring's default), or None when an SQE cannot say it (0 = all SMs,
+        or more than 255: such GPU requests go through ZeroMQ)."""
+        budget = _sm_budget.get()
+        if budget is None:
+            return 0
+        return budget if 1 <= budget <= 255 else None
+
+    def _compress_ring_plan(self, items: list[torch.Tensor], codec: str, streams: dict[int, Any] | None):
+        """Starters of the ring requests of ``items`` (one per CPU batch and per GPU), or None when the ring cannot
+        carry all of them (no ring offered, an item it cannot describe): then the whole call goes through ZeroMQ."""
+        if self._ring_caps is None or self._sid is None or codec not in _ring.CODEC_CODES:
+            return None
+        groups: dict[int | None, list[int]] = {}
+        for i, t in enumerate(items):
+            groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
+        tag = _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
+        starters = []
+        for key, idx in groups.items():
+            part = [items[i] for i in idx]
+            if key is None:
+                plan = self._ring_plan_compress_cpu(part)
+                if plan is None:
+                    return None
+                starters.append((idx, key, plan, None))
+            else:
+                g = self._gpu(key)
+                budget = self._ring_sm_budget()
+                if budget is None or not self._gpu_reachable(g):
+                    return None
+                plan = self._ring_plan_compress_gpu(part)
+                if plan is None:
+                    return None
+                starters.append((idx, key, plan, (_stream_for(streams, key), budget)))
+        for _, key, _, _ in starters:
+            if self._ring(key) is None:
+                return None
+        return [(idx, key, plan, extra, tag) for idx, key, plan, extra in starters]
+
+    @staticmethod
+    def _ring_plan_compress_cpu(tensors: list[torch.Tensor]) -> list[tuple] | None:
+        """Per tensor: (tensor, nbytes, frame dtype code, frame shape, capacity, zero-copy (file, offset) or None);
+        None when an SQE cannot describe one (no bytes, a frame of more than 6 dimensions, PyTorch's shared memory)."""
+        plans = []
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            if nbytes == 0:
+                return None
+            dl, wshape = wire_dtype(t.dtype, tuple(t.shape))
+            fdtype, fshape = frame_layout(*dl, wshape)
+            if len(fshape) > _ring.MAX_NDIM:
+                return None
+            zc = None
+            if t.is_contiguous():
+                found = _shm.find(t.data_ptr(), nbytes)
+                if found is not None:
+                    zc = (found[0], found[2])
+                elif _shm.torch_shm_handle(t) is not None:
+                    return None  # zero copy through ZeroMQ (its files are PyTorch's, not registered here)
+            plans.append((t, nbytes, DTYPE_CODES[fdtype], fshape, max_compressed_size(nbytes, len(fshape)), zc))
+        return plans
+
+    @staticmethod
+    def _ring_plan_compress_gpu(tensors: list[torch.Tensor]) -> list[tuple] | None:
+        """As the CPU plan, without zero copy: GPU tensors are copied into the registered staging arena (one copy on
+        the GPU, no registration per tensor)."""
+        plans = []
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            if nbytes == 0:
+                return None
+            dl, wshape = wire_dtype(t.dtype, tuple(t.shape))
+            fdtype, fshape = frame_layout(*dl, wshape)
+            if len(fshape) > _ring.MAX_NDIM:
+                return None
+            plans.append((t, nbytes, DTYPE_CODES[fdtype], fshape, max_compressed_size(nbytes, len(fshape)), None))
+        return plans
+
+    def _compress_submit(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None) -> _ring.Handle | None:
+        """The call as ring requests, submitted now (a Handle of the call's return value), or None: not for the ring."""
+        starters = self._compress_ring_plan(items, codec, streams)
+        if starters is None:
+            return None
+        n = len(items)
+
+        def combine_one(idx):
+            def post(cts):
+                if single:
+                    return cts[0]
+                return cts
+            return post
+
+        if len(starters) == 1 and starters[0][0] == list(range(n)):
+            idx, key, plan, extra, tag = starters[0]
+            return self._compress_start(key, plan, codec, extra, tag, combine_one(idx))
+        parts = [(idx, self._compress_start(key, plan, codec, extra, tag, lambda cts: cts))
+                 for idx, key, plan, extra, tag in starters]
+        return _gather(parts, n, single)
+
+    def _compress_start(self, key: int | None, plan: list[tuple], codec: str, extra, tag: int, post) -> _ring.Handle:
+        tensors = [p[0] for p in plan]
+        streams = None if key is None else {key: extra[0]}
+        ctx = contextvars.copy_context()  # the fallback runs with the caller's stream tag and SM budget
+
+        def fallback(err: BaseException | None):
+            # The ring could not take or finish it (the daemon went away, the ring stopped, a region was refused):
+            # the ZeroMQ path with its retry and raw fallback.
+            if err is not None and not isinstance(err, (DaemonUnavailableError, TzipDaemonError)):
+                raise err
+            return post(ctx.run(self._compress, tensors, False, codec, streams, False))
+
+        ring = self._ring(key)
+        if ring is None:
+            return _done_handle(fallback, None)
+        try:
+            if key is None:
+                return self._compress_start_cpu(ring, plan, codec, tag, post, fallback)
+            return self._compress_start_gpu(ring, self._gpu(key), plan, codec, extra[0], extra[1], tag, post, fallback)
+        except (DaemonUnavailableError, TzipDaemonError) as e:
+            return _done_handle(fallback, e)
+
+    def _compress_start_cpu(self, ring: _ring.Ring, plan: list[tuple], codec: str, tag: int, post, fallback) -> _ring.Handle:
+        stage = sum((0 if p[5] else _align(p[1])) + _align(p[4]) for p in plan)
+        seg = self._arena.take(max(1, stage))
+        try:
+            regions = self._ring_shm(ring, list(dict.fromkeys([seg.name] + [p[5][0] for p in plan if p[5]])))
+            here = regions[seg.name]
+            ccode = _ring.CODEC_CODES[codec]
+            sqes = []
+            outs = []
+            off = 0
+            for t, nbytes, dcode, fshape, cap, zc in plan:
+                if zc is not None:
+                    src = (regions[zc[0]], zc[1], nbytes)
+                else:
+                    copy_into_bytes(seg.u8[off : off + nbytes], t)
+                    src = (here, off, nbytes)
+                    off += _align(nbytes)
+                outs.append(off)
+                sqes.append(_ring.sqe(_ring.OP_COMPRESS, 0, codec=ccode, dtype=dcode, shape=fshape, stream=tag, src=src,
+                                      dst=(here, off, cap)))
+                off += _align(cap)
+        except BaseException:
+            self._arena.give(seg)
+            raise
+
+        def finish(res):
+            if isinstance(res, BaseException):
+                seg.close()  # the daemon may not be done with it: never reused
+                return fallback(res)
+            try:
+                err = _ring.Handle.error_of(res)
+                if err is not None:
+                    raise err
+                cts = []
+                for (t, nbytes, _d, _s, cap, _z), o, (_st, c, n, _m) in zip(plan, outs, res):
+                    if not 0 < n <= cap:
+                        raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {n} bytes (capacity {cap})")
+                    payload = torch.empty(n, dtype=torch.uint8)
+                    copy_bytes(payload, seg.u8[o : o + n])
+                    cts.append(CompressedTensor(payload, t.dtype, t.shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes))
+            finally:
+                self._arena.give(seg)
+            return post(cts)
+
+        return self._ring_submit(ring, sqes, finish)
+
+    def _ring_submit(self, ring: _ring.Ring, sqes: list[tuple], finish, on_wait=None) -> _ring.Handle:
+        h = _ring.Handle(ring, len(sqes), finish, on_wait)
+        try:
+            ring.submit([sqes], h)
+        except _ring.RingClosed as e:
+            h._complete(e)  # nothing (or not all) of it was taken: its fallback runs now
+        return h
+
+    def _ring_next_value(self, ring: _ring.Ring) -> int:
+        with self._ring_lock:
+            ring.seq += 1  # type: ignore[attr-defined]
+            return ring.seq  # type: ignore[attr-defined]
+
+    def _ring_gpu_buffer(self, ring: _ring.Ring, g: "_Gpu", buf) -> _ring.Region:
+        """The region of the whole staging buffer ``buf`` on ``ring`` (registered once per buffer)."""
+        ordinal = self._daemon_ordinal(g)
+        spec = {"kind": "cuda", "device": {"type": DL_CUDA, "id": ordinal}, "handle": buf.share.handle,
+                "offset": buf.share.offset, "bytes": buf.size}
+        with self._release_lock:
+            self._gpu_handles[buf.share.handle] = None  # for release_gpu's count
+        return self._ring_regions(ring, [(("gpubuf", buf), spec)])[0]
+
+    def _gpu_order(self, ring: _ring.Ring, stream, sqes: list[tuple]) -> tuple[list[tuple], int]:
+        """Queues ``produced = v`` on ``stream`` (after the work queued there: the batch's inputs) and marks the
+        batch WAIT (first SQE) / SIGNAL (last), both with ``v``. Returns the SQEs and ``v``."""
+        from ._memops import write_value64
+
+        v = self._ring_next_value(ring)
+        write_value64(stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
+        first = sqes[0]
+        sqes[0] = (first[0], first[1] | _ring.F_WAIT, *first[2:-2], v, first[-1])
+        last = sqes[-1]
+        sqes[-1] = (last[0], last[1] | _ring.F_SIGNAL, *last[2:-1], v)
+        return sqes, v
+
+    @staticmethod
+    def _gpu_wait_done(ring: _ring.Ring, stream, v: int) -> None:
+        """``stream`` waits on the GPU until the ring's done word is >= ``v``."""
+        from ._memops import wait_value64
+
+        wait_value64(stream, ring.done_dptr, v)  # type: ignore[attr-defined]
+
+    def _compress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", plan: list[tuple], codec: str, stream, budget: int, tag: int,
+                            post, fallback) -> _ring.Handle:
+        from ._cuda import gpu_bytes_of, gpu_copy_many, regions_of
+
+        stage = sum(_align(p[1]) + _align(p[4]) for p in plan)
+        with torch.cuda.device(g.index), torch.cuda.stream(stream):
+            buf = self._staging_take(g, stage, stream)
+            try:
+                region = self._ring_gpu_buffer(ring, g, buf)
+                ccode = _ring.CODEC_CODES[codec]
+                sqes = []
+                outs = []
+                staged: list[tuple[int, int]] = []
+                srcs: list[torch.Tensor] = []
+                off = 0
+                for t, nbytes, dcode, fshape, cap, _z in plan:
+                    staged.append((off, nbytes))
+                    srcs.append(gpu_bytes_of(t))
+                    src = (region, off, nbytes)
+                    off += _align(nbytes)
+                    outs.append(off)
+                    sqes.append(_ring.sqe(_ring.OP_COMPRESS, 0, codec=ccode, dtype=dcode, shape=fshape, sm_budget=budget,
+                                          stream=tag, src=src, dst=(region, off, cap)))
+                    off += _align(cap)
+                gpu_copy_many(regions_of(buf.u8, staged), srcs)
+                sqes, v = self._gpu_order(ring, stream, sqes)
+            except BaseException:
+                g.arena.give(buf, stream)
+                raise
+        buf.in_doubt = True
+
+        def finish(res):
+            if isinstance(res, BaseException):
+                buf.share.poison()  # the daemon's stream may still use it: never reused nor freed
+                return fallback(res)
+            with torch.cuda.device(g.index), torch.cuda.stream(stream):
+                try:
+                    err = _ring.Handle.error_of(res)
+                    if err is not None:
+                        raise err
+                    sizes = []
+                    for (t, nbytes, _d, _s, cap, _z), (_st, c, n, _m) in zip(plan, res):
+                        if not 0 < n <= cap:
+                            raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {n} bytes (capacity {cap})")
+                        sizes.append(n)
+                    self._gpu_wait_done(ring, stream, v)
+                    # Each payload an allocation of its own (a view of a shared one would make torch.save write them all).
+                    payloads = [torch.empty(n, dtype=torch.uint8, device=g.device) for n in sizes]
+                    gpu_copy_many(payloads, regions_of(buf.u8, [(o, n) for o, n in zip(outs, sizes)]))
+                finally:
+                    buf.in_doubt = False
+                    g.arena.give(buf, stream)
+            return post([CompressedTensor(p, t.dtype, t.shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes)
+                         for p, (t, nbytes, *_r), (_st, c, _n, _m) in zip(payloads, plan, res)])
+
+        def on_wait(s):
+            self._gpu_wait_done(ring, s if s is not None else torch.cuda.current_stream(g.index), v)
+
+        return self._ring_submit(ring, sqes, finish, on_wait)
+
+    def _staging_take(self, g: "_Gpu", nbytes: int, stream):
+        """A staging buffer of ``g``'s arena (given back by the request's finishing step); PyTorch refusing to share
+        one is TZIP_UNSUPPORTED."""
+        from ._cuda import ShareError
+
+        try:
+            return g.arena.take(max(1, nbytes), stream)
+        except ShareError as e:
+            raise TzipDaemonError("TZIP_UNSUPPORTED", f"cannot stage CUDA tensors for the daemon: {e}") from None
+
+    # decompress
+    def _decompress_submit(self, items: list, outs: list, single: bool, verify: bool,
+                           streams: dict[int, Any] | None) -> _ring.Handle | None:
+        """The call as ring requests, submitted now, or None: not for the ring (then ZeroMQ, as before)."""
+        if self._ring_caps is None or self._sid is None:
+            return None
+        groups: dict[int | None, list[int]] = {}
+        for i, (ct, o) in enumerate(zip(items, outs)):
+            if ct.nbytes == 0 or ct.payload.numel() == 0:
+                return None
+            target = o.device if o is not None else ct.payload.device
+            key = None if target.type == "cpu" else (target.index or 0)
+            if key is None:
+                if o is not None and o.is_contiguous() and _shm.find(o.data_ptr(), ct.nbytes) is None \
+                        and _shm.torch_shm_handle(o) is not None:
+                    return None  # PyTorch's shared memory: zero copy through ZeroMQ
+            else:
+                if self._ring_sm_budget() is None or not self._gpu_reachable(self._gpu(key)):
+                    return None
+            groups.setdefault(key, []).append(i)
+        for key in groups:
+            if self._ring(key) is None:
+                return None
+        tag = _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
+        n = len(items)
+        if len(groups) == 1:
+            key, idx = next(iter(groups.items()))
+            return self._decompress_start(key, [items[i] for i in idx], [outs[i] for i in idx], verify, streams, tag,
+                                          (lambda r: r[0]) if single else (lambda r: r))
+        parts = [(idx, self._decompress_start(key, [items[i] for i in idx], [outs[i] for i in idx], verify, streams, tag,
+                                              lambda r: r)) for key, idx in groups.items()]
+        return _gather(parts, n, single)
+
+    def _decompress_start(self, key: int | None, cts: list[CompressedTensor], outs: list, verify: bool,
+                          streams: dict[int, Any] | None, tag: int, post) -> _ring.Handle:
+        stream = None if key is None else _stream_for(streams, key)
+        ctx = contextvars.copy_context()
+
+        def fallback(err: BaseException | None):
+            if err is not None and not isinstance(err, (DaemonUnavailableError, TzipDaemonError)):
+                raise err
+            return post(ctx.run(self._decompress, cts, outs, False, verify, None if key is None else {key: stream}, False))
+
+        ring = self._ring(key)
+        if ring is None:
+            return _done_handle(fallback, None)
+        try:
+            if key is None:
+                return self._decompress_start_cpu(ring, cts, outs, verify, tag, post, fallback)
+            return self._decompress_start_gpu(ring, self._gpu(key), cts, outs, verify, stream, tag, post, fallback)
+        except (DaemonUnavailableError, TzipDaemonError) as e:
+            return _done_handle(fallback, e)
+
+    def _decompress_start_cpu(self, ring: _ring.Ring, cts: list[CompressedTensor], outs: list, verify: bool, tag: int,
+                              post, fallback) -> _ring.Handle:
+        plans = []
+        lent: list[_shm.Segment] = []
+        stage = 0
+        for ct, o in zip(cts, outs):
+            frame = ct.payload.detach()
+            if frame.device.type != "cpu":
+                frame = frame.cpu()
+            if not frame.is_contiguous():
+                frame = frame.contiguous()
+            found = _shm.find(frame.data_ptr(), frame.numel())
+            fzc = None if found is None else (found[0], found[2])
+            dest = result = None
+            if o is not None:
+                if o.is_contiguous():
+                    found = _shm.find(o.data_ptr(), ct.nbytes)
+                    dest = None if found is None else (found[0], found[2])
+            elif ct.nbytes >= DEDICATED_MIN_BYTES:
+                seg, u8 = self._results.lend(ct.nbytes)
+                lent.append(seg)
+                result = from_bytes(u8, ct.dtype, tuple(ct.shape))
+                dest = (seg.name, 0)
+            plans.append([ct, o, frame, fzc, dest, result, 0, 0])
+            stage += (0 if fzc else _align(frame.numel())) + (0 if dest else _align(ct.nbytes))
+        seg = self._arena.take(max(1, stage))
+        try:
+            names = [seg.name] + [p[3][0] for p in plans if p[3]] + [p[4][0] for p in plans if p[4]]
+            regions = self._ring_shm(ring, list(dict.fromkeys(names)))
+            here = regions[seg.name]
+            flags = _ring.F_VERIFY if verify else 0
+            sqes = []
+            off = 0
+            for p in plans:
+                ct, o, frame, fzc, dest = p[0], p[1], p[2], p[3], p[4]
+                n = frame.numel()
+                if fzc is not None:
+                    src = (regions[fzc[0]], fzc[1], n)
+                else:
+                    copy_bytes(seg.u8[off : off + n], frame)
+                    src = (here, off, n)
+                    off += _align(n)
+                if dest is not None:
+                    dst = (regions[dest[0]], dest[1], ct.nbytes)
+                else:
+                    p[7] = off
+                    dst = (here, off, ct.nbytes)
+                    off += _align(ct.nbytes)
+                sqes.append(_ring.sqe(_ring.OP_DECOMPRESS, flags, stream=tag, src=src, dst=dst))
+        except BaseException:
+            self._arena.give(seg)
+            raise
+
+        def finish(res):
+            if isinstance(res, BaseException):
+                seg.close()
+                for s in lent:
+                    self._results.discard(s)
+                return fallback(res)
+            try:
+                err = _ring.Handle.error_of(res)
+                if err is not None:
+                    raise err
+                results = []
+                for (ct, o, _f, _fz, dest, result, _x, out_off), (_st, _c, n, _m) in zip(plans, res):
+                    if n != ct.nbytes:
+                        raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {n} bytes, the CompressedTensor says {ct.nbytes}")
+                    if o is not None:
+                        if dest is None:
+                            copy_from_bytes(o, seg.u8[out_off : out_off + ct.nbytes])
+                        results.append(o)
+                    elif result is not None:
+                        results.append(result)
+                    else:
+                        flat = torch.empty(ct.nbytes, dtype=torch.uint8)
+                        copy_bytes(flat, seg.u8[out_off : out_off + ct.nbytes])
+                        results.append(from_bytes(flat, ct.dtype, ct.shape))
+            finally:
+                self._arena.give(seg)
+            return post(results)
+
+        return self._ring_submit(ring, sqes, finish)
+
+    def _decompress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", cts: list[CompressedTensor], outs: list, verify: bool,
+                              stream, tag: int, post, fallback) -> _ring.Handle:
+        from ._cuda import gpu_copy_from_bytes, gpu_copy_many, regions_of
+
+        budget = self._ring_sm_budget() or 0
+        with torch.cuda.device(g.index), torch.cuda.stream(stream):
+            frames = []
+            for ct in cts:
+                f = ct.payload.detach()
+                if f.device != g.device:
+                    f = f.to(g.device)
+                frames.append(f if f.is_contiguous() else f.contiguous())
+            stage = sum(_align(f.numel()) + _align(ct.nbytes) for f, ct in zip(frames, cts))
+            buf = self._staging_take(g, stage, stream)
+            try:
+                region = self._ring_gpu_buffer(ring, g, buf)
+                flags = _ring.F_VERIFY if verify else 0
+                sqes = []
+                staged: list[tuple[int, int]] = []
+                out_offs: list[int] = []
+                off = 0
+                for f, ct in zip(frames, cts):
+                    n = f.numel()
+                    staged.append((off, n))
+                    src = (region, off, n)
+                    off += _align(n)
+                    out_offs.append(off)
+                    sqes.append(_ring.sqe(_ring.OP_DECOMPRESS, flags, sm_budget=budget, stream=tag, src=src,
+                                          dst=(region, off, ct.nbytes)))
+                    off += _align(ct.nbytes)
+                gpu_copy_many(regions_of(buf.u8, staged), frames)
+                sqes, v = self._gpu_order(ring, stream, sqes)
+                # The results exist now (written in stream order once the daemon is done: see queue_copies).
+                results = [o if o is not None else torch.empty(ct.shape, dtype=ct.dtype, device=g.device)
+                           for ct, o in zip(cts, outs)]
+            except BaseException:
+                g.arena.give(buf, stream)
+                raise
+        buf.in_doubt = True
+        state = {"copied": None}  # the stream the copies out of the arena were queued on, and the event after them
+        lock = threading.Lock()
+
+        def queue_copies(s) -> None:
+            """Once: ``s`` waits (on the GPU) for the done flag, then copies the results out of the arena, then the
+            buffer goes back to the arena (its next user's stream waits for these copies). Later calls: ``s`` waits
+            for those copies."""
+            with lock:
+                if state["copied"] is not None:
+                    if s is not state["copied"][0] and state["copied"][1] is not None:
+                        s.wait_event(state["copied"][1])
+                    return
+                with torch.cuda.device(g.index), torch.cuda.stream(s):
+                    self._gpu_wait_done(ring, s, v)
+                    direct, srcs = [], []
+                    for r, ct, o, oo in zip(results, cts, outs, out_offs):
+                        src = buf.u8[oo : oo + ct.nbytes]
+                        if o is not None and not o.is_contiguous():
+                            gpu_copy_from_bytes(o, src)  # any layout: a copy of its own
+                        else:
+                            direct.append(_u8_of(r))
+                            srcs.append(src)
+                    gpu_copy_many(direct, srcs)
+                    ev = torch.cuda.Event()
+                    ev.record(s)
+                    state["copied"] = (s, ev)
+                buf.in_doubt = False
+                g.arena.give(buf, s)
+
+        def finish(res):
+            if isinstance(res, BaseException):
+                buf.share.poison()
+                return fallback(res)
+            err = _ring.Handle.error_of(res)
+            if err is not None:
+                with lock:
+                    if state["copied"] is None:
+                        buf.in_doubt = False
+                        g.arena.give(buf, stream)
+                        state["copied"] = (stream, None)
+                raise err
+            for ct, (_st, _c, n, _m) in zip(cts, res):
+                if n != ct.nbytes:
+                    raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {n} bytes, the CompressedTensor says {ct.nbytes}")
+            if state["copied"] is None:
+                queue_copies(stream)
+            return post(results)
+
+        def on_wait(s):
+            queue_copies(s if s is not None else torch.cuda.current_stream(g.index))
+
+        return self._ring_submit(ring, sqes, finish, on_wait)
 
     def _compress_raw(self, t: torch.Tensor) -> CompressedTensor:
         """The fallback: a frame of codec raw, written here (for a CUDA tensor: on the CPU, then copied to its GPU)."""
@@ -1170,16 +1997,56 @@ class Client:
         items, outs, single = self._decompress_args(cts, out)
         return _with_sm_budget(budget, self._decompress, items, outs, single, verify, None)
 
-    def decompress_async(self, cts, out=None, verify: bool = True, *, sm_budget: int | None = None) -> concurrent.futures.Future:
-        """:meth:`decompress` on the client's worker threads; returns a Future (CUDA work is ordered on the caller's
-        current stream, as for :meth:`compress_async`)."""
+    def decompress_async(self, cts, out=None, verify: bool = True, *, sm_budget: int | None = None) -> _ring.Handle:
+        """:meth:`decompress` without waiting: returns a :class:`tzip._ring.Handle`, a concurrent.futures.Future of
+        what :meth:`decompress` returns, with ``wait(stream=None)``.
+
+        Through the submission ring (protocol version 4), for CUDA results: the frames are read after the work
+        queued so far on the caller's current stream, ``wait(stream)`` makes ``stream`` wait on the GPU (no CPU wait)
+        and then copy the results into place: tensors used on ``stream`` afterwards hold the decompressed values
+        (the tensors are ``result()``'s; a failed request raises from ``result()``). Otherwise (ZeroMQ, CPU): as
+        :meth:`compress_async`.
+
+        Raises: as :meth:`decompress`, from ``result()`` (argument errors at once)."""
         self._check_pid()
         budget = _checked_sm_budget(sm_budget)
         items, outs, single = self._decompress_args(cts, out)
         streams = _caller_streams([*(o for o in outs if isinstance(o, torch.Tensor)),
                                    *(ct.payload for ct in items if isinstance(ct, CompressedTensor))])
-        return self._pool().submit(contextvars.copy_context().run, _with_sm_budget, budget, self._decompress, items, outs,
-                                   single, verify, streams)
+        try:
+            handle = _with_sm_budget(budget, self._decompress_start_call, items, outs, single, verify, streams)
+        except (ValueError, TypeError, TzipDaemonError) as e:
+            return _done_handle(_raiser(e), None)
+        if handle is not None:
+            return handle
+        return self._pool_handle(streams, _with_sm_budget, budget, self._decompress, items, outs, single, verify, streams,
+                                 False)
+
+    def _decompress_start_call(self, items: list, outs: list, single: bool, verify: bool,
+                               streams: dict[int, Any] | None) -> _ring.Handle | None:
+        self._check_decompress_args(items, outs)
+        if not self._ring_caps or self._sid is None or not self._ring_worth(items, outs):
+            return None
+        h = self._decompress_submit(items, outs, single, verify, streams)
+        if h is not None:
+            for r in list(self._rings.values()):
+                r.watch()
+        return h
+
+    def _ring_worth(self, items: list, outs: list) -> bool:
+        """Whether every frame needs the daemon (raw frames for the CPU are decoded here, as without the ring)."""
+        for ct, o in zip(items, outs):
+            target = o.device if o is not None else ct.payload.device
+            if ct.codec == "raw" and target.type == "cpu":
+                return False
+        return True
+
+    def _wait_handle(self, h: _ring.Handle):
+        """The value of a blocking call's handle (its request timeout: DaemonUnavailableError)."""
+        try:
+            return h.result(self.request_timeout)
+        except concurrent.futures.TimeoutError:
+            raise DaemonUnavailableError(f"no completion from the tzip daemon's ring in {self.request_timeout:g} s") from None
 
     @staticmethod
     def _decompress_args(cts, out) -> tuple[list, list, bool]:
@@ -1200,18 +2067,14 @@ class Client:
                 raise ValueError(f"out has {len(outs)} entries for {len(items)} compressed tensors")
         return items, outs, single
 
-    def _decompress(self, items: list, outs: list, single: bool, verify: bool, streams: dict[int, Any] | None):
+    def _decompress(self, items: list, outs: list, single: bool, verify: bool, streams: dict[int, Any] | None,
+                    use_ring: bool = True):
         self._check_pid()
-        for ct, o in zip(items, outs):
-            if not isinstance(ct, CompressedTensor):
-                raise TypeError(f"expected CompressedTensor, got {type(ct).__name__}")
-            if o is not None:
-                check_supported(o)
-                _device(o)
-                if o.dtype != ct.dtype or tuple(o.shape) != tuple(ct.shape):
-                    raise ValueError(f"out is {o.dtype} {tuple(o.shape)}, the compressed tensor {ct.dtype} {tuple(ct.shape)}")
-            if ct.payload.device.type != "cpu":
-                _device(ct.payload)
+        self._check_decompress_args(items, outs)
+        if use_ring and self._ring_caps and self._sid is not None and self._ring_worth(items, outs):
+            h = self._decompress_submit(items, outs, single, verify, streams)
+            if h is not None:
+                return self._wait_handle(h)
         results: list[torch.Tensor | None] = [None] * len(items)
         remote = []
         for i, (ct, o) in enumerate(zip(items, outs)):
@@ -1238,6 +2101,19 @@ class Client:
                         raise DaemonUnavailableError(f"cannot decompress codec {items[rest[0]].codec!r} frames: {e}") from None
                     break
         return results[0] if single else results
+
+    @staticmethod
+    def _check_decompress_args(items: list, outs: list) -> None:
+        for ct, o in zip(items, outs):
+            if not isinstance(ct, CompressedTensor):
+                raise TypeError(f"expected CompressedTensor, got {type(ct).__name__}")
+            if o is not None:
+                check_supported(o)
+                _device(o)
+                if o.dtype != ct.dtype or tuple(o.shape) != tuple(ct.shape):
+                    raise ValueError(f"out is {o.dtype} {tuple(o.shape)}, the compressed tensor {ct.dtype} {tuple(ct.shape)}")
+            if ct.payload.device.type != "cpu":
+                _device(ct.payload)
 
     def _decompress_remote(self, items: list[CompressedTensor], outs: list, idx: list[int], verify: bool,
                            streams: dict[int, Any] | None, results: list) -> None:
@@ -1514,11 +2390,23 @@ class Client:
             self._executor.shutdown(wait=True)
         self._closing = True  # the heartbeat thread sends nothing more and opens no session after the goodbye
         self._wake.set()
+        with self._ring_lock:
+            rings = list(self._rings.values())
+            self._rings.clear()
         if self._sid is not None:
+            for ring in rings:
+                if ring.sid == self._sid and ring.state != "dead":
+                    try:
+                        self._call("ring_close", {"ring": ring.id}, timeout=2.0)
+                    except (DaemonUnavailableError, TzipDaemonError):
+                        pass
             try:
                 self._call("release", {"end": True}, timeout=2.0)
             except (DaemonUnavailableError, TzipDaemonError):
                 pass
+        for ring in rings:
+            ring.close()  # the daemon unmapped it (ring_close, or the session's end): the file goes
+        self._close_retired()
         # A request of the heartbeat thread still waiting gives up within one poll; only then are the sockets closed
         # (closing a socket another thread waits on aborts the process inside libzmq).
         self._transport.interrupt()

@@ -1,0 +1,171 @@
+"""CUDA stream memory operations through the driver API: the GPU ordering flags of the ring (docs/ring.md, "GPU
+ordering flags").
+
+* :func:`write_value64` -- ``cuStreamWriteValue64``: the stream stores a u64 into device memory once the work queued
+  before it finished (the default flags: with a memory barrier, so that work's writes are visible first). The
+  client writes the ring's ``produced`` word after the work that produces a batch's inputs.
+* :func:`wait_value64` -- ``cuStreamWaitValue64`` with ``CU_STREAM_WAIT_VALUE_GEQ``: the stream waits, on the GPU,
+  until a u64 in device memory is at least a value. The client waits on the ring's ``done`` word, which the daemon's
+  stream writes after a batch.
+* The 32-bit variants (:func:`write_value32`, :func:`wait_value32`) for words of 4 bytes.
+* :func:`host_register` / :func:`host_unregister` -- ``cudaHostRegister`` (portable, mapped) of host memory such as the
+  ring file's header page, where the ordering words live, and the device address the stream operations use for it
+  (``cuMemHostGetDevicePointer``).
+
+The entry points are the ``_v2`` ones of libcuda.so.1 (CUDA 11.7+; the only ones in CUDA 12 headers), found with
+ctypes; the CUstream is ``torch.cuda.Stream.cuda_stream``. Nothing here initialises CUDA: the caller's PyTorch did.
+:func:`available` says why these cannot be used on a machine without the driver; the calls raise
+``TzipDaemonError("TZIP_CUDA", ...)`` with the driver's error name when a call fails.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from ._errors import TzipDaemonError
+
+__all__ = ["available", "write_value64", "wait_value64", "write_value32", "wait_value32", "host_register",
+           "host_unregister", "CU_STREAM_WAIT_VALUE_GEQ",
+           "CU_STREAM_WAIT_VALUE_EQ", "CU_STREAM_WRITE_VALUE_DEFAULT"]
+
+# cuda.h: CUstreamWaitValue_flags, CUstreamWriteValue_flags
+CU_STREAM_WAIT_VALUE_GEQ = 0x0
+CU_STREAM_WAIT_VALUE_EQ = 0x1
+CU_STREAM_WRITE_VALUE_DEFAULT = 0x0
+
+_lock = threading.Lock()
+_driver: "_Driver | None" = None
+_why_not: str | None = None
+
+
+class _Driver:
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+
+        def entry(*names: str):
+            for n in names:
+                fn = getattr(lib, n, None)
+                if fn is not None:
+                    fn.restype = ctypes.c_int
+                    return fn
+            raise OSError(f"libcuda.so.1 has none of {', '.join(names)}")
+
+        u64, u32, ptr = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p
+        self.write64 = entry("cuStreamWriteValue64_v2", "cuStreamWriteValue64")
+        self.write64.argtypes = [ptr, u64, u64, ctypes.c_uint]
+        self.wait64 = entry("cuStreamWaitValue64_v2", "cuStreamWaitValue64")
+        self.wait64.argtypes = [ptr, u64, u64, ctypes.c_uint]
+        self.write32 = entry("cuStreamWriteValue32_v2", "cuStreamWriteValue32")
+        self.write32.argtypes = [ptr, u64, u32, ctypes.c_uint]
+        self.wait32 = entry("cuStreamWaitValue32_v2", "cuStreamWaitValue32")
+        self.wait32.argtypes = [ptr, u64, u32, ctypes.c_uint]
+        self.host_dptr = entry("cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
+        self.host_dptr.argtypes = [ctypes.POINTER(ctypes.c_uint64), ptr, ctypes.c_uint]
+        self.get_name = lib.cuGetErrorName
+        self.get_name.restype = ctypes.c_int
+        self.get_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self.get_string = lib.cuGetErrorString
+        self.get_string.restype = ctypes.c_int
+        self.get_string.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+
+    def check(self, what: str, rc: int) -> None:
+        if rc == 0:
+            return
+        name = ctypes.c_char_p()
+        text = ctypes.c_char_p()
+        self.get_name(rc, ctypes.byref(name))
+        self.get_string(rc, ctypes.byref(text))
+        n = name.value.decode() if name.value else f"CUresult {rc}"
+        t = text.value.decode() if text.value else "unknown error"
+        raise TzipDaemonError("TZIP_CUDA", f"{what} failed: {n} ({t})")
+
+
+def _load() -> "_Driver | None":
+    global _driver, _why_not
+    if _driver is not None or _why_not is not None:
+        return _driver
+    with _lock:
+        if _driver is None and _why_not is None:
+            try:
+                _driver = _Driver(ctypes.CDLL("libcuda.so.1"))
+            except (OSError, AttributeError) as e:
+                _why_not = f"no CUDA driver (libcuda.so.1): {e}"
+    return _driver
+
+
+def available() -> str | None:
+    """None when the driver's stream memory operations can be called, else why not."""
+    _load()
+    return _why_not
+
+
+def _drv() -> _Driver:
+    d = _load()
+    if d is None:
+        raise TzipDaemonError("TZIP_CUDA", f"stream memory operations need the CUDA driver: {_why_not}")
+    return d
+
+
+def _handle(stream) -> ctypes.c_void_p:
+    return ctypes.c_void_p(int(stream.cuda_stream))
+
+
+def write_value64(stream, address: int, value: int, flags: int = CU_STREAM_WRITE_VALUE_DEFAULT) -> None:
+    """Queues on ``stream`` (a torch.cuda.Stream) the store of u64 ``value`` at device address ``address`` (8-byte
+    aligned), after the work queued before it. Raises TzipDaemonError TZIP_CUDA."""
+    d = _drv()
+    d.check("cuStreamWriteValue64", d.write64(_handle(stream), address, value, flags))
+
+
+def wait_value64(stream, address: int, value: int, flags: int = CU_STREAM_WAIT_VALUE_GEQ) -> None:
+    """Queues on ``stream`` a GPU-side wait until the u64 at ``address`` is >= ``value`` (``flags`` GEQ; EQ and the
+    others of cuda.h work too). No CPU wait. Raises TzipDaemonError TZIP_CUDA."""
+    d = _drv()
+    d.check("cuStreamWaitValue64", d.wait64(_handle(stream), address, value, flags))
+
+
+def write_value32(stream, address: int, value: int, flags: int = CU_STREAM_WRITE_VALUE_DEFAULT) -> None:
+    """:func:`write_value64` for a u32 (4-byte aligned)."""
+    d = _drv()
+    d.check("cuStreamWriteValue32", d.write32(_handle(stream), address, value, flags))
+
+
+def wait_value32(stream, address: int, value: int, flags: int = CU_STREAM_WAIT_VALUE_GEQ) -> None:
+    """:func:`wait_value64` for a u32."""
+    d = _drv()
+    d.check("cuStreamWaitValue32", d.wait32(_handle(stream), address, value, flags))
+
+
+#: cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): pinned for every context, and mapped into
+#: the device address space.
+_HOST_REGISTER_FLAGS = 0x01 | 0x02
+
+
+def host_register(address: int, nbytes: int) -> int:
+    """Pins and maps ``nbytes`` of host memory at ``address`` (page-aligned) for the GPUs (``cudaHostRegister``
+    through PyTorch's runtime, portable and mapped); returns its device address for the stream operations. Undo it
+    with :func:`host_unregister` before the memory is unmapped. Raises TzipDaemonError TZIP_CUDA."""
+    import torch
+
+    rc = torch.cuda.cudart().cudaHostRegister(address, nbytes, _HOST_REGISTER_FLAGS)
+    if int(getattr(rc, "value", rc)) != 0:
+        raise TzipDaemonError("TZIP_CUDA", f"cudaHostRegister of {nbytes} bytes failed: {rc}")
+    d = _drv()
+    dptr = ctypes.c_uint64()
+    # The runtime call above made the primary context current on this thread, as this driver call needs.
+    rc2 = d.host_dptr(ctypes.byref(dptr), ctypes.c_void_p(address), 0)
+    if rc2 != 0:
+        torch.cuda.cudart().cudaHostUnregister(address)
+        d.check("cuMemHostGetDevicePointer", rc2)
+    return int(dptr.value)
+
+
+def host_unregister(address: int) -> None:
+    """Undoes :func:`host_register` (errors are ignored: the memory is about to go)."""
+    import torch
+
+    try:
+        torch.cuda.cudart().cudaHostUnregister(address)
+    except Exception:  # pragma: no cover
+        pass
