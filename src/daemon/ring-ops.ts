@@ -15,7 +15,7 @@
  *   it. The ownership rules are the ZeroMQ path's (the session's names only, regular files of the daemon's user, no
  *   symlinks, a file another session has mapped refused), and the files count against the session's
  *   `maxRegionsPerSession` together with its ZeroMQ mappings (session.ts).
- * - CUDA regions (and the ring's `flag`) are allocations opened through the session's {@link GpuSession}: kept marked in
+ * - CUDA regions are allocations opened through the session's {@link GpuSession}: kept marked in
  *   use from registration to release, so neither the least-recently-used trimming of the ZeroMQ path nor a `release`
  *   op closes them under the thread; they count against `maxIpcHandlesPerSession`.
  * Releasing waits for the thread (`remove()`, which resolves once no batch uses the regions), then lets go.
@@ -186,7 +186,7 @@ interface Ring {
   native: NativeRing;
   file: HeldFile;
   regions: Map<number, Region>;
-  /** Allocation keys the ring holds (its regions' and its flag's), with how many holds each. */
+  /** Allocation keys the ring's regions hold, with how many holds each. */
   allocations: Map<string, number>;
   /** The keys above as a set tracked by the session's GpuSession (never trimmed while tracked). */
   tracked: Set<string>;
@@ -260,9 +260,6 @@ export class SessionRings {
     if (!bare.startsWith(this.session.shmPrefix)) {
       throw new ReplyError('TZIP_HANDLE', `${shmPath(bare)} is not this session's ring file: its name must start with the session's shm_prefix ${this.session.shmPrefix}`);
     }
-    if (req.flag !== undefined && req.device === undefined) {
-      throw new ReplyError('TZIP_INVALID_ARGUMENT', 'ring_open: "flag" names GPU memory of the ring\'s device; give "device" too');
-    }
     const device = req.device !== undefined ? gpuOrdinal(req.device.id, 'ring_open device') : undefined;
     const want = ringBytes(req.entries);
     const file = this.hold(bare, (f) => {
@@ -280,17 +277,8 @@ export class SessionRings {
         throw new ReplyError('TZIP_INVALID_ARGUMENT', `${shmPath(bare)} says ${entries} entries in its header; ring_open says ${req.entries}`);
       }
     });
-    const allocations = new Map<string, number>();
-    const tracked = new Set<string>();
-    let flagPtr: bigint | undefined;
     let ring: Ring | undefined;
     try {
-      if (req.flag !== undefined) {
-        const opened = this.openAllocation(req.flag.handle, device as number, 'ring_open flag');
-        allocations.set(opened.key, 1);
-        tracked.add(opened.key);
-        flagPtr = opened.base + BigInt(req.flag.offset);
-      }
       const id = this.nextId++;
       const opts: RingOpenOptions = {
         entries: req.entries,
@@ -302,24 +290,19 @@ export class SessionRings {
         onBroken: (why) => this.onBroken(id, why, events),
       };
       if (device !== undefined) opts.device = device;
-      if (flagPtr !== undefined) opts.flag = flagPtr;
       let nativeRing: NativeRing;
       try {
         nativeRing = opener(file.buffer, opts);
       } catch (err) {
         throw nativeError(err, 'ring_open');
       }
-      ring = { id, name: bare, device, native: nativeRing, file, regions: new Map(), allocations, tracked, tracking: false, closing: undefined, broken: null };
-      if (tracked.size > 0) this.track(ring);
+      ring = { id, name: bare, device, native: nativeRing, file, regions: new Map(), allocations: new Map(), tracked: new Set(), tracking: false, closing: undefined, broken: null };
       this.rings.set(id, ring);
       this.counters.opened++;
       this.counters.open++;
       return { ring: id };
     } finally {
-      if (ring === undefined) {
-        this.letGoAllocations(allocations);
-        this.unhold(file);
-      }
+      if (ring === undefined) this.unhold(file);
     }
   }
 
@@ -582,7 +565,7 @@ export class SessionRings {
     this.session.gpuIfAny?.end([key]);
   }
 
-  /** Ends every hold in `allocations` (a ring's flag and the like). */
+  /** Ends every hold in `allocations`. */
   private letGoAllocations(allocations: Map<string, number>): void {
     const gpu = this.session.gpuIfAny;
     if (gpu === undefined) return;

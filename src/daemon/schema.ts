@@ -364,8 +364,6 @@ export const RingOpenRequest = z.strictObject({
   entries: RingEntries,
   /** The GPU whose batches the ring serves (on a stream of its own); absent: CPU batches only. */
   device: RingDevice.optional(),
-  /** 16 bytes of a CUDA allocation on `device`: the ring's `produced` (offset 0) and `done` (offset 8) words. */
-  flag: z.strictObject({ handle: ShareableHandle, offset: uint }).optional(),
   /** SMs of the GPU kernels of SQEs that give 0 (0: all SMs). */
   sm_budget: SmBudget.optional(),
 });
