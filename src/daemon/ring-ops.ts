@@ -22,37 +22,25 @@
  */
 import { lstatSync } from 'node:fs';
 import * as native from '../native.js';
+import type { NativeRing, RingCompletionStats, RingOpenOptions, RingRegion as NativeRingRegion } from '../native.js';
 import { gpuInventory } from './gpu.js';
 import { EXPANDABLE_SEGMENTS_REFUSED } from './gpu-regions.js';
 import { nextEpoch } from './epoch.js';
 import { limitError, type DaemonLimits } from './limits.js';
 import { REPLY_ERROR_CODES, ReplyError, type ReplyErrorCode } from './reply-error.js';
 import {
-  RING_ENTRIES_MAX, SHAREABLE_CUDA_EXPANDABLE_SEGMENT, STREAMS, type RingCloseRequest, type RingOpenRequest, type RingRegion,
+  SHAREABLE_CUDA_EXPANDABLE_SEGMENT, STREAMS, type RingCloseRequest, type RingOpenRequest, type RingRegion,
   type RingRegisterRequest, type RingReleaseRequest, type StreamName,
 } from './schema.js';
 import { shmPath, ShmMappings } from './shm-map.js';
 import type { Session } from './session.js';
 
-/** Bytes of the ring file's header. */
-export const RING_HEADER_BYTES = 4096;
-/** Bytes of a submission queue entry. */
-export const SQE_BYTES = 128;
-/** Bytes of a completion queue entry. */
-export const CQE_BYTES = 64;
-/** SQEs of one batch at most. */
-export const RING_MAX_BATCH = 1024;
 /** Rings one session may have open at once. */
 export const MAX_RINGS_PER_SESSION = 8;
 /** The ring file's first 8 bytes. */
 export const RING_MAGIC = 'TZRING01';
 /** How long the ring thread spins on an empty ring before it sleeps on the doorbell, µs. */
-export const RING_SPIN_US = 20;
-
-/** Bytes of the ring file of a ring of `entries` entries: header, SQ, CQ. */
-export function ringBytes(entries: number): number {
-  return RING_HEADER_BYTES + entries * SQE_BYTES + entries * CQE_BYTES;
-}
+export const RING_SPIN_US = 50;
 
 /** The stream names of the SQE's `stream` tag (docs/ring.md: 0 other, 1 gradients, 2 optimizer, 3 checkpoint, 4 sendrecv). */
 const STREAM_TAGS: readonly StreamName[] = ['other', 'gradients', 'optimizer', 'checkpoint', 'sendrecv'];
@@ -63,57 +51,26 @@ export function streamOfTag(tag: number): StreamName {
   return name !== undefined && (STREAMS as readonly string[]).includes(name) ? name : 'other';
 }
 
-// --- the addon's ring (docs/ring.md, "Native API") ------------------------------------------------------------------
+// --- the addon's ring (docs/ring.md, "Native API"; src/native.ts) -----------------------------------------------
 
-/** A region as the ring thread knows it. */
-export interface NativeRingRegion { id: number; generation: number; bytes: number }
-/** What the thread completed since its last report, per op, stream tag and kind of memory. */
-export interface RingCompletionStats {
-  op: 'compress' | 'decompress';
-  stream: number;
-  items: number;
-  inBytes: number;
-  outBytes: number;
-  seconds: number;
-  errors: number;
-  gpu: boolean;
-}
-/** One ring served by the addon's thread. */
-export interface NativeRing {
-  addHost(buffer: Buffer): NativeRingRegion;
-  addDevice(ptr: bigint, bytes: number, device: number): NativeRingRegion;
-  remove(ids: number[]): Promise<void>;
-  close(): Promise<void>;
-  readonly state: 'serving' | 'closed' | 'broken';
-}
-/** Options of the addon's ringOpen. */
-export interface RingOpenOptions {
-  entries: number;
-  device?: number;
-  smBudget: number;
-  flag?: bigint;
-  cpuThreads: number;
-  spinUs: number;
-  onStats: (batch: RingCompletionStats[]) => void;
-  onBroken: (why: string) => void;
-}
 /** The addon's ringOpen. */
 export type RingOpen = (file: Buffer, opts: RingOpenOptions) => NativeRing;
 
 let override: RingOpen | null | undefined;
 
-/** The addon's ringOpen, or null when the addon has no ring (the daemon then offers no `ring` in hello). */
+/**
+ * The addon's ringOpen, or null when the addon has no ring (the daemon then offers no `ring` in hello). An addon is
+ * asked through native.ts's `ringAvailable()` where it has one; else an addon built from this tree is taken to have it.
+ */
 export function ringOpener(): RingOpen | null {
   if (override !== undefined) return override;
   const available = (native as { ringAvailable?: () => boolean }).ringAvailable;
-  const open = (native as { ringOpen?: RingOpen }).ringOpen;
-  if (typeof open !== 'function') return null;
   try {
-    if (typeof available === 'function' && !available()) return null;
+    if (typeof available === 'function' ? !available() : !native.addonAvailable()) return null;
   } catch {
     return null;
   }
-  return open;
+  return native.ringOpen;
 }
 
 /** For tests: rings opened with `open` (null: an addon without the ring), or the addon's again (undefined). */
@@ -124,7 +81,8 @@ export function useRingOpenForTests(open: RingOpen | null | undefined): void {
 /** hello's `ring` capability (docs/ring.md), or undefined when the addon has no ring. */
 export function ringCapability(limits: Pick<DaemonLimits, 'maxRegionsPerSession'>): object | undefined {
   if (ringOpener() === null) return undefined;
-  return { entries_max: RING_ENTRIES_MAX, sqe_bytes: SQE_BYTES, cqe_bytes: CQE_BYTES, max_batch: RING_MAX_BATCH, max_regions: limits.maxRegionsPerSession };
+  const l = native.RING_LAYOUT;
+  return { entries_max: l.entriesMax, sqe_bytes: l.sqeBytes, cqe_bytes: l.cqeBytes, max_batch: l.maxBatch, max_regions: limits.maxRegionsPerSession };
 }
 
 // --- a session's rings ----------------------------------------------------------------------------------------------
@@ -261,7 +219,7 @@ export class SessionRings {
       throw new ReplyError('TZIP_HANDLE', `${shmPath(bare)} is not this session's ring file: its name must start with the session's shm_prefix ${this.session.shmPrefix}`);
     }
     const device = req.device !== undefined ? gpuOrdinal(req.device.id, 'ring_open device') : undefined;
-    const want = ringBytes(req.entries);
+    const want = native.ringBytes(req.entries);
     const file = this.hold(bare, (f) => {
       if (this.ringFileIds().has(f.id)) throw new ReplyError('TZIP_INVALID_ARGUMENT', `${shmPath(bare)} is already the file of another ring of this session`);
       if (this.heldIds().has(f.id)) throw new ReplyError('TZIP_INVALID_ARGUMENT', `${shmPath(bare)} is a region of a ring of this session, not a ring file`);

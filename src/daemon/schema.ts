@@ -8,7 +8,7 @@
  * under /dev/shm) or `cuda_ipc` (PyTorch's CUDA IPC handle of a storage on a GPU named by UUID).
  */
 import { z } from 'zod';
-import { CODECS } from '../native.js';
+import { CODECS, RING_LAYOUT } from '../native.js';
 
 /** A non-negative integer a double holds exactly. */
 const uint = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
@@ -341,13 +341,8 @@ export const SetRequest = z.strictObject({
   sm_budget: SmBudget.nullable().optional(),
 });
 
-/**
- * Protocol version 4 (docs/ring.md): the submission ring's control plane. `entries` of a ring: a power of two in
- * [{@link RING_ENTRIES_MIN}, {@link RING_ENTRIES_MAX}].
- */
-export const RING_ENTRIES_MIN = 8;
-export const RING_ENTRIES_MAX = 4096;
-const RingEntries = z.number().int().min(RING_ENTRIES_MIN).max(RING_ENTRIES_MAX)
+/** Protocol version 4 (docs/ring.md): the submission ring's control plane. `entries` of a ring: a power of two in [8, 4096]. */
+const RingEntries = z.number().int().min(RING_LAYOUT.entriesMin).max(RING_LAYOUT.entriesMax)
   .refine((n) => (n & (n - 1)) === 0, 'entries is a power of two');
 /** A ring's id, as ring_open gave it. */
 const RingId = z.number().int().min(0).max(2 ** 31 - 1);
