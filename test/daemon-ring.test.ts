@@ -892,12 +892,20 @@ describe.skipIf(!probe.available || !hasRing)(`the ring with CUDA regions on a r
         const want = await compress(datas[i] as Buffer, { dtype: (tensors[i] as { name: string }).name, shape: [n], codec: 'max' });
         expect(gpuCopyFromDevice(frames + BigInt(frameOffsets[i] as number), cqe.result, 0).equals(want), (tensors[i] as { name: string }).name).toBe(true);
       }
-      expect(file.rc.mem.readBigUInt64LE(512)).toBe(7n); // done: the batch's signal_value
+      // done (offset 512) becomes the batch's signal_value once its CQEs are written (docs/ring.md: CQEs first)
+      const until = Date.now() + 10_000;
+      while (file.rc.mem.readBigUInt64LE(512) !== 7n && Date.now() < until) await new Promise((r) => setTimeout(r, 1));
+      expect(file.rc.mem.readBigUInt64LE(512)).toBe(7n);
+      // A batch waiting for produced >= 2 does not start while produced is 1, and does once it is 2.
       file.rc.submit(tensors.map((_, i) => ({
-        userData: BigInt(10 + i), op: OP.decompress, flags: FLAG.verify | (i < tensors.length - 1 ? FLAG.link : 0),
+        userData: BigInt(10 + i), op: OP.decompress,
+        flags: FLAG.verify | (i === 0 ? FLAG.wait : 0) | (i < tensors.length - 1 ? FLAG.link : 0), waitValue: i === 0 ? 2n : 0n,
         src: { id: rf.id, generation: rf.generation, offset: frameOffsets[i] as number, bytes: (cc[i] as Done).result },
         dst: { id: rb.id, generation: rb.generation, offset: offsets[i] as number, bytes: (datas[i] as Buffer).length },
       })));
+      await new Promise((r) => setTimeout(r, 200));
+      expect(file.rc.ready()).toBe(0);
+      file.rc.mem.writeBigUInt64LE(2n, 448);
       const dc = await reap(file, tensors.length, 60_000);
       expect(dc.every((q) => q.status === 0), JSON.stringify(dc)).toBe(true);
       datas.forEach((d, i) => expect(gpuCopyFromDevice(back + BigInt(offsets[i] as number), d.length, 0).equals(d)).toBe(true));
@@ -905,7 +913,14 @@ describe.skipIf(!probe.available || !hasRing)(`the ring with CUDA regions on a r
       const cpu = ringFile(`${c.prefix}ring-cpu`, 8);
       const oc = await c.call('ring_open', { name: cpu.name, entries: 8 });
       expectError(await c.call('ring_register', { ring: oc.ring, regions: [{ kind: 'cuda', device: dev, handle: shareable(src), offset: 0, bytes: 16 }] }), 'TZIP_INVALID_ARGUMENT', 'CPU batches only');
-      expect(await c.call('ring_release', { ring: o.ring, regions: [rs.id, rf.id, rb.id] })).toMatchObject({ ok: true });
+      expect(await c.call('ring_release', { ring: o.ring, regions: [rf.id] })).toMatchObject({ ok: true });
+      // The session ends while a batch waits for a produced value that never comes: the ring still closes.
+      file.rc.submit([{
+        userData: 99n, op: OP.compress, flags: FLAG.wait, waitValue: 100n, codec: CODEC.fast, dtype: DTYPE.BF16 as number, shape: [n],
+        src: { id: rs.id, generation: rs.generation, offset: 0, bytes: (datas[0] as Buffer).length },
+        dst: { id: rb.id, generation: rb.generation, offset: 0, bytes: total },
+      }]);
+      await new Promise((r) => setTimeout(r, 100));
       expect(await c.call('release', { end: true })).toMatchObject({ ok: true });
       // The daemon closes its CUDA IPC mappings once the rings are closed: only then is the memory freed here.
       const deadline = Date.now() + 10_000;

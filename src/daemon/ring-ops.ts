@@ -56,14 +56,11 @@ export function streamOfTag(tag: number): StreamName {
 /** The addon's ringOpen. */
 export type RingOpen = (file: Buffer, opts: RingOpenOptions) => NativeRing;
 
-let override: RingOpen | null | undefined;
-
 /**
  * The addon's ringOpen, or null when the addon has no ring (the daemon then offers no `ring` in hello). An addon is
  * asked through native.ts's `ringAvailable()` where it has one; else an addon built from this tree is taken to have it.
  */
 export function ringOpener(): RingOpen | null {
-  if (override !== undefined) return override;
   const available = (native as { ringAvailable?: () => boolean }).ringAvailable;
   try {
     if (typeof available === 'function' ? !available() : !native.addonAvailable()) return null;
@@ -71,11 +68,6 @@ export function ringOpener(): RingOpen | null {
     return null;
   }
   return native.ringOpen;
-}
-
-/** For tests: rings opened with `open` (null: an addon without the ring), or the addon's again (undefined). */
-export function useRingOpenForTests(open: RingOpen | null | undefined): void {
-  override = open;
 }
 
 /** hello's `ring` capability (docs/ring.md), or undefined when the addon has no ring. */
@@ -139,7 +131,6 @@ interface Region {
 /** One open ring. */
 interface Ring {
   id: number;
-  name: string;
   device: number | undefined;
   native: NativeRing;
   file: HeldFile;
@@ -254,7 +245,7 @@ export class SessionRings {
       } catch (err) {
         throw nativeError(err, 'ring_open');
       }
-      ring = { id, name: bare, device, native: nativeRing, file, regions: new Map(), allocations: new Map(), tracked: new Set(), tracking: false, closing: undefined, broken: null };
+      ring = { id, device, native: nativeRing, file, regions: new Map(), allocations: new Map(), tracked: new Set(), tracking: false, closing: undefined, broken: null };
       this.rings.set(id, ring);
       this.counters.opened++;
       this.counters.open++;
@@ -382,9 +373,8 @@ export class SessionRings {
       } catch {
         // the thread has stopped either way
       }
+      // Every allocation hold of the ring is a region's: forgetting the regions lets go of them all.
       for (const r of [...ring.regions.values()]) this.forgetRegion(ring, r);
-      this.letGoAllocations(ring.allocations);
-      ring.allocations.clear();
       if (ring.tracking) this.session.gpuIfAny?.untrack(ring.tracked);
       ring.tracked.clear();
       this.unhold(ring.file);
@@ -494,7 +484,7 @@ export class SessionRings {
 
   /**
    * The allocation of a CUDA IPC `handle` on `device`, opened through the session's GpuSession and marked in use
-   * until {@link letGoAllocation}.
+   * until {@link dropAllocation}.
    */
   private openAllocation(handle: Uint8Array, device: number, what: string, index?: number): { key: string; base: bigint } {
     if (handle[1] === SHAREABLE_CUDA_EXPANDABLE_SEGMENT) {
@@ -521,13 +511,6 @@ export class SessionRings {
       ring.tracked.delete(key);
     }
     this.session.gpuIfAny?.end([key]);
-  }
-
-  /** Ends every hold in `allocations`. */
-  private letGoAllocations(allocations: Map<string, number>): void {
-    const gpu = this.session.gpuIfAny;
-    if (gpu === undefined) return;
-    for (const [key, n] of allocations) for (let i = 0; i < n; i++) gpu.end([key]);
   }
 
   private forgetRegion(ring: Ring, r: Region): void {
