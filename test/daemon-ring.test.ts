@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultLimits } from '../src/daemon/limits.js';
 import { MAX_RINGS_PER_SESSION, ringOpener } from '../src/daemon/ring-ops.js';
-import { Daemon } from '../src/daemon/server.js';
+import { Daemon, type RequestEvent } from '../src/daemon/server.js';
 import {
   addonAvailable, compress, cudaIpcGetMemHandle, gpu, gpuAlloc, gpuCopyFromDevice, gpuCopyToDevice, gpuFree, mapShared, maxCompressedSize,
   ringBytes,
@@ -33,6 +33,8 @@ const hasRing = addonAvailable() && ringOpener() !== null;
 const NO_RING = hasRing ? '' : ' (skipped: the native addon has no ringOpen: build it with the ring, cuda/src/addon/ring*.cpp)';
 
 let daemon: Daemon;
+/** The request observer's events (what the metrics count). */
+const events: RequestEvent[] = [];
 
 /** SQE stream tags (docs/ring.md). */
 const STREAM = { other: 0, gradients: 1, optimizer: 2, checkpoint: 3, sendrecv: 4 } as const;
@@ -92,7 +94,7 @@ function writeUnpublished(r: RingFile, sqes: readonly Sqe[]): void {
 
 beforeAll(async () => {
   const limits = { ...defaultLimits(), leaseMs: 5000, maxRegionsPerSession: MAX_REGIONS };
-  daemon = await Daemon.start({ socketPath: join(tmp(), 'd', 'tzip.sock'), limits, log: () => undefined });
+  daemon = await Daemon.start({ socketPath: join(tmp(), 'd', 'tzip.sock'), limits, log: () => undefined, observer: (e) => events.push(e) });
 });
 
 afterAll(async () => {
@@ -324,6 +326,13 @@ describe.skipIf(!hasRing)(`the ring over the daemon${NO_RING}`, () => {
         expect(j.streams.checkpoint.decompress).toMatchObject({ items: w.items.length, bytes_in: frameBytes, bytes_out: inBytes });
         expect(j.streams.other.compress.items).toBe(0);
         expect(j.totals.errors).toBe(0);
+        // and the observer (the metrics' feed) saw them as compress/decompress events of the job's streams
+        const mine = events.filter((e) => e.job === 'ring-dtypes');
+        const sum = (op: string, stream: string, f: (e: RequestEvent) => number) => mine.filter((e) => e.op === op && e.stream === stream).reduce((n, e) => n + f(e), 0);
+        expect(sum('compress', 'gradients', (e) => e.items)).toBe(w.items.length);
+        expect(sum('compress', 'gradients', (e) => e.bytesIn)).toBe(inBytes);
+        expect(sum('decompress', 'checkpoint', (e) => e.bytesOut)).toBe(inBytes);
+        expect(mine.filter((e) => e.op === 'compress').every((e) => e.device === 'cpu' && e.error === null)).toBe(true);
       } finally {
         q.close();
       }
