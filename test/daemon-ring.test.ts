@@ -677,7 +677,7 @@ describe.skipIf(!hasRing)(`ring memory and the ZeroMQ path${NO_RING}`, () => {
 
 describe.skipIf(!hasRing)(`rings when sessions lapse and the daemon stops${NO_RING}`, () => {
   it('closes the ring of a session whose lease lapsed, and every ring at shutdown', async () => {
-    const own = await Daemon.start({ socketPath: join(tmp(), 'lease', 'tzip.sock'), limits: { ...defaultLimits(), leaseMs: 300 }, log: () => undefined });
+    const own = await Daemon.start({ socketPath: join(tmp(), 'lease', 'tzip.sock'), limits: { ...defaultLimits(), leaseMs: 1000 }, log: () => undefined });
     let stopped = false;
     const c = new DaemonConn(own.endpoint, 'lapsing');
     const d = new DaemonConn(own.endpoint, 'staying');
