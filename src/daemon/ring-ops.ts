@@ -23,7 +23,7 @@
 import { lstatSync } from 'node:fs';
 import * as native from '../native.js';
 import type { NativeRing, RingCompletionStats, RingOpenOptions, RingRegion as NativeRingRegion } from '../native.js';
-import { gpuInventory } from './gpu.js';
+import { gpuInventory, noteGpuUsed } from './gpu.js';
 import { EXPANDABLE_SEGMENTS_REFUSED } from './gpu-regions.js';
 import { nextEpoch } from './epoch.js';
 import { limitError, type DaemonLimits } from './limits.js';
@@ -245,6 +245,8 @@ export class SessionRings {
       } catch (err) {
         throw nativeError(err, 'ring_open');
       }
+      // The ring's stream holds a CUDA context of the daemon on its GPU: `jobs` may ask that GPU's memory now.
+      if (device !== undefined) noteGpuUsed(device);
       ring = { id, device, native: nativeRing, file, regions: new Map(), allocations: new Map(), tracked: new Set(), tracking: false, closing: undefined, broken: null };
       this.rings.set(id, ring);
       this.counters.opened++;
