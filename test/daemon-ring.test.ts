@@ -918,6 +918,12 @@ describe.skipIf(!probe.available || !hasRing)(`the ring with CUDA regions on a r
       const dc = await reap(file, tensors.length, 60_000);
       expect(dc.every((q) => q.status === 0), JSON.stringify(dc)).toBe(true);
       datas.forEach((d, i) => expect(gpuCopyFromDevice(back + BigInt(offsets[i] as number), d.length, 0).equals(d)).toBe(true));
+      // a handle CUDA cannot open, a GPU the daemon does not have, an expandable segment: refused, nothing registered
+      const bogus = Buffer.concat([Buffer.from([2, 0x63]), Buffer.alloc(64, 0x5a)]);
+      expectError(await c.call('ring_register', { ring: o.ring, regions: [{ kind: 'cuda', device: dev, handle: bogus, offset: 0, bytes: 16 }] }), 'TZIP_HANDLE');
+      expectError(await c.call('ring_register', { ring: o.ring, regions: [{ kind: 'cuda', device: { type: 2, id: 999 }, handle: shareable(src), offset: 0, bytes: 16 }] }), 'TZIP_NO_DEVICE');
+      expectError(await c.call('ring_register', { ring: o.ring, regions: [{ kind: 'cuda', device: dev, handle: Buffer.from([2, 0x65, 1, 2, 3]), offset: 0, bytes: 16 }] }), 'TZIP_UNSUPPORTED');
+      expect((await c.call('stats', {})).session.rings).toEqual({ open: 1, regions: 3 });
       // a cuda region of the ring on a CPU-only ring is refused
       const cpu = ringFile(`${c.prefix}ring-cpu`, 8);
       const oc = await c.call('ring_open', { name: cpu.name, entries: 8 });
