@@ -305,6 +305,8 @@ class Ring:
 
     SLEEP_SLICE_S = 0.05
     REAPER_POLL_S = 0.0005
+    #: How often a waiting thread asks whether the daemon still lives and the ring still serves, s.
+    CHECK_S = 0.1
 
     def __init__(self, name: str, entries: int, alive: Callable[[], bool] = lambda: True, *, spin_s: float = 200e-6,
                  max_batch: int = 1024, shm_dir: str = "/dev/shm"):
@@ -371,6 +373,7 @@ class Ring:
         self._reaping = False  # a thread holds the reaper role (sleeps on cq_doorbell, advances cq_tail)
         self._dead: BaseException | None = None
         self._reaper: threading.Thread | None = None
+        self._next_check = 0.0
         self._pid = os.getpid()
         self._finalizer = weakref.finalize(self, _unlink, self.path)
 
@@ -483,7 +486,6 @@ class Ring:
 
     def _reap_until(self, until: float, handle: Handle | None) -> None:
         spin_end = time.monotonic() + self.spin_s
-        next_check = time.monotonic() + 0.1
         while True:
             if self._drain() and (handle is None or handle._left == 0):
                 return
@@ -494,8 +496,8 @@ class Ring:
             now = time.monotonic()
             if now >= until:
                 return
-            if now >= next_check:
-                next_check = now + 0.1
+            if now >= self._next_check:
+                self._next_check = now + self.CHECK_S
                 if self._check_dead():
                     return
             if now < spin_end:
@@ -591,7 +593,6 @@ class Ring:
             self._cv.notify_all()
 
     def _reaper_loop(self) -> None:
-        last_check = time.monotonic()
         while True:
             with self._cv:
                 while self._dead is None and (not self._pending or self._reaping):
@@ -602,8 +603,8 @@ class Ring:
             try:
                 self._drain()
                 now = time.monotonic()
-                if now - last_check >= 0.1:
-                    last_check = now
+                if now >= self._next_check:
+                    self._next_check = now + self.CHECK_S
                     self._check_dead()
             finally:
                 with self._cv:

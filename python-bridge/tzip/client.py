@@ -80,7 +80,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import ctypes
+import functools
 import getpass
+import math
 import logging
 import os
 import re
@@ -285,6 +288,29 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if host.numel() == 0:
         return torch.empty(host.shape, dtype=host.dtype, device=device)
     return from_bytes(_host_bytes(host).to(device), host.dtype, host.shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sqe_layout(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int, tuple[int, ...], int] | None:
+    """(nbytes, frame dtype code, frame shape, frame bound) of a compress SQE for a tensor of ``dtype`` and ``shape``,
+    or None when an SQE cannot describe it (no bytes; a frame of more than 6 dimensions)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return None
+    dl, wshape = wire_dtype(dtype, shape)
+    fdtype, fshape = frame_layout(*dl, wshape)
+    if len(fshape) > _ring.MAX_NDIM:
+        return None
+    return nbytes, DTYPE_CODES[fdtype], tuple(fshape), max_compressed_size(nbytes, len(fshape))
+
+
+def _copy_in(seg: _shm.Segment, off: int, t: torch.Tensor, nbytes: int) -> None:
+    """Writes ``t``'s values in C order at ``off`` of ``seg``: one memmove when contiguous (a few numpy and torch views
+    cost more than the copy for small tensors), else through the integer views."""
+    if t.is_contiguous() and not t.is_conj() and not t.is_neg():
+        ctypes.memmove(seg.base + off, t.data_ptr(), nbytes)
+    else:
+        copy_into_bytes(seg.u8[off : off + nbytes], t)
 
 
 def _u8_of(t: torch.Tensor) -> torch.Tensor:
@@ -1303,13 +1329,10 @@ class Client:
         None when an SQE cannot describe one (no bytes, a frame of more than 6 dimensions, PyTorch's shared memory)."""
         plans = []
         for t in tensors:
-            nbytes = t.numel() * t.element_size()
-            if nbytes == 0:
+            layout = _sqe_layout(t.dtype, tuple(t.shape))
+            if layout is None:
                 return None
-            dl, wshape = wire_dtype(t.dtype, tuple(t.shape))
-            fdtype, fshape = frame_layout(*dl, wshape)
-            if len(fshape) > _ring.MAX_NDIM:
-                return None
+            nbytes, dcode, fshape, cap = layout
             zc = None
             if t.is_contiguous():
                 found = _shm.find(t.data_ptr(), nbytes)
@@ -1317,7 +1340,7 @@ class Client:
                     zc = (found[0], found[2])
                 elif _shm.torch_shm_handle(t) is not None:
                     return None  # zero copy through ZeroMQ (its files are PyTorch's, not registered here)
-            plans.append((t, nbytes, DTYPE_CODES[fdtype], fshape, max_compressed_size(nbytes, len(fshape)), zc))
+            plans.append((t, nbytes, dcode, fshape, cap, zc))
         return plans
 
     @staticmethod
@@ -1326,14 +1349,10 @@ class Client:
         the GPU, no registration per tensor)."""
         plans = []
         for t in tensors:
-            nbytes = t.numel() * t.element_size()
-            if nbytes == 0:
+            layout = _sqe_layout(t.dtype, tuple(t.shape))
+            if layout is None:
                 return None
-            dl, wshape = wire_dtype(t.dtype, tuple(t.shape))
-            fdtype, fshape = frame_layout(*dl, wshape)
-            if len(fshape) > _ring.MAX_NDIM:
-                return None
-            plans.append((t, nbytes, DTYPE_CODES[fdtype], fshape, max_compressed_size(nbytes, len(fshape)), None))
+            plans.append((t, *layout, None))
         return plans
 
     def _compress_submit(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None) -> _ring.Handle | None:
@@ -1393,7 +1412,7 @@ class Client:
                 if zc is not None:
                     src = (regions[zc[0]], zc[1], nbytes)
                 else:
-                    copy_into_bytes(seg.u8[off : off + nbytes], t)
+                    _copy_in(seg, off, t, nbytes)
                     src = (here, off, nbytes)
                     off += _align(nbytes)
                 outs.append(off)
@@ -1417,7 +1436,7 @@ class Client:
                     if not 0 < n <= cap:
                         raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {n} bytes (capacity {cap})")
                     payload = torch.empty(n, dtype=torch.uint8)
-                    copy_bytes(payload, seg.u8[o : o + n])
+                    ctypes.memmove(payload.data_ptr(), seg.base + o, n)
                     cts.append(CompressedTensor(payload, t.dtype, t.shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes))
             finally:
                 self._arena.give(seg)
@@ -1629,7 +1648,7 @@ class Client:
                 if fzc is not None:
                     src = (regions[fzc[0]], fzc[1], n)
                 else:
-                    copy_bytes(seg.u8[off : off + n], frame)
+                    ctypes.memmove(seg.base + off, frame.data_ptr(), n)  # contiguous uint8
                     src = (here, off, n)
                     off += _align(n)
                 if dest is not None:
@@ -1659,13 +1678,16 @@ class Client:
                         raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {n} bytes, the CompressedTensor says {ct.nbytes}")
                     if o is not None:
                         if dest is None:
-                            copy_from_bytes(o, seg.u8[out_off : out_off + ct.nbytes])
+                            if o.is_contiguous():
+                                ctypes.memmove(o.data_ptr(), seg.base + out_off, ct.nbytes)
+                            else:
+                                copy_from_bytes(o, seg.u8[out_off : out_off + ct.nbytes])
                         results.append(o)
                     elif result is not None:
                         results.append(result)
                     else:
                         flat = torch.empty(ct.nbytes, dtype=torch.uint8)
-                        copy_bytes(flat, seg.u8[out_off : out_off + ct.nbytes])
+                        ctypes.memmove(flat.data_ptr(), seg.base + out_off, ct.nbytes)
                         results.append(from_bytes(flat, ct.dtype, ct.shape))
             finally:
                 self._arena.give(seg)

@@ -1,0 +1,496 @@
+"""The submission ring (protocol version 4, docs/ring.md) from the Python client, against a real `tzip serve`:
+
+* CPU round trips through the ring for every dtype, bit-exact (integer views), with frames byte-identical to the
+  ZeroMQ path's (a client with ``ring_entries=0`` on the same daemon); batches (one LINKed batch, and longer than the
+  daemon's batch limit and the ring), zero-copy shared-memory tensors, ``out=``, large results; async handles
+  (Futures with ``wait()``; ``concurrent.futures.wait`` completes them without anyone reaping; more in flight than
+  the ring has entries);
+* errors of the ring as TzipDaemonError (a corrupt frame, an SQE naming a region that is not registered), and the
+  ring keeps serving; 8 client processes at once; a client SIGKILLed while it submits (the others unaffected, the
+  daemon closes its ring: ``stats``); what an SQE cannot describe (more than 6 dimensions) and daemons without the
+  ring (protocol version 3) go through ZeroMQ; a daemon that dies: raw frames and a warning, as before;
+* GPU (skipped without CUDA, with the reason): CUDA round trips through the GPU ring, ordering both ways (a kernel
+  writes the input right before the submission, another reads the result right after ``wait(stream)``), the
+  process's GPU memory flat over many requests.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import tzip.client as tz
+from tzip import _ring
+from tzip._dlpack import int_alias
+from tzip._errors import DaemonUnavailableError, TzipDaemonError
+from tzip.demo_data import source_weights_path
+
+from test_client_support import ALL_DTYPES, PYTHON, daemon, daemon_stats, shared_daemon, sock_dir, wait_for  # noqa: F401
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False): run on the GPU host")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-exact equality through integer views (NaN payloads and -0.0 included)."""
+    if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        return False
+    return torch.equal(int_alias(a.detach().contiguous()).cpu(), int_alias(b.detach().contiguous()).cpu())
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    """A tensor of ``dtype`` whose bytes are random (every bit pattern)."""
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape) * dtype.itemsize
+    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+    return raw.view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+
+
+_WEIGHTS: list[torch.Tensor] = []
+
+
+def weights_bf16() -> list[torch.Tensor]:
+    """all-MiniLM-L6-v2's trained weight tensors, rounded to bf16 (the bundled model: tzip.demo_data)."""
+    if not _WEIGHTS:
+        w = load_file(str(source_weights_path()))
+        _WEIGHTS.extend(w[k].to(torch.bfloat16).contiguous() for k in sorted(w) if w[k].dtype == torch.float32)
+    return _WEIGHTS
+
+
+def embedding() -> torch.Tensor:
+    """The model's word embedding, [30522, 384] bf16: its largest 2-D weight."""
+    return max((w for w in weights_bf16() if w.dim() == 2), key=lambda w: w.numel())
+
+
+def record_zmq(c: tz.Client) -> list[str]:
+    """The ops of every ZeroMQ message ``c`` sends from now on (the real transport still sends them)."""
+    ops: list[str] = []
+    request = c._transport.request
+
+    def spy(msg, *args, **kwargs):
+        ops.append(msg["op"])
+        return request(msg, *args, **kwargs)
+
+    c._transport.request = spy
+    return ops
+
+
+def ring_sqes(socket: str) -> int:
+    """SQEs the daemon's rings completed so far (stats' ``rings.sqes``)."""
+    return int(daemon_stats(socket)["rings"]["sqes"])
+
+
+def sqes_since(socket: str, before: int, n: int) -> int:
+    """The SQEs completed since ``before``, once they reach ``n`` (the ring thread hands its counts to JavaScript in
+    batches, at most every 10 ms) or after 5 s."""
+    return wait_for(lambda: ring_sqes(socket) - before >= n and ring_sqes(socket) - before, timeout=5) or ring_sqes(socket) - before
+
+
+def data_ops(ops: list[str]) -> list[str]:
+    return [o for o in ops if o in ("compress", "decompress")]
+
+
+@pytest.fixture(scope="module")
+def clients(shared_daemon):
+    """(ring client, ZeroMQ-only client) on the module's daemon."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ring = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+        plain = tz.connect(shared_daemon.socket, spawn=False, strict=True, ring_entries=0)
+    yield ring, plain
+    ring.close()
+    plain.close()
+
+
+def test_hello_offers_the_ring_and_the_client_opens_one_for_cpu_tensors(clients, shared_daemon):
+    ring, plain = clients
+    assert ring.protocol_version == 4
+    info = ring.ring_info
+    assert info["offered"]["sqe_bytes"] == 128 and info["offered"]["cqe_bytes"] == 64
+    ring.compress(torch.ones(4))
+    info = ring.ring_info
+    assert info["rings"]["cpu"]["state"] == "serving" and info["rings"]["cpu"]["entries"] == tz.RING_ENTRIES
+    assert os.path.exists(f"/dev/shm/{info['rings']['cpu']['file']}")
+    assert plain.ring_info["rings"] == {}
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_dtype_round_trips_through_the_ring_bit_exact_with_the_zeromq_paths_frames(clients, shared_daemon, dtype):
+    ring, plain = clients
+    t = random_tensor(dtype, (3, 5, 64), seed=hash(str(dtype)) & 0xFFFF)
+    ops = record_zmq(ring)
+    before = ring_sqes(shared_daemon.socket)
+    ct = ring.compress(t)
+    back = ring.decompress(ct)
+    assert data_ops(ops) == []  # not a ZeroMQ compress or decompress: the ring carried both
+    assert sqes_since(shared_daemon.socket, before, 2) == 2
+    assert same_bits(back, t)
+    ref = plain.compress(t)
+    assert ct.codec == ref.codec
+    assert ct.payload.numpy().tobytes() == ref.payload.numpy().tobytes()
+    assert same_bits(plain.decompress(ct), t) and same_bits(ring.decompress(ref), t)
+
+
+@pytest.mark.parametrize("codec", ["fast", "max", "raw", "bytes", "auto"])
+def test_real_weights_round_trip_with_every_codec(clients, codec):
+    ring, plain = clients
+    ws = weights_bf16()[:20]
+    cts = ring.compress(ws, codec=codec)
+    refs = plain.compress(ws, codec=codec)
+    assert [c.payload.numpy().tobytes() for c in cts] == [c.payload.numpy().tobytes() for c in refs]
+    assert [c.codec for c in cts] == [c.codec for c in refs]
+    for w, b in zip(ws, ring.decompress(cts)):
+        assert same_bits(b, w)
+    if codec in ("fast", "max"):
+        assert sum(c.payload.numel() for c in cts) < sum(w.numel() * 2 for w in ws)
+
+
+def test_batches_longer_than_a_batch_and_than_the_ring(shared_daemon):
+    """1500 tensors: more than the daemon's max_batch (1024) and than a small ring's entries (16): split into LINKed
+    batches, the submitter reaping while the ring is full."""
+    c = tz.connect(shared_daemon.socket, spawn=False, strict=True, ring_entries=16)
+    try:
+        ws = [w.reshape(-1) for w in weights_bf16() if w.numel() >= 1000]
+        ts = [ws[i % len(ws)][(i * 7) % 500 : (i * 7) % 500 + 1 + i % 97].clone() for i in range(1500)]
+        before = ring_sqes(shared_daemon.socket)
+        cts = c.compress(ts, codec="fast")
+        backs = c.decompress(cts)
+        assert sqes_since(shared_daemon.socket, before, 3000) == 3000
+        assert all(same_bits(b, t) for b, t in zip(backs, ts))
+        assert c.ring_info["rings"]["cpu"]["entries"] == 16
+    finally:
+        c.close()
+
+
+def test_views_non_contiguous_zero_copy_out_and_large_results(clients):
+    ring, plain = clients
+    w = embedding()
+    view = w[100:300, 7:200]  # not contiguous
+    offset_view = w.reshape(-1)[12345:67890]  # a storage offset
+    shm = ring.empty((4096, 384), torch.bfloat16)
+    shm.copy_(w[:4096])
+    big = w[:3000].clone()  # 2.3 MB: the result gets a shared-memory segment of its own
+    cts = ring.compress([view, offset_view, shm, big])
+    assert [c.payload.numpy().tobytes() for c in cts] == [c.payload.numpy().tobytes() for c in plain.compress([view, offset_view, shm.clone(), big])]
+    backs = ring.decompress(cts)
+    for b, t in zip(backs, [view, offset_view, shm, big]):
+        assert same_bits(b, t)
+    out_plain = torch.empty_like(view)
+    out_shm = ring.empty(tuple(shm.shape), shm.dtype)
+    out_strided = torch.empty(view.shape[1], view.shape[0], dtype=view.dtype).t()  # non-contiguous out=
+    got = ring.decompress([cts[0], cts[2], cts[0]], out=[out_plain, out_shm, out_strided])
+    assert got[0] is out_plain and got[1] is out_shm and got[2] is out_strided
+    assert same_bits(out_plain, view) and same_bits(out_shm, shm) and same_bits(out_strided, view)
+    assert same_bits(ring.decompress(cts[1], verify=False), offset_view)
+
+
+def test_async_handles_are_futures_and_complete_without_anyone_waiting(clients, shared_daemon):
+    ring, _ = clients
+    ws = weights_bf16()[:30]
+    h = ring.compress_async(ws[0])
+    assert isinstance(h, concurrent.futures.Future) and isinstance(h, _ring.Handle)
+    assert not h.cancel()
+    ct = h.result(timeout=30)
+    h.wait()  # a CPU request: returns once it is done
+    assert same_bits(ring.decompress_async(ct).result(timeout=30), ws[0])
+    # Nobody calls result(): concurrent.futures.wait and the done callbacks see them complete (the background reaper).
+    seen: list[int] = []
+    hs = [ring.compress_async(w, codec="fast") for w in ws]
+    for i, x in enumerate(hs):
+        x.add_done_callback(lambda _f, i=i: seen.append(i))
+    done, not_done = concurrent.futures.wait(hs, timeout=30)
+    assert not not_done and sorted(seen) == list(range(len(ws)))
+    backs = [ring.decompress_async(x.result()) for x in hs]
+    for b, w in zip(concurrent.futures.as_completed(backs, timeout=30), ws):
+        pass
+    for b, w in zip(backs, ws):
+        assert same_bits(b.result(), w)
+
+
+def test_more_requests_in_flight_than_the_ring_has_entries(shared_daemon):
+    c = tz.connect(shared_daemon.socket, spawn=False, strict=True, ring_entries=8)
+    try:
+        ws = weights_bf16()[:40]
+        hs = [c.compress_async(w[:50]) for w in ws] + [c.compress_async(ws[:12])]
+        cts = [h.result(timeout=60) for h in hs]
+        for ct, w in zip(cts[:-1], ws):
+            assert same_bits(c.decompress(ct), w[:50])
+        for ct, w in zip(cts[-1], ws[:12]):
+            assert same_bits(c.decompress(ct), w)
+    finally:
+        c.close()
+
+
+def test_many_threads_share_one_ring(clients):
+    """Any thread that waits reaps for all: 4 threads, each with its own requests, all complete and match."""
+    ring, _ = clients
+    ws = weights_bf16()[:16]
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            for i in range(25):
+                t = ws[(k + i) % len(ws)][: 10 + i]
+                if not same_bits(ring.decompress(ring.compress(t)), t):
+                    raise AssertionError(f"thread {k} request {i} differs")
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+
+
+def test_ring_errors_are_tzip_daemon_errors_and_the_ring_keeps_serving(clients):
+    ring, _ = clients
+    w = embedding()[:2000]
+    ct = ring.compress(w, codec="max")
+    bad = ct.payload.clone()
+    bad[-10] ^= 0x55  # a flipped bit in the last chunk's payload
+    with pytest.raises(TzipDaemonError) as e:
+        ring.decompress(tz.CompressedTensor(bad, ct.dtype, ct.shape, ct.codec, ct.nbytes))
+    assert e.value.code in ("TZIP_CHECKSUM", "TZIP_CORRUPT")
+    # An SQE naming a region that is not registered: a CQE with TZIP_HANDLE (44), mapped by the error table.
+    r = ring._rings[None]
+    h = _ring.Handle(r, 1, None)
+    ghost = _ring.Region(4000, 7, 1 << 20)
+    r.submit([[_ring.sqe(_ring.OP_COMPRESS, codec=1, dtype=8, shape=(8,), src=(ghost, 0, 16), dst=(ghost, 4096, 4096))]], h)
+    (status, _codec, _result, message), = h.result(timeout=10)
+    assert status == 44
+    err = _ring.Handle.error_of(h.cqes)
+    assert isinstance(err, TzipDaemonError) and err.code == "TZIP_HANDLE" and err.index == 0
+    # A nop, and real work afterwards.
+    nop = _ring.Handle(r, 1, None)
+    r.submit([[_ring.sqe(_ring.OP_NOP)]], nop)
+    assert nop.result(timeout=10)[0][0] == 0
+    assert same_bits(ring.decompress(ring.compress(w)), w)
+    assert ring.ring_info["rings"]["cpu"]["state"] == "serving"
+
+
+def test_a_frame_of_more_than_six_dimensions_goes_through_zeromq(clients):
+    ring, _ = clients
+    t = random_tensor(torch.float16, (2, 1, 3, 1, 2, 2, 5), seed=4)
+    ops = record_zmq(ring)
+    ct = ring.compress(t)
+    assert "compress" in ops
+    assert same_bits(ring.decompress(ct), t)
+    assert ops.count("decompress") == 0  # decompress needs no shape in the SQE: the ring carried it
+
+
+def test_a_daemon_without_the_ring_is_spoken_to_over_zeromq(daemon, monkeypatch):
+    monkeypatch.setattr(tz, "PROTOCOL_VERSIONS", [1, 2, 3])
+    c = tz.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        assert c.protocol_version == 3 and c.ring_info["offered"] is None
+        ops = record_zmq(c)
+        ws = weights_bf16()[:5]
+        cts = c.compress(ws)
+        backs = c.decompress_async(cts).result(timeout=30)
+        assert ops.count("compress") == 1 and ops.count("decompress") == 1
+        assert all(same_bits(b, w) for b, w in zip(backs, ws))
+        assert not any(n.startswith(c.shm_prefix + "ring-") for n in os.listdir("/dev/shm"))
+    finally:
+        c.close()
+
+
+_WORKER = r"""
+import sys, torch, tzip.client as tz
+from tzip._dlpack import int_alias
+sock, k = sys.argv[1], int(sys.argv[2])
+c = tz.connect(sock, spawn=False, strict=True)
+g = torch.Generator().manual_seed(k)
+for i in range(40):
+    t = (torch.randn(1 + 97 * i, generator=g) * 0.02).to(torch.bfloat16 if i % 2 else torch.float32)
+    back = c.decompress(c.compress(t, codec="fast"))
+    assert torch.equal(int_alias(back), int_alias(t)), (k, i)
+assert c.ring_info["rings"]["cpu"]["state"] == "serving", c.ring_info
+c.close()
+print("ok", k)
+"""
+
+
+def test_eight_client_processes_at_once(daemon):
+    before = daemon_stats(daemon.socket)["rings"]
+    procs = [subprocess.Popen([PYTHON, "-c", _WORKER, daemon.socket, str(k)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for k in range(8)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for k, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and out.decode().strip() == f"ok {k}", err.decode()[-2000:]
+    after = daemon_stats(daemon.socket)["rings"]
+    assert after["opened"] - before["opened"] == 8
+    assert sqes_since(daemon.socket, before["sqes"], 8 * 80) >= 8 * 80
+    assert wait_for(lambda: daemon_stats(daemon.socket)["rings"]["open"] == before["open"], timeout=10)
+
+
+_SUBMITTER = r"""
+import sys, torch, tzip.client as tz
+c = tz.connect(sys.argv[1], spawn=False, strict=True)
+t = (torch.randn(50_000) * 0.02).to(torch.bfloat16)
+c.compress(t)
+print(c.ring_info["rings"]["cpu"]["file"], flush=True)
+while True:  # submissions without end, never reaped: killed in the middle of one
+    hs = [c.compress_async(t[: 1000 + i]) for i in range(64)]
+    for h in hs[:32]:
+        h.result()
+"""
+
+
+def test_a_client_killed_mid_submission_leaves_the_others_unaffected_and_its_ring_closed(daemon):
+    ours = tz.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        w = embedding().reshape(-1)[:100_000]
+        assert same_bits(ours.decompress(ours.compress(w)), w)
+        base = daemon_stats(daemon.socket)["rings"]["open"]
+        p = subprocess.Popen([PYTHON, "-c", _SUBMITTER, daemon.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            ring_file = p.stdout.readline().decode().strip()
+            assert ring_file, p.stderr.read().decode()[-2000:]
+            assert daemon_stats(daemon.socket)["rings"]["open"] == base + 1
+            time.sleep(0.5)
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(10)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        # We keep being served, while and after the daemon notices the dead client (its lease: 2 s).
+        for i in range(20):
+            t = w[i : i + 500 + 37 * i]
+            assert same_bits(ours.decompress(ours.compress(t)), t)
+        assert wait_for(lambda: daemon_stats(daemon.socket)["rings"]["open"] == base, timeout=20), daemon_stats(daemon.socket)["rings"]
+        assert wait_for(lambda: not os.path.exists(f"/dev/shm/{ring_file}"), timeout=20)
+        assert same_bits(ours.decompress(ours.compress(w)), w)
+        assert ours.ring_info["rings"]["cpu"]["state"] == "serving"
+    finally:
+        ours.close()
+
+
+def test_a_daemon_that_dies_gives_raw_frames_and_a_warning_and_strict_raises(daemon):
+    lax = tz.connect(daemon.socket, spawn=False, strict=False)
+    strict = tz.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        w = embedding().reshape(-1)[:2000]
+        assert lax.compress(w).codec != "raw" and strict.compress(w).codec != "raw"
+        daemon.kill()
+        with pytest.warns(RuntimeWarning, match="not available"):
+            ct = lax.compress(w)
+        assert ct.codec == "raw" and same_bits(lax.decompress(ct), w)
+        with pytest.raises(DaemonUnavailableError):
+            strict.compress(w)
+        with pytest.raises(DaemonUnavailableError):
+            strict.compress_async(w).result(timeout=30)
+    finally:
+        lax.close()
+        strict.close()
+
+
+def test_closing_the_client_closes_its_rings_and_removes_the_files(shared_daemon):
+    c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+    c.compress(torch.ones(3))
+    f = c.ring_info["rings"]["cpu"]["file"]
+    open_before = daemon_stats(shared_daemon.socket)["rings"]["open"]
+    c.close()
+    assert not os.path.exists(f"/dev/shm/{f}")
+    assert wait_for(lambda: daemon_stats(shared_daemon.socket)["rings"]["open"] == open_before - 1, timeout=10)
+
+
+# --- GPU (the lead runs these on the H200) -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gpu_client(shared_daemon):
+    if not CUDA:
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False): run on the GPU host")
+    c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+    if not c.daemon_info.get("gpu"):
+        c.close()
+        pytest.skip(f"the daemon serves no GPU: {c.daemon_info.get('gpu_reason')}")
+    yield c
+    c.close()
+
+
+@needs_cuda
+def test_cuda_round_trips_through_the_gpu_ring(gpu_client):
+    c = gpu_client
+    plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
+    try:
+        ts = [w.cuda() for w in weights_bf16()[:12]] + [random_tensor(d, (7, 33), seed=1).cuda() for d in
+                                                       (torch.float32, torch.float16, torch.int8, torch.int64, torch.bool)]
+        ops = record_zmq(c)
+        cts = c.compress(ts, codec="fast")
+        backs = c.decompress(cts)
+        torch.cuda.synchronize()
+        assert data_ops(ops) == [], ops
+        assert c.ring_info["rings"]["cuda:0"]["state"] == "serving"
+        assert all(ct.payload.device.type == "cuda" for ct in cts)
+        for b, t in zip(backs, ts):
+            assert same_bits(b, t)
+        refs = plain.compress(ts, codec="fast")
+        assert [x.payload.cpu().numpy().tobytes() for x in cts] == [x.payload.cpu().numpy().tobytes() for x in refs]
+        # out= (contiguous and not), and async handles with wait(stream)
+        out = torch.empty_like(ts[0])
+        strided = torch.empty(ts[1].shape[1], ts[1].shape[0], dtype=ts[1].dtype, device="cuda").t()
+        h = c.decompress_async([cts[0], cts[1]], out=[out, strided])
+        h.wait()
+        got = h.result(timeout=60)
+        torch.cuda.synchronize()
+        assert got[0] is out and same_bits(out, ts[0]) and same_bits(strided, ts[1])
+    finally:
+        plain.close()
+
+
+@needs_cuda
+def test_gpu_ordering_both_ways_many_iterations(gpu_client):
+    """A kernel writes the input on a side stream right before the submission; another kernel reads the result right
+    after wait(stream): no host synchronisation in between, every round trip bit-exact."""
+    c = gpu_client
+    s = torch.cuda.Stream()
+    base = embedding().cuda().reshape(-1)[:300_000]
+    n = int(os.environ.get("TZIP_RING_ORDER_ITERS", "10000"))
+    bad = []
+    with torch.cuda.stream(s):
+        x = torch.empty_like(base)
+        for i in range(n):
+            x.copy_(base)
+            x[i % x.numel()] = float(i % 251)  # the producer kernel, right before the submission
+            want = x.clone()
+            h = c.compress_async(x, codec="fast")
+            ct = h.result()
+            d = c.decompress_async(ct)
+            d.wait(s)  # a GPU-side wait: the next kernel on s reads the decompressed tensor
+            y = d.result()
+            if not torch.equal(y.view(torch.int16), want.view(torch.int16)):  # the consumer kernel, on s
+                bad.append(i)
+    torch.cuda.synchronize()
+    assert not bad, bad[:10]
+
+
+@needs_cuda
+def test_gpu_memory_stays_flat_over_many_requests(gpu_client):
+    c = gpu_client
+    t = embedding()[:4096].cuda()
+    small = t.reshape(-1)[:999].clone()
+    for _ in range(50):
+        c.decompress(c.compress([t, small]))
+    torch.cuda.synchronize()
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    for _ in range(int(os.environ.get("TZIP_RING_MEMORY_ITERS", "10000")) // 10 * 10):
+        cts = c.compress([t, small])
+        c.decompress(cts)
+    torch.cuda.synchronize()
+    gc.collect()
+    assert torch.cuda.memory_allocated() - before <= 4 << 20, (before, torch.cuda.memory_allocated())
