@@ -272,7 +272,7 @@ def test_version_negotiation(shared_daemon):
     c = RawConn(shared_daemon.socket)
     try:
         r = c.hello(versions=[99, 100])
-        assert r["ok"] is False and r["error"]["code"] == "TZIP_VERSION" and r["error"]["versions"] == [1, 2, 3]
+        assert r["ok"] is False and r["error"]["code"] == "TZIP_VERSION" and r["error"]["versions"] == [1, 2, 3, 4]
         r = c.hello(versions=[1, 99])
         assert r["ok"] and r["version"] == 1
     finally:

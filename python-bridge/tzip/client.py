@@ -1286,17 +1286,29 @@ class Client:
     # --- requests through the ring (protocol version 4, docs/ring.md) -------------------------------------------
     def _ring_sm_budget(self) -> int | None:
         """The SQE's sm_budget of the call (0: the ring's default), or None when an SQE cannot say it (0 = all SMs,
-        or more than 255: such GPU requests go through ZeroMQ)."""
-        budget = _sm_budget.get()
+        or more than 255: such GPU requests go through ZeroMQ). The job's budget (``tzip set JOB sm_budget=N``, as
+        the last reply or heartbeat said it) wins over the call's, as the daemon does for ZeroMQ requests."""
+        job = self._settings.get("sm_budget")
+        budget = job if isinstance(job, int) else _sm_budget.get()
         if budget is None:
             return 0
         return budget if 1 <= budget <= 255 else None
+
+    def _ring_codec(self, codec: str) -> str:
+        """The codec of the call's SQEs: the job's (``tzip set JOB codec=...``; "off": raw frames) over the call's,
+        as the daemon applies it to ZeroMQ requests. The ring thread does not know the job's settings: the client
+        applies them, as the last reply or heartbeat said them (docs/protocol.md, "Jobs")."""
+        job = self._settings.get("codec")
+        if job == "off":
+            return "raw"
+        return job if job in _ring.CODEC_CODES else codec
 
     def _compress_ring_plan(self, items: list[torch.Tensor], codec: str, streams: dict[int, Any] | None):
         """Starters of the ring requests of ``items`` (one per CPU batch and per GPU), or None when the ring cannot
         carry all of them (no ring offered, an item it cannot describe): then the whole call goes through ZeroMQ."""
         if self._ring_caps is None or self._sid is None or codec not in _ring.CODEC_CODES:
             return None
+        codec = self._ring_codec(codec)
         groups: dict[int | None, list[int]] = {}
         for i, t in enumerate(items):
             groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
@@ -1318,10 +1330,13 @@ class Client:
                 if plan is None:
                     return None
                 starters.append((idx, key, plan, (_stream_for(streams, key), budget)))
-        for _, key, _, _ in starters:
-            if self._ring(key) is None:
-                return None
-        return [(idx, key, plan, extra, tag) for idx, key, plan, extra in starters]
+        try:
+            for _, key, _, _ in starters:
+                if self._ring(key) is None:
+                    return None
+        except DaemonUnavailableError:
+            return None  # the ZeroMQ path notices it too, and retries (spawn) or falls back
+        return [(idx, key, plan, extra, tag, codec) for idx, key, plan, extra in starters]
 
     @staticmethod
     def _ring_plan_compress_cpu(tensors: list[torch.Tensor]) -> list[tuple] | None:
@@ -1370,10 +1385,10 @@ class Client:
             return post
 
         if len(starters) == 1 and starters[0][0] == list(range(n)):
-            idx, key, plan, extra, tag = starters[0]
+            idx, key, plan, extra, tag, codec = starters[0]
             return self._compress_start(key, plan, codec, extra, tag, combine_one(idx))
         parts = [(idx, self._compress_start(key, plan, codec, extra, tag, lambda cts: cts))
-                 for idx, key, plan, extra, tag in starters]
+                 for idx, key, plan, extra, tag, codec in starters]
         return _gather(parts, n, single)
 
     def _compress_start(self, key: int | None, plan: list[tuple], codec: str, extra, tag: int, post) -> _ring.Handle:
@@ -1576,9 +1591,12 @@ class Client:
                 if self._ring_sm_budget() is None or not self._gpu_reachable(self._gpu(key)):
                     return None
             groups.setdefault(key, []).append(i)
-        for key in groups:
-            if self._ring(key) is None:
-                return None
+        try:
+            for key in groups:
+                if self._ring(key) is None:
+                    return None
+        except DaemonUnavailableError:
+            return None
         tag = _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
         n = len(items)
         if len(groups) == 1:
