@@ -7,7 +7,11 @@ Measures, on this machine:
 * the transport floor: a ZeroMQ DEALER (pyzmq) to a bare zeromq.js ROUTER echo over ipc:// -- what
   any request costs before the daemon does anything;
 * the round trip of an empty request (``heartbeat``) and of compress/decompress of a 1-element tensor
-  through :class:`tzip.client.Client` (p50 and p99 over ``--n`` calls);
+  through :class:`tzip.client.Client` over ZeroMQ (``ring_entries=0``; p50 and p99 over ``--n`` calls);
+* the same through the submission ring (protocol version 4, docs/ring.md), when the daemon offers it: an empty
+  (nop) SQE round trip, compress/decompress of a 1-element tensor, and the bucket and the 200 parameters both ways;
+  next to them a Unix socketpair ping-pong between this process and a forked child (1 byte each way, Python on both
+  sides), measured in the same run: the CPU path's goal is a 1-element round trip within 6x of it (issue 12);
 * throughput of a 25 MB bf16 bucket (real all-MiniLM-L6-v2 weights from data/demo when present, else
   synthetic weights) and of a batch of 200 parameters, through the daemon (a plain tensor: one copy
   into the shared-memory arena; a tensor made by ``Client.empty``: zero copy) and through the addon
@@ -16,8 +20,9 @@ Measures, on this machine:
   (pooled), so that changes of machine load hit both alike.
 
 With ``--cuda`` the same on the GPU (cuda:0): the round trips of an empty request and of a 1-element CUDA
-tensor, the 25 MB bucket and the 200 parameters as CUDA tensors through the daemon (CUDA IPC handles, the
-tensors staying on the GPU; timed to the end of the work queued on the stream), against the addon's
+tensor, the 25 MB bucket and the 200 parameters as CUDA tensors through the daemon over ZeroMQ (CUDA IPC handles,
+the tensors staying on the GPU; timed to the end of the work queued on the stream) and through the GPU ring
+(staged through the registered arena, ordered by the ring's stream memory words), against the addon's
 gpuCompress/gpuDecompress called directly from a Node process on the same GPU (device buffers allocated once,
 one batched call for the 200 parameters; default SM budget in both).
 
@@ -147,6 +152,50 @@ const bound = (nbytes, ndim) => addon.maxCompressedSize(nbytes, ndim);
   process.stdout.write(JSON.stringify(out));
 })().catch((e) => { process.stderr.write(String(e && e.stack || e) + '\n'); process.exit(1); });
 """
+
+
+def _socketpair_pingpong(n: int) -> dict[str, float]:
+    """Round trips of 1 byte over a Unix socketpair between this process and a forked child echoing it."""
+    import socket
+
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the child: echo until the parent closes its end
+        a.close()
+        try:
+            while True:
+                m = b.recv(16)
+                if not m:
+                    break
+                b.send(m)
+        finally:
+            os._exit(0)
+    b.close()
+    try:
+        def once():
+            a.send(b"x")
+            a.recv(16)
+
+        return _timed(once, n)
+    finally:
+        a.close()
+        os.waitpid(pid, 0)
+
+
+def _ring_nop(client: Client):
+    """A function doing one empty (nop) SQE round trip on ``client``'s CPU ring (opened by a first request)."""
+    from . import _ring
+
+    client.compress(torch.ones(1))
+    ring = client._rings[None]
+    nop = _ring.sqe(_ring.OP_NOP)
+
+    def once():
+        h = _ring.Handle(ring, 1, None)
+        ring.submit([[nop]], h)
+        h.result()
+
+    return once
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -309,7 +358,10 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
         client = Client(socket, spawn=False, strict=True)
         if not client.daemon_info.get("gpu"):
             raise SystemExit(f"--cuda: the daemon serves no GPU ({client.daemon_info.get('gpu_reason')})")
-        handing = Client(socket, spawn=False, strict=True, gpu_share_min_bytes=0)
+        handing = Client(socket, spawn=False, strict=True, gpu_share_min_bytes=0, ring_entries=0)
+        ring = client
+        client = Client(socket, spawn=False, strict=True, ring_entries=0)  # ZeroMQ requests: the rows of before
+        has_ring = ring.ring_info["offered"] is not None
         bucket_h, params_h, source = _inputs()
         result["input"] = source
         bucket = bucket_h.cuda()
@@ -320,13 +372,20 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
         result["compress_1_element"] = _timed_cuda(lambda: client.compress(one), n)
         result["decompress_1_element"] = _timed_cuda(lambda: client.decompress(ct_one), n)
         result["compress_1_element_handed_over"] = _timed_cuda(lambda: handing.compress(one), n)
+        if has_ring:
+            result["one_kind"] = "bf16 CUDA tensor"
+            result["ring_nop"] = _timed(_ring_nop(ring), n)
+            ring.compress(one)
+            result["ring_compress_1_element"] = _timed_cuda(lambda: ring.compress(one), n)
+            result["ring_decompress_1_element"] = _timed_cuda(lambda: ring.decompress(ct_one), n)
+            result["ring_gpu"] = ring.ring_info["rings"].get("cuda:0")
 
         ct = client.compress(bucket)
         out_bucket = torch.empty_like(bucket)
         cts = client.compress(params)
         torch.cuda.synchronize()
         direct_runs = [_direct_gpu(device_uuid(0), bucket, params, repeat, n)]
-        daemon_t = _median_times_cuda({
+        fns = {
             "bucket_compress": lambda: client.compress(bucket),
             "bucket_decompress": lambda: client.decompress(ct),
             "bucket_decompress_into": lambda: client.decompress(ct, out=out_bucket),
@@ -334,13 +393,23 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
             "batch_compress_handed_over": lambda: handing.compress(params),
             "batch_decompress": lambda: client.decompress(cts),
             "batch_decompress_handed_over": lambda: handing.decompress(cts),
-        }, repeat)
+        }
+        if has_ring:
+            fns.update({
+                "ring_bucket_compress": lambda: ring.compress(bucket),
+                "ring_bucket_decompress": lambda: ring.decompress(ct),
+                "ring_batch_compress": lambda: ring.compress(params),
+                "ring_batch_decompress": lambda: ring.decompress(cts),
+            })
+        daemon_t = _median_times_cuda(fns, repeat)
         direct_runs.append(_direct_gpu(device_uuid(0), bucket, params, repeat, n))
         direct = {k: (median(direct_runs[0][k] + direct_runs[1][k]) if isinstance(direct_runs[0][k], list) else direct_runs[0][k])
                   for k in direct_runs[0] if not k.startswith("one_")}
         for k in ("one_compress_s", "one_decompress_s"):
             direct[k] = _percentiles(direct_runs[0][k] + direct_runs[1][k])
         pbytes = sum(p.numel() for p in params) * 2
+        if has_ring:
+            result["ring"] = {k.removeprefix("ring_") + "_s": v for k, v in daemon_t.items() if k.startswith("ring_")}
         result["bucket"] = {"bytes": bucket.numel() * 2, "frame_bytes": ct.payload.numel(), "ratio": ct.ratio, "codec": ct.codec,
                             **{f"daemon_{k.removeprefix('bucket_')}_s": v for k, v in daemon_t.items() if k.startswith("bucket_")},
                             "direct_compress_s": direct["bucket_compress_s"], "direct_decompress_s": direct["bucket_decompress_s"]}
@@ -351,6 +420,7 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
         result["gb"] = {"bucket": bucket.numel() * 2 / 1e9, "batch": pbytes / 1e9}
         handing.close()
         client.close()
+        ring.close()
     return result
 
 
@@ -383,21 +453,36 @@ def _report_cuda(r: dict) -> str:
     lines.append(row(f"{bt['tensors']} params ({mb:.1f} MB), decompress (staged)", gb["batch"], bt["daemon_decompress_s"], bt["direct_decompress_s"]))
     lines.append(row(f"{bt['tensors']} params ({mb:.1f} MB), decompress (handed over)", gb["batch"], bt["daemon_decompress_handed_over_s"]))
     lines.append(f"  bucket ratio {b['ratio']:.4f} ({b['codec']}); batch ratio {bt['frame_bytes'] / bt['bytes']:.4f}")
+    lines.extend(_report_ring(r))
+    if "ring" in r:
+        for key, dkey, label in [("bucket_compress_s", "direct_compress_s", "bucket compress"),
+                                 ("bucket_decompress_s", "direct_decompress_s", "bucket decompress"),
+                                 ("batch_compress_s", "direct_compress_s", "200 params compress"),
+                                 ("batch_decompress_s", "direct_decompress_s", "200 params decompress")]:
+            src = b if key.startswith("bucket") else bt
+            lines.append(f"  {label}: ring / direct addon time {r['ring'][key] / src[dkey]:.2f} (goal <= 1.10)")
     return "\n".join(lines)
 
 
 def run(socket: str | None, n: int, repeat: int) -> dict:
     result: dict = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}"}
     with _daemon_socket(socket) as socket:
-        client = Client(socket, spawn=False, strict=True)
+        client = Client(socket, spawn=False, strict=True, ring_entries=0)  # ZeroMQ requests: the rows of before
+        ring = Client(socket, spawn=False, strict=True)
+        has_ring = ring.ring_info["offered"] is not None
         bucket, params, source = _inputs()
         result["input"] = source
         result["transport_floor"] = _transport_floor(n)
+        result["socketpair"] = _socketpair_pingpong(n)
         result["empty_request"] = _timed(lambda: client._call("heartbeat", {}), n)
         one = torch.ones(1, dtype=torch.bfloat16)
         ct_one = client.compress(one)
         result["compress_1_element"] = _timed(lambda: client.compress(one), n)
         result["decompress_1_element"] = _timed(lambda: client.decompress(ct_one), n)
+        if has_ring:
+            result["ring_nop"] = _timed(_ring_nop(ring), n)
+            result["ring_compress_1_element"] = _timed(lambda: ring.compress(one), n)
+            result["ring_decompress_1_element"] = _timed(lambda: ring.decompress(ct_one), n)
 
         gb = bucket.numel() * 2 / 1e9
         ct = client.compress(bucket)
@@ -408,14 +493,25 @@ def run(socket: str | None, n: int, repeat: int) -> dict:
         cts = client.compress(params)
         # the direct addon runs before and after the daemon measurements; its samples are pooled
         direct_runs = [_direct(bucket, params, repeat)]
-        daemon_t = _median_times({
+        fns = {
             "bucket_compress": lambda: client.compress(bucket),
             "bucket_compress_zero_copy": lambda: client.compress(shm_bucket),
             "bucket_decompress": lambda: client.decompress(ct),
             "bucket_decompress_into_shm": lambda: client.decompress(ct, out=out_bucket),
             "batch_compress": lambda: client.compress(params),
             "batch_decompress": lambda: client.decompress(cts),
-        }, repeat)
+        }
+        if has_ring:
+            ring_shm_bucket = ring.empty(bucket.shape, bucket.dtype)
+            ring_shm_bucket.copy_(bucket)
+            fns.update({
+                "ring_bucket_compress": lambda: ring.compress(bucket),
+                "ring_bucket_compress_zero_copy": lambda: ring.compress(ring_shm_bucket),
+                "ring_bucket_decompress": lambda: ring.decompress(ct),
+                "ring_batch_compress": lambda: ring.compress(params),
+                "ring_batch_decompress": lambda: ring.decompress(cts),
+            })
+        daemon_t = _median_times(fns, repeat)
         direct_runs.append(_direct(bucket, params, repeat))
         direct = {k: (median(direct_runs[0][k] + direct_runs[1][k]) if isinstance(direct_runs[0][k], list) else direct_runs[0][k])
                   for k in direct_runs[0]}
@@ -440,10 +536,14 @@ def run(socket: str | None, n: int, repeat: int) -> dict:
             "direct_compress_s": direct["batch_compress_s"],
             "direct_decompress_s": direct["batch_decompress_s"],
         }
+        if has_ring:
+            result["ring"] = {k.removeprefix("ring_") + "_s": v for k, v in daemon_t.items() if k.startswith("ring_")}
+            result["ring"]["vs_socketpair"] = result["ring_compress_1_element"]["p50_us"] / result["socketpair"]["p50_us"]
         result["direct"] = direct
         result["threads"] = direct["threads"]
         result["gb"] = {"bucket": gb, "batch": pbytes / 1e9}
         client.close()
+        ring.close()
     return result
 
 
@@ -469,7 +569,33 @@ def _report(r: dict) -> str:
     lines.append(f"  batch of {bt['tensors']} params ({bt['bytes'] / 1e6:.1f} MB), compress        {rate(gb['batch'], bt['daemon_compress_s']):7.2f}   {rate(gb['batch'], bt['direct_compress_s']):7.2f}")
     lines.append(f"  batch of {bt['tensors']} params ({bt['bytes'] / 1e6:.1f} MB), decompress      {rate(gb['batch'], bt['daemon_decompress_s']):7.2f}   {rate(gb['batch'], bt['direct_decompress_s']):7.2f}")
     lines.append(f"  bucket ratio {b['ratio']:.4f} ({b['codec']}); batch ratio {bt['frame_bytes'] / bt['bytes']:.4f}")
+    lines.extend(_report_ring(r))
     return "\n".join(lines)
+
+
+def _report_ring(r: dict) -> list[str]:
+    """The submission ring's rows (docs/ring.md), when the daemon offered it."""
+    lines = ["", "submission ring (protocol version 4)                       p50 us    p99 us"]
+    if "ring_nop" not in r:
+        return lines + ["  the daemon offers no ring (an addon without ringOpen, or protocol version < 4)"]
+    rows = [("empty (nop) SQE round trip", r["ring_nop"]), (f"compress 1-element {r.get('one_kind', 'bf16 tensor')}", r["ring_compress_1_element"]),
+            (f"decompress 1-element {r.get('one_kind', 'bf16 tensor')}", r["ring_decompress_1_element"])]
+    if "socketpair" in r:
+        rows.append(("Unix socketpair ping-pong (Python <-> forked Python)", r["socketpair"]))
+    for name, v in rows:
+        lines.append(f"  {name:<56}{v['p50_us']:8.1f}  {v['p99_us']:8.1f}")
+    if "vs_socketpair" in r["ring"]:
+        lines.append(f"  1-element compress / socketpair ping-pong: {r['ring']['vs_socketpair']:.1f}x (goal: <= 6x)")
+    g, rg = r["gb"], r["ring"]
+    lines.append("throughput through the ring (GB/s, median)")
+    for key, label, gbk in [("bucket_compress_s", "25 MB bf16 bucket, compress", "bucket"),
+                            ("bucket_compress_zero_copy_s", "25 MB bf16 bucket, compress (zero copy, shm)", "bucket"),
+                            ("bucket_decompress_s", "25 MB bf16 bucket, decompress (new tensor)", "bucket"),
+                            ("batch_compress_s", f"{r['batch']['tensors']} params, compress", "batch"),
+                            ("batch_decompress_s", f"{r['batch']['tensors']} params, decompress", "batch")]:
+        if key in rg:
+            lines.append(f"  {label:<60}{g[gbk] / rg[key]:7.2f}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
