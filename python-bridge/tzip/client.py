@@ -983,6 +983,8 @@ class Client:
                 ring.produced_dptr = dptr + _ring.OFF_PRODUCED  # type: ignore[attr-defined]
                 ring.done_dptr = dptr + _ring.OFF_DONE  # type: ignore[attr-defined]
                 ring.seq = 0  # type: ignore[attr-defined]  # the last produced / signal value used
+                ring.gpu_lock = threading.Lock()  # type: ignore[attr-defined]
+                ring.order_stream = torch.cuda.Stream(device=g.device)  # type: ignore[attr-defined]  # see _gpu_submit
                 body["device"] = {"type": DL_CUDA, "id": ordinal}
             reply = self._call("ring_open", body, timeout=self.connect_timeout)
         except Exception as e:  # noqa: BLE001 - any refusal: ZeroMQ instead
@@ -1477,22 +1479,33 @@ class Client:
         ordinal = self._daemon_ordinal(g)
         spec = {"kind": "cuda", "device": {"type": DL_CUDA, "id": ordinal}, "handle": buf.share.handle,
                 "offset": buf.share.offset, "bytes": buf.size}
-        with self._release_lock:
-            self._gpu_handles[buf.share.handle] = None  # for release_gpu's count
         return self._ring_regions(ring, [(("gpubuf", buf), spec)])[0]
 
-    def _gpu_order(self, ring: _ring.Ring, stream, sqes: list[tuple]) -> tuple[list[tuple], int]:
-        """Queues ``produced = v`` on ``stream`` (after the work queued there: the batch's inputs) and marks the
-        batch WAIT (first SQE) / SIGNAL (last), both with ``v``. Returns the SQEs and ``v``."""
+    def _gpu_submit(self, ring: _ring.Ring, g: "_Gpu", stream, sqes: list[tuple], finish, on_wait, vbox: list) -> _ring.Handle:
+        """Submits a GPU batch ordered after the work queued so far on ``stream`` (its inputs): ``produced = v`` is
+        written once that work is done, the batch is marked WAIT (first SQE) / SIGNAL (last) with ``v`` (put in
+        ``vbox``, read by ``finish``/``on_wait``), and published.
+
+        One ``produced`` word serves every stream of the ring, so its writes must happen in ``v`` order and each only
+        after its own producer work: they are queued on the ring's own stream (``ring.order_stream``), which first waits
+        for an event of the caller's stream; values are taken and SQEs published under ``ring.gpu_lock``, so the SQ
+        order is the ``v`` order too. (Written straight from two callers' streams, ``produced`` could reach a later
+        value before an earlier batch's inputs were ready.)"""
         from ._memops import write_value64
 
-        v = self._ring_next_value(ring)
-        write_value64(stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
-        first = sqes[0]
-        sqes[0] = (first[0], first[1] | _ring.F_WAIT, *first[2:-2], v, first[-1])
-        last = sqes[-1]
-        sqes[-1] = (last[0], last[1] | _ring.F_SIGNAL, *last[2:-1], v)
-        return sqes, v
+        with ring.gpu_lock:  # type: ignore[attr-defined]
+            v = self._ring_next_value(ring)
+            vbox.append(v)
+            with torch.cuda.device(g.index):
+                ev = torch.cuda.Event()
+                ev.record(stream)
+                ring.order_stream.wait_event(ev)  # type: ignore[attr-defined]
+                write_value64(ring.order_stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
+            first = sqes[0]
+            sqes[0] = (first[0], first[1] | _ring.F_WAIT, *first[2:-2], v, first[-1])
+            last = sqes[-1]
+            sqes[-1] = (last[0], last[1] | _ring.F_SIGNAL, *last[2:-1], v)
+            return self._ring_submit(ring, sqes, finish, on_wait)
 
     @staticmethod
     def _gpu_wait_done(ring: _ring.Ring, stream, v: int) -> None:
@@ -1526,16 +1539,21 @@ class Client:
                                           stream=tag, src=src, dst=(region, off, cap)))
                     off += _align(cap)
                 gpu_copy_many(regions_of(buf.u8, staged), srcs)
-                sqes, v = self._gpu_order(ring, stream, sqes)
             except BaseException:
                 g.arena.give(buf, stream)
                 raise
         buf.in_doubt = True
+        vbox: list[int] = []
 
         def finish(res):
             if isinstance(res, BaseException):
-                buf.share.poison()  # the daemon's stream may still use it: never reused nor freed
+                if vbox:
+                    buf.share.poison()  # the daemon's stream may still use it: never reused nor freed
+                else:
+                    buf.in_doubt = False
+                    g.arena.give(buf, stream)
                 return fallback(res)
+            v = vbox[0]
             with torch.cuda.device(g.index), torch.cuda.stream(stream):
                 try:
                     err = _ring.Handle.error_of(res)
@@ -1557,9 +1575,15 @@ class Client:
                          for p, (t, nbytes, *_r), (_st, c, _n, _m) in zip(payloads, plan, res)])
 
         def on_wait(s):
-            self._gpu_wait_done(ring, s if s is not None else torch.cuda.current_stream(g.index), v)
+            self._gpu_wait_done(ring, s if s is not None else torch.cuda.current_stream(g.index), vbox[0])
 
-        return self._ring_submit(ring, sqes, finish, on_wait)
+        try:
+            return self._gpu_submit(ring, g, stream, sqes, finish, on_wait, vbox)
+        except BaseException:
+            if not vbox:
+                buf.in_doubt = False
+                g.arena.give(buf, stream)
+            raise
 
     def _staging_take(self, g: "_Gpu", nbytes: int, stream):
         """A staging buffer of ``g``'s arena (given back by the request's finishing step); PyTorch refusing to share
@@ -1744,16 +1768,18 @@ class Client:
                                           dst=(region, off, ct.nbytes)))
                     off += _align(ct.nbytes)
                 gpu_copy_many(regions_of(buf.u8, staged), frames)
-                sqes, v = self._gpu_order(ring, stream, sqes)
-                # The results exist now (written in stream order once the daemon is done: see queue_copies).
-                results = [o if o is not None else torch.empty(ct.shape, dtype=ct.dtype, device=g.device)
-                           for ct, o in zip(cts, outs)]
+                # The results exist now (written in stream order once the daemon is done: see queue_copies); new ones
+                # as bytes seen as their dtype (every dtype, the sub-byte ones too).
+                flats = [None if o is not None else torch.empty(ct.nbytes, dtype=torch.uint8, device=g.device)
+                         for ct, o in zip(cts, outs)]
+                results = [o if o is not None else from_bytes(f, ct.dtype, ct.shape) for ct, o, f in zip(cts, outs, flats)]
             except BaseException:
                 g.arena.give(buf, stream)
                 raise
         buf.in_doubt = True
         state = {"copied": None}  # the stream the copies out of the arena were queued on, and the event after them
         lock = threading.Lock()
+        vbox: list[int] = []
 
         def queue_copies(s) -> None:
             """Once: ``s`` waits (on the GPU) for the done flag, then copies the results out of the arena, then the
@@ -1765,15 +1791,18 @@ class Client:
                         s.wait_event(state["copied"][1])
                     return
                 with torch.cuda.device(g.index), torch.cuda.stream(s):
-                    self._gpu_wait_done(ring, s, v)
+                    self._gpu_wait_done(ring, s, vbox[0])
                     direct, srcs = [], []
-                    for r, ct, o, oo in zip(results, cts, outs, out_offs):
+                    for f, ct, o, oo in zip(flats, cts, outs, out_offs):
                         src = buf.u8[oo : oo + ct.nbytes]
-                        if o is not None and not o.is_contiguous():
-                            gpu_copy_from_bytes(o, src)  # any layout: a copy of its own
-                        else:
-                            direct.append(_u8_of(r))
+                        if f is not None:
+                            direct.append(f)
                             srcs.append(src)
+                        elif o.is_contiguous():
+                            direct.append(_u8_of(o))
+                            srcs.append(src)
+                        else:
+                            gpu_copy_from_bytes(o, src)  # any layout: a copy of its own
                     gpu_copy_many(direct, srcs)
                     ev = torch.cuda.Event()
                     ev.record(s)
@@ -1783,7 +1812,11 @@ class Client:
 
         def finish(res):
             if isinstance(res, BaseException):
-                buf.share.poison()
+                if vbox:
+                    buf.share.poison()  # the daemon's stream may still use it: never reused nor freed
+                else:
+                    buf.in_doubt = False
+                    g.arena.give(buf, stream)
                 return fallback(res)
             err = _ring.Handle.error_of(res)
             if err is not None:
@@ -1803,7 +1836,13 @@ class Client:
         def on_wait(s):
             queue_copies(s if s is not None else torch.cuda.current_stream(g.index))
 
-        return self._ring_submit(ring, sqes, finish, on_wait)
+        try:
+            return self._gpu_submit(ring, g, stream, sqes, finish, on_wait, vbox)
+        except BaseException:
+            if not vbox:
+                buf.in_doubt = False
+                g.arena.give(buf, stream)
+            raise
 
     def _compress_raw(self, t: torch.Tensor) -> CompressedTensor:
         """The fallback: a frame of codec raw, written here (for a CUDA tensor: on the CPU, then copied to its GPU)."""
