@@ -66,6 +66,21 @@ the call (no fallback then). Nothing is ever silently altered: ``ct.codec`` says
 A Client belongs to the process that made it (not usable after fork) and may be used from many
 threads at once. Do not modify a tensor while a call that reads or writes it runs.
 
+The submission ring (protocol version 4, docs/ring.md; :mod:`tzip._ring`): when hello offers ``ring``, requests go
+through a shared-memory ring per session instead of ZeroMQ messages: one ring for CPU tensors and one per GPU, each a
+file ``/dev/shm/<prefix>ring-<n>`` the daemon's native ring thread serves. A call becomes 128-byte SQEs naming
+registered regions (the staging arena's segments, the result pool's and ``Client.empty``'s shared-memory files,
+the GPU staging buffers: each registered once with ``ring_register``), one LINKed batch per call and device; the
+calling thread publishes them and reaps their completions (a short spin, then a futex). CUDA tensors are copied into
+the registered staging arena on the caller's stream; the ring's stream starts the batch once ``produced`` (written
+with ``cuStreamWriteValue64`` after that copy) says so, and the caller's stream waits for ``done`` on the GPU
+(``cuStreamWaitValue64``; :mod:`tzip._memops`) before the results are copied out. ``compress_async`` /
+``decompress_async`` return a :class:`tzip._ring.Handle` (a Future with ``wait(stream)``). ZeroMQ stays for daemons
+without the ring and for what an SQE cannot describe: tensors without bytes, frames of more than 6 dimensions,
+PyTorch's ``file_system`` shared memory, GPU calls with ``sm_budget`` 0 or above 255, batches over 256 MiB of staging.
+The job's settings apply to ring requests as the client last heard them (its heartbeat: ring requests have no reply).
+:attr:`Client.ring_info` says what is open and why a ring was not.
+
 Jobs (protocol version 3, daemons of tzip 0.1 with ``jobs``/``set``; older daemons are sent none of this): a
 client tells the daemon which job it belongs to (:func:`job_info`: name, user, rank, world size, devices, MPS) in
 its hello once it is attached or its job is named (``job=``, $TZIP_JOB), and with :meth:`Client.set_job` (what
@@ -302,6 +317,11 @@ def _sqe_layout(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int, t
     if len(fshape) > _ring.MAX_NDIM:
         return None
     return nbytes, DTYPE_CODES[fdtype], tuple(fshape), max_compressed_size(nbytes, len(fshape))
+
+
+def _stage_cpu(plan: list[tuple]) -> int:
+    """Staging bytes of a CPU compress plan: the inputs not in registered shared memory, and every frame's bound."""
+    return sum((0 if p[5] else _align(p[1])) + _align(p[4]) for p in plan)
 
 
 def _copy_in(seg: _shm.Segment, off: int, t: torch.Tensor, nbytes: int) -> None:
@@ -1320,8 +1340,8 @@ class Client:
             part = [items[i] for i in idx]
             if key is None:
                 plan = self._ring_plan_compress_cpu(part)
-                if plan is None:
-                    return None
+                if plan is None or (len(plan) > 1 and _stage_cpu(plan) > MAX_STAGE_BYTES):
+                    return None  # (ZeroMQ splits such batches into requests of their own)
                 starters.append((idx, key, plan, None))
             else:
                 g = self._gpu(key)
@@ -1329,8 +1349,8 @@ class Client:
                 if budget is None or not self._gpu_reachable(g):
                     return None
                 plan = self._ring_plan_compress_gpu(part)
-                if plan is None:
-                    return None
+                if plan is None or sum(_align(p[1]) + _align(p[4]) for p in plan) > MAX_STAGE_BYTES:
+                    return None  # everything is staged through the ring: large tensors are handed over through ZeroMQ
                 starters.append((idx, key, plan, (_stream_for(streams, key), budget)))
         try:
             for _, key, _, _ in starters:
@@ -1416,7 +1436,7 @@ class Client:
             return _done_handle(fallback, e)
 
     def _compress_start_cpu(self, ring: _ring.Ring, plan: list[tuple], codec: str, tag: int, post, fallback) -> _ring.Handle:
-        stage = sum((0 if p[5] else _align(p[1])) + _align(p[4]) for p in plan)
+        stage = _stage_cpu(plan)
         seg = self._arena.take(max(1, stage))
         try:
             regions = self._ring_shm(ring, list(dict.fromkeys([seg.name] + [p[5][0] for p in plan if p[5]])))
@@ -1615,6 +1635,12 @@ class Client:
                 if self._ring_sm_budget() is None or not self._gpu_reachable(self._gpu(key)):
                     return None
             groups.setdefault(key, []).append(i)
+        for key, idx in groups.items():
+            # Staging bytes of the ring request (GPU: frames and results; CPU: frames and the small results).
+            stage = sum(_align(items[i].payload.numel()) + (_align(items[i].nbytes) if key is not None or
+                        items[i].nbytes < DEDICATED_MIN_BYTES else 0) for i in idx)
+            if stage > MAX_STAGE_BYTES and (key is not None or len(idx) > 1):
+                return None
         try:
             for key in groups:
                 if self._ring(key) is None:
