@@ -101,6 +101,51 @@ def data_ops(ops: list[str]) -> list[str]:
     return [o for o in ops if o in ("compress", "decompress")]
 
 
+def test_sqe_and_cqe_layouts_are_the_contracts():
+    """docs/ring.md's offsets, byte for byte (little-endian)."""
+    src, dst = _ring.Region(7, 3, 1 << 20), _ring.Region(9, 5, 1 << 20)
+    fields = _ring.sqe(_ring.OP_COMPRESS, _ring.F_VERIFY | _ring.F_WAIT, codec=2, dtype=8, shape=(5, 6, 7), sm_budget=10,
+                       stream=1, src=(src, 0x1122, 210), dst=(dst, 0x3344, 4096), wait_value=0xAB, signal_value=0xCD)
+    raw = bytearray(128)
+    _ring.SQE.pack_into(raw, 0, 0x0102030405060708, *fields)
+    le = lambda off, n: int.from_bytes(raw[off:off + n], "little")  # noqa: E731
+    assert le(0, 8) == 0x0102030405060708
+    assert list(raw[8:16]) == [1, 2 | 4, 2, 8, 3, 10, 1, 0]
+    assert (le(16, 4), le(20, 4), le(24, 8), le(32, 8)) == (7, 3, 0x1122, 210)
+    assert (le(40, 4), le(44, 4), le(48, 8), le(56, 8)) == (9, 5, 0x3344, 4096)
+    assert [le(64 + 8 * i, 8) for i in range(6)] == [5, 6, 7, 0, 0, 0]
+    assert (le(112, 8), le(120, 8)) == (0xAB, 0xCD)
+    cqe = bytearray(64)
+    cqe[0:8] = (42).to_bytes(8, "little")
+    cqe[8:12] = (44).to_bytes(4, "little", signed=True)
+    cqe[12] = 1
+    cqe[16:24] = (1234).to_bytes(8, "little")
+    cqe[24:24 + 11] = b"region gone"
+    ud, status, codec, result, msg = _ring.CQE.unpack_from(cqe, 0)
+    assert (ud, status, codec, result, msg.rstrip(b"\0")) == (42, 44, 1, 1234, b"region gone")
+    err = _ring.status_error(status, "region gone", 0)
+    assert isinstance(err, TzipDaemonError) and err.code == "TZIP_HANDLE" and err.index == 0
+    with pytest.raises(ValueError):
+        _ring.sqe(_ring.OP_COMPRESS, shape=(1,) * 7)
+
+
+def test_the_ring_file_is_made_as_the_contract_says():
+    name = f"tzip-{os.getpid()}-{os.urandom(8).hex()}-ring-1"
+    r = _ring.Ring(name, 64)
+    try:
+        st = os.stat(f"/dev/shm/{name}")
+        assert st.st_size == _ring.ring_bytes(64) == 4096 + 64 * 128 + 64 * 64 and oct(st.st_mode & 0o777) == "0o600"
+        with open(f"/dev/shm/{name}", "rb") as f:
+            head = f.read(12)
+        assert head[:8] == b"TZRING01" and int.from_bytes(head[8:12], "little") == 64
+        assert all(v == 0 for v in r.words().values())
+    finally:
+        r.close()
+    assert not os.path.exists(f"/dev/shm/{name}")
+    with pytest.raises(ValueError):
+        _ring.Ring(name, 48)
+
+
 @pytest.fixture(scope="module")
 def clients(shared_daemon):
     """(ring client, ZeroMQ-only client) on the module's daemon."""

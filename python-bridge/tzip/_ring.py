@@ -284,7 +284,9 @@ def status_error(status: int, message: str, index: int | None = None, what: str 
 
 
 # --- the ring ----------------------------------------------------------------------------------------------------
-def _unlink(path: str) -> None:
+def _unlink(path: str, pid: int | None = None) -> None:
+    if pid is not None and os.getpid() != pid:
+        return  # a forked child exiting: the file is the parent's
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -375,7 +377,7 @@ class Ring:
         self._reaper: threading.Thread | None = None
         self._next_check = 0.0
         self._pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _unlink, self.path)
+        self._finalizer = weakref.finalize(self, _unlink, self.path, self._pid)
 
     # --- state -------------------------------------------------------------------------------------------------
     @property
