@@ -326,6 +326,17 @@ def test_ring_errors_are_tzip_daemon_errors_and_the_ring_keeps_serving(clients):
     assert ring.ring_info["rings"]["cpu"]["state"] == "serving"
 
 
+def test_empty_calls_and_tensors_without_bytes(clients):
+    ring, plain = clients
+    assert ring.compress([]) == [] and ring.decompress([]) == []
+    assert ring.compress_async([]).result(timeout=10) == [] and ring.decompress_async([]).result(timeout=10) == []
+    e = torch.empty(0, 3, dtype=torch.bfloat16)
+    cts = ring.compress([e, embedding()[0]])  # a tensor without bytes: the call goes through ZeroMQ
+    assert cts[0].payload.numpy().tobytes() == plain.compress(e).payload.numpy().tobytes()
+    backs = ring.decompress(cts)
+    assert backs[0].shape == (0, 3) and same_bits(backs[1], embedding()[0])
+
+
 def test_a_frame_of_more_than_six_dimensions_goes_through_zeromq(clients):
     ring, _ = clients
     t = random_tensor(torch.float16, (2, 1, 3, 1, 2, 2, 5), seed=4)

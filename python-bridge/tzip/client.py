@@ -1328,7 +1328,7 @@ class Client:
     def _compress_ring_plan(self, items: list[torch.Tensor], codec: str, streams: dict[int, Any] | None):
         """Starters of the ring requests of ``items`` (one per CPU batch and per GPU), or None when the ring cannot
         carry all of them (no ring offered, an item it cannot describe): then the whole call goes through ZeroMQ."""
-        if self._ring_caps is None or self._sid is None or codec not in _ring.CODEC_CODES:
+        if self._ring_caps is None or self._sid is None or codec not in _ring.CODEC_CODES or not items:
             return None
         codec = self._ring_codec(codec)
         groups: dict[int | None, list[int]] = {}
@@ -1619,7 +1619,7 @@ class Client:
     def _decompress_submit(self, items: list, outs: list, single: bool, verify: bool,
                            streams: dict[int, Any] | None) -> _ring.Handle | None:
         """The call as ring requests, submitted now, or None: not for the ring (then ZeroMQ, as before)."""
-        if self._ring_caps is None or self._sid is None:
+        if self._ring_caps is None or self._sid is None or not items:
             return None
         groups: dict[int | None, list[int]] = {}
         for i, (ct, o) in enumerate(zip(items, outs)):
