@@ -84,6 +84,7 @@ seed_dir() {  # the seed folder a target reads
     js_container|py_container) echo "$seeds/container" ;;
     js_safetensors) echo "$seeds/safetensors" ;;
     js_protocol) echo "fuzz/seeds/protocol" ;;
+    fuzz_ring) echo "fuzz/seeds/ring" ;;  # ring file SQEs (docs/ring.md), made by hand: a region table and SQEs
   esac
 }
 
