@@ -49,7 +49,9 @@ VICTIM = textwrap.dedent("""
     import sys, torch
     import tzip.client as tz
     sock, op = sys.argv[1], sys.argv[2]
-    c = tz.connect(sock, spawn=False, strict=True)
+    # ZeroMQ requests (the session's "inflight" counts them; a client killed mid-submission on the submission ring:
+    # test_ring.py)
+    c = tz.connect(sock, spawn=False, strict=True, ring_entries=0)
     big = (torch.randn(16 << 20, generator=torch.Generator().manual_seed(1)) * 0.02).to(torch.bfloat16)  # 32 MiB
     ct = c.compress(big, codec="fast") if op == "decompress" else None
     print("READY", c.shm_prefix, c._sid, flush=True)

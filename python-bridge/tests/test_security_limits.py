@@ -57,7 +57,9 @@ def test_a_client_over_its_bytes_in_flight_gets_tzip_limit_and_goes_on(limited):
     d = limited(maxInflightBytesPerSession=1 << 20)
     big = bf16_weights((1 << 19) + 1, seed=1)  # one element more than 1 MiB of bf16
     small = bf16_weights(1 << 18, seed=2)
-    with tzip.connect(d.socket, spawn=False, strict=True) as a, tzip.connect(d.socket, spawn=False, strict=True) as b:
+    # The limit of ZeroMQ requests' bytes (ring_entries=0: requests through the submission ring use memory the
+    # client registered, which maxMappedBytesPerSession bounds, and the ring's entries).
+    with tzip.connect(d.socket, spawn=False, strict=True, ring_entries=0) as a, tzip.connect(d.socket, spawn=False, strict=True) as b:
         with pytest.raises(TzipDaemonError) as e:
             a.compress(big)
         assert e.value.code == "TZIP_LIMIT"
