@@ -373,9 +373,13 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
         result["decompress_1_element"] = _timed_cuda(lambda: client.decompress(ct_one), n)
         result["compress_1_element_handed_over"] = _timed_cuda(lambda: handing.compress(one), n)
         if has_ring:
+            ring.compress(one)
+            if "cuda:0" not in ring.ring_info["rings"]:  # e.g. no driver entry points: the ring client used ZeroMQ
+                result["ring_refused"] = ring.ring_info["refused"]
+                has_ring = False
+        if has_ring:
             result["one_kind"] = "bf16 CUDA tensor"
             result["ring_nop"] = _timed(_ring_nop(ring), n)
-            ring.compress(one)
             result["ring_compress_1_element"] = _timed_cuda(lambda: ring.compress(one), n)
             result["ring_decompress_1_element"] = _timed_cuda(lambda: ring.decompress(ct_one), n)
             result["ring_gpu"] = ring.ring_info["rings"].get("cuda:0")
@@ -577,6 +581,8 @@ def _report_ring(r: dict) -> list[str]:
     """The submission ring's rows (docs/ring.md), when the daemon offered it."""
     lines = ["", "submission ring (protocol version 4)                       p50 us    p99 us"]
     if "ring_nop" not in r:
+        if r.get("ring_refused"):
+            return lines + [f"  no ring: {r['ring_refused']}"]
         return lines + ["  the daemon offers no ring (an addon without ringOpen, or protocol version < 4)"]
     rows = [("empty (nop) SQE round trip", r["ring_nop"]), (f"compress 1-element {r.get('one_kind', 'bf16 tensor')}", r["ring_compress_1_element"]),
             (f"decompress 1-element {r.get('one_kind', 'bf16 tensor')}", r["ring_decompress_1_element"])]
