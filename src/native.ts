@@ -286,12 +286,11 @@ export interface NativeRing {
 export interface RingOpenOptions {
   /** Entries of the ring (a power of two from 8 to 4096): must equal the file's `entries` word. */
   entries: number;
-  /** The GPU ordinal of the ring's stream; without it the ring serves CPU batches only. */
+  /** The GPU ordinal of the ring's stream; without it the ring serves CPU batches only (and refuses WAIT/SIGNAL, which
+   * order GPU work through the file's `produced`/`done` words: docs/ring.md "GPU ordering flags"). */
   device?: number | undefined;
   /** SM budget of SQEs whose sm_budget is 0 (GPU batches); default 10. */
   smBudget: number;
-  /** Device pointer of the 16 flag bytes (u64 produced, u64 done) on `device`, 8-byte aligned, for WAIT/SIGNAL. */
-  flag?: DevicePtr | undefined;
   /** Threads of a CPU batch (1..1024). */
   cpuThreads: number;
   /** Microseconds the thread polls sq_head (and a GPU batch's event) before it sleeps (0..1000000). */

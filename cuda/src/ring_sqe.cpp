@@ -176,7 +176,7 @@ Check check_batch(const Sqe* sqes, const Resolved* res, size_t n, const RingCaps
                                                   : "device " + num(uint64_t(res[0].device)) + " is not the ring's");
   }
   if (ordered) {
-    if (caps.device < 0 || !caps.has_flag) return fail(kInvalidArgument, "WAIT/SIGNAL need a ring with a GPU flag");
+    if (caps.device < 0) return fail(kInvalidArgument, "WAIT/SIGNAL need a GPU ring");
     if (op != kNop && res[0].kind == RegionKind::Host) return fail(kInvalidArgument, "WAIT/SIGNAL on a CPU batch");
   }
   if (op == kNop || n < 2) return {};

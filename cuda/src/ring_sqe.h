@@ -26,7 +26,7 @@ constexpr char kMagic[8] = {'T', 'Z', 'R', 'I', 'N', 'G', '0', '1'};
 // Header word offsets.
 constexpr uint64_t kOffMagic = 0, kOffEntries = 8, kOffSqHead = 64, kOffSqTail = 128, kOffSqSleeping = 132,
                    kOffSqDoorbell = 192, kOffCqHead = 256, kOffState = 260, kOffCqTail = 320, kOffCqWaiting = 324,
-                   kOffCqDoorbell = 384;
+                   kOffCqDoorbell = 384, kOffProduced = 448, kOffDone = 512;
 
 /// Values of the header's `state` word.
 enum class State : uint32_t { Serving = 0, Closed = 1, Broken = 2 };
@@ -54,6 +54,7 @@ enum Status : int32_t {
   kCuda = 6,             // TZIP_CUDA
   kOutOfMemory = 7,      // TZIP_OUT_OF_MEMORY
   kInternal = 8,         // TZIP_INTERNAL
+  kSession = 43,         // TZIP_SESSION: the ring closed while a batch waited for its inputs
   kHandle = 44,          // TZIP_HANDLE: a region not registered, of another generation, released or faulted
 };
 
@@ -112,11 +113,9 @@ struct Check {
   bool ok() const { return status == kOk; }
 };
 
-/// What the ring may serve: `device` is the ring's GPU ordinal (-1: CPU only); `has_flag` whether ring_open named
-/// the 16 flag bytes WAIT and SIGNAL use.
+/// What the ring may serve: `device` is the ring's GPU ordinal (-1: CPU only; WAIT and SIGNAL need a GPU ring).
 struct RingCaps {
   int32_t device = -1;
-  bool has_flag = false;
 };
 
 /// A validated SQE: its resolved addresses (inside its regions) and the frame bound it was checked against.
@@ -136,7 +135,7 @@ Check check_sqe(const Sqe& s, const RegionTable& regions, Resolved* out);
 
 /// Checks of a whole batch (`n` SQEs, each already passing check_sqe and resolved into `res`): the same op, regions of
 /// one kind and device (and a device batch on the ring's device), WAIT only on the first, SIGNAL only on the last,
-/// WAIT/SIGNAL only where the ring has a device and a flag and the batch is not a host one, no two destinations of
+/// WAIT/SIGNAL only where the ring has a device and the batch is not a host one, no two destinations of
 /// the batch overlapping. Returns the first failure and the index of the SQE it names in *bad.
 Check check_batch(const Sqe* sqes, const Resolved* res, size_t n, const RingCaps& caps, size_t* bad);
 

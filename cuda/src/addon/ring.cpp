@@ -92,6 +92,28 @@ void RingCore::store_word(uint64_t off, uint32_t v) {
   __atomic_store_n(reinterpret_cast<uint32_t*>(opt_.file + off), v, __ATOMIC_RELEASE);
 }
 
+bool RingCore::wait_produced(uint64_t value) {
+  // The client's GPU writes `produced` (cuStreamWriteValue64 into its mapping of this page) once the batch's inputs
+  // are written; the thread polls it on the CPU instead of making its stream wait, which across two processes'
+  // contexts costs far more per blocked hand-off (docs/ring.md, "GPU ordering flags").
+  const auto* word = reinterpret_cast<const uint64_t*>(opt_.file + ring::kOffProduced);
+  const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(opt_.spin_us);
+  std::chrono::microseconds step(5);
+  while (__atomic_load_n(word, __ATOMIC_ACQUIRE) < value) {
+    if (stop_.load(std::memory_order_acquire)) return false;
+    if (Clock::now() < spin_until) continue;
+    std::this_thread::sleep_for(step);
+    step = std::min(step * 2, std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+void RingCore::signal_done(uint64_t value) {
+  if (value <= done_) return;
+  done_ = value;
+  __atomic_store_n(reinterpret_cast<uint64_t*>(opt_.file + ring::kOffDone), value, __ATOMIC_RELEASE);
+}
+
 // ---------------------------------------------------------------- the thread
 
 void RingCore::loop() {
@@ -199,7 +221,7 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
   std::vector<Cqe> cqes;
   Check c;
   size_t bad = 0;
-  const ring::RingCaps caps{gpu_ ? gpu_->device() : -1, gpu_ && gpu_->has_flag()};
+  const ring::RingCaps caps{gpu_ ? gpu_->device() : -1};
   const uint8_t op = batch[0].op;
   bool marked = false;
   {
@@ -219,32 +241,27 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
   }
   const Clock::time_point t0 = Clock::now();
   const bool on_gpu = c.ok() && op != ring::kNop && res[0].kind == ring::RegionKind::Device;
+  // WAIT and SIGNAL are valid on a batch that passed its checks (check_batch: a GPU ring; GPU or nop batches). SIGNAL
+  // is also honoured on a batch that failed them (its flags byte aside), so that a client stream waiting on `done`
+  // for it goes on; `done` then says only that the thread has finished with it.
+  const Sqe& last = batch[n - 1];
+  const bool signal = gpu_ && (last.flags & ring::kSignal) && !(last.flags & ~ring::kKnownFlags);
   if (!c.ok()) {
     fail_batch(batch, bad, c, &cqes);
-    // Nothing of the batch runs, but a client stream may wait on `done` for it: SIGNAL still reaches the stream, in
-    // order after the batches before it.
-    const Sqe& last = batch[n - 1];
-    if (caps.has_flag && (last.flags & ring::kSignal) && !(last.flags & ~ring::kKnownFlags)) {
-      const bool wait = (batch[0].flags & ring::kWait) && !(batch[0].flags & ~ring::kKnownFlags);
-      gpu_->order_only(wait, batch[0].wait_value, true, last.signal_value, stop_);
-    }
-  } else if (op == ring::kNop) {
-    cqes.assign(n, Cqe{});
-    std::string err;
-    const bool wait = batch[0].flags & ring::kWait, signal = batch[n - 1].flags & ring::kSignal;
-    if (wait || signal) err = gpu_->order_only(wait, batch[0].wait_value, signal, batch[n - 1].signal_value, stop_);
-    for (size_t i = 0; i < n; ++i) {
-      cqes[i].user_data = batch[i].user_data;
-      if (!err.empty()) {
-        cqes[i].status = ring::kCuda;
-        cqes[i].message = err;
-      }
-    }
   } else {
     cqes.assign(n, Cqe{});
-    if (on_gpu) {
+    const bool waited = !(batch[0].flags & ring::kWait) || wait_produced(batch[0].wait_value);
+    if (!waited) {
+      for (size_t i = 0; i < n; ++i) {
+        cqes[i].user_data = batch[i].user_data;
+        cqes[i].status = ring::kSession;
+        cqes[i].message = "ring closed before the inputs were ready";
+      }
+    } else if (op == ring::kNop) {
+      for (size_t i = 0; i < n; ++i) cqes[i].user_data = batch[i].user_data;
+    } else if (on_gpu) {
       const int budget = batch[0].sm_budget ? int(batch[0].sm_budget) : opt_.sm_budget;
-      gpu_->run(batch.data(), res.data(), n, budget, cqes.data(), stop_);
+      gpu_->run(batch.data(), res.data(), n, budget, cqes.data());
     } else {
       run_cpu(batch.data(), res.data(), n, cqes.data());
     }
@@ -281,7 +298,9 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
   if (op == ring::kCompress || op == ring::kDecompress) {
     for (size_t i = 0; i < n; ++i) count(batch[i], cqes[i], on_gpu, i == 0 ? seconds : 0);
   }
-  return write_cqes(cqes);
+  const bool ok = write_cqes(cqes);
+  if (signal) signal_done(last.signal_value);
+  return ok;
 }
 
 void RingCore::run_cpu(const Sqe* s, const Resolved* r, size_t n, Cqe* out) {

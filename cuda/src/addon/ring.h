@@ -100,6 +100,11 @@ class RingCore {
 
   uint32_t load_word(uint64_t off) const;
   void store_word(uint64_t off, uint32_t v);
+  /// WAIT: polls the header's `produced` word until it is >= `value` (spin_us, then sleeps of growing length, at most
+  /// 200 us); false when the ring stops first.
+  bool wait_produced(uint64_t value);
+  /// SIGNAL: stores `value` to the header's `done` word (after the batch's CQEs), never lowering it.
+  void signal_done(uint64_t value);
 
   Options opt_;
   std::unique_ptr<RingGpu> gpu_;
@@ -110,6 +115,7 @@ class RingCore {
 
   // Ring thread only.
   uint32_t sq_tail_ = 0, cq_head_ = 0;
+  uint64_t done_ = 0;  // the last value stored to `done`
   bool overlong_ = false;  // inside a LINK chain longer than the batch limit: its SQEs fail until the chain ends
   std::vector<ring::Sqe> pending_;  // SQEs of a batch whose last SQE is not published yet
   std::vector<StatsEntry> stats_;

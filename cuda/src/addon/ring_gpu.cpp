@@ -24,35 +24,6 @@ using ring::Cqe;
 using ring::Resolved;
 using ring::Sqe;
 
-/// cuStreamWaitValue64 / cuStreamWriteValue64 (CUstream, CUdeviceptr, cuuint64_t, unsigned flags) through the
-/// runtime's driver entry points, as device.cpp gets cuMemGetAddressRange: no link-time libcuda dependency.
-using MemOpFn = int (*)(void* stream, unsigned long long addr, unsigned long long value, unsigned int flags);
-constexpr unsigned kWaitValueGeq = 0x0;        // CU_STREAM_WAIT_VALUE_GEQ
-constexpr unsigned kWriteValueDefault = 0x0;   // CU_STREAM_WRITE_VALUE_DEFAULT: a memory fence before the write
-
-struct MemOps {
-  MemOpFn wait = nullptr;
-  MemOpFn write = nullptr;
-};
-
-const MemOps& memops() {
-  static const MemOps ops = [] {
-    MemOps m;
-    auto get = [](const char* name) -> MemOpFn {
-      void* f = nullptr;
-      cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-      const bool ok = cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-                      q == cudaDriverEntryPointSuccess && f;
-      cudaGetLastError();
-      return ok ? reinterpret_cast<MemOpFn>(f) : nullptr;
-    };
-    m.wait = get("cuStreamWaitValue64");
-    m.write = get("cuStreamWriteValue64");
-    return m;
-  }();
-  return ops;
-}
-
 using Clock = std::chrono::steady_clock;
 
 /// A CUDA failure as a CQE's status and message.
@@ -77,83 +48,34 @@ void gpu_failure(const gpu::Status& st, int32_t* status, std::string* message) {
 
 struct RingGpu::Impl {
   cudaStream_t stream = nullptr;
-  cudaStream_t drain = nullptr;  // made on first use: writes `produced` from the host side at close
-  cudaEvent_t done = nullptr;    // recorded after a batch's work
-  cudaEvent_t waited = nullptr;  // recorded right after a WAIT: not complete while the stream still waits
+  cudaEvent_t done = nullptr;  // recorded after a batch's work
   long spin_us = 0;
-  uint64_t flag = 0;
 
-  /// Writes `value` to `produced` on the drain stream and waits for it: the ring's stream, waiting on it, drains.
-  void drain_wait(uint64_t value) {
-    if (!drain && cudaStreamCreateWithFlags(&drain, cudaStreamNonBlocking) != cudaSuccess) {
-      cudaGetLastError();
-      drain = nullptr;
-      return;
-    }
-    if (memops().write(drain, flag, value, kWriteValueDefault) == 0) cudaStreamSynchronize(drain);
-    cudaGetLastError();
-  }
-
-  /// Waits for `done`: polls for spin_us, then sleeps in growing steps (at most 1 ms), so that `stop` is seen. With
-  /// `awaiting`, a stop while `waited` is not complete (the stream still waits on `produced`) writes `wait_value`.
-  cudaError_t wait_done(const std::atomic<bool>& stop, bool awaiting, uint64_t wait_value) {
+  /// Waits for `done`: polls for spin_us, then sleeps in growing steps (at most 1 ms). The batch's work must finish
+  /// (it reads and writes the client's regions) before its regions may be released, so a stop does not cut it short.
+  cudaError_t wait_done() {
     const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_us);
     std::chrono::microseconds step(20);
-    bool drained = false;
     for (;;) {
       const cudaError_t e = cudaEventQuery(done);
       if (e != cudaErrorNotReady) return e;
-      if (awaiting && !drained && stop.load(std::memory_order_acquire)) {
-        if (cudaEventQuery(waited) == cudaErrorNotReady) drain_wait(wait_value);
-        cudaGetLastError();
-        drained = true;
-      }
       if (Clock::now() < spin_until) continue;
       std::this_thread::sleep_for(step);
       step = std::min(step * 2, std::chrono::microseconds(1000));
     }
   }
-
-  /// [WAIT] before a batch's work; returns whether the stream now waits on `produced`.
-  bool enqueue_wait(const Sqe& first, int32_t* status, std::string* message) {
-    if (!(first.flags & ring::kWait)) return false;
-    if (memops().wait(stream, flag, first.wait_value, kWaitValueGeq) != 0) {
-      *status = ring::kCuda;
-      *message = "cuStreamWaitValue64 failed";
-      return false;
-    }
-    const cudaError_t e = cudaEventRecord(waited, stream);
-    if (e != cudaSuccess) cuda_failure(e, "cudaEventRecord", status, message);
-    return true;
-  }
-
-  void enqueue_signal(const Sqe& last, int32_t* status, std::string* message) {
-    if (!(last.flags & ring::kSignal)) return;
-    if (memops().write(stream, flag + 8, last.signal_value, kWriteValueDefault) != 0 && *status == ring::kOk) {
-      *status = ring::kCuda;
-      *message = "cuStreamWriteValue64 failed";
-    }
-  }
 };
 
-RingGpu::RingGpu(int device, uint64_t flag, long spin_us) : device_(device), flag_(flag) {
+RingGpu::RingGpu(int device, long spin_us) : device_(device) {
   require_gpu();
   check_device(device);
   DeviceScope scope(device);
-  if (flag) {
-    if (flag % 8) throw_invalid("opts.flag " + hex_ptr(flag) + " is not 8-byte aligned");
-    check_device_range(flag, 16, device, "opts.flag");
-    if (!memops().wait || !memops().write)
-      throw CodedError(tzip::ErrorCode::Unsupported, "the CUDA driver has no cuStreamWaitValue64/cuStreamWriteValue64");
-  }
   auto* impl = new Impl;
   impl->spin_us = spin_us;
-  impl->flag = flag;
   try {
     cuda_check(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     gpu::keep_scratch(impl->stream);
     cuda_check(cudaEventCreateWithFlags(&impl->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    cuda_check(cudaEventCreateWithFlags(&impl->waited, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   } catch (...) {
     if (impl->done) cudaEventDestroy(impl->done);
     if (impl->stream) {
@@ -173,9 +95,7 @@ RingGpu::~RingGpu() {
     gpu::release_scratch(impl_->stream);
     cudaStreamSynchronize(impl_->stream);
     cudaEventDestroy(impl_->done);
-    cudaEventDestroy(impl_->waited);
     cudaStreamDestroy(impl_->stream);
-    if (impl_->drain) cudaStreamDestroy(impl_->drain);
     cudaGetLastError();
   } catch (...) {
     // Teardown: nothing to report to.
@@ -187,25 +107,7 @@ void RingGpu::bind_thread() {
   if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
 }
 
-std::string RingGpu::order_only(bool wait, uint64_t wait_value, bool signal, uint64_t signal_value,
-                                const std::atomic<bool>& stop) {
-  Sqe s;
-  s.flags = uint8_t((wait ? ring::kWait : 0) | (signal ? ring::kSignal : 0));
-  s.wait_value = wait_value;
-  s.signal_value = signal_value;
-  int32_t status = ring::kOk;
-  std::string message;
-  const bool awaiting = impl_->enqueue_wait(s, &status, &message);
-  impl_->enqueue_signal(s, &status, &message);
-  cudaError_t e = cudaEventRecord(impl_->done, impl_->stream);
-  if (e == cudaSuccess) e = impl_->wait_done(stop, awaiting, wait_value);
-  else e = cudaStreamSynchronize(impl_->stream);
-  if (e != cudaSuccess && status == ring::kOk) cuda_failure(e, "GPU ordering", &status, &message);
-  return status == ring::kOk ? std::string() : message;
-}
-
-void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget, Cqe* out,
-                  const std::atomic<bool>& stop) {
+void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget, Cqe* out) {
   Impl& g = *impl_;
   const bool encode = sqes[0].op == ring::kCompress;
   int32_t status = ring::kOk;  // a failure of the whole batch
@@ -251,8 +153,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
   void* d_results = nullptr;
   bool codec_queued = false, copy_queued = false;
 
-  const bool awaiting = g.enqueue_wait(sqes[0], &status, &message);
-  if (status == ring::kOk) {
+  {
     const gpu::Status st = gpu::scratch_alloc(&d_results, result_bytes, g.stream);
     if (!st.ok()) gpu_failure(st, &status, &message);
   }
@@ -278,8 +179,6 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
     }
     if (!st.ok()) gpu_failure(st, &status, &message);
   }
-  // SIGNAL even after a failure: the client's stream may wait on `done` for this batch.
-  g.enqueue_signal(sqes[n - 1], &status, &message);
   if (status == ring::kOk) {
     const cudaError_t e = cudaMemcpyAsync(pinned.data(), d_results, result_bytes, cudaMemcpyDeviceToHost, g.stream);
     copy_queued = e == cudaSuccess;
@@ -289,7 +188,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
   // Wait for everything queued (the codec may have launched some kernels before one failed): the regions must not be
   // released, nor the pinned buffer reused, while it runs.
   cudaError_t e = cudaEventRecord(g.done, g.stream);
-  if (e == cudaSuccess) e = g.wait_done(stop, awaiting, sqes[0].wait_value);
+  if (e == cudaSuccess) e = g.wait_done();
   else e = cudaStreamSynchronize(g.stream);
   if (e != cudaSuccess) {
     pinned.poison();

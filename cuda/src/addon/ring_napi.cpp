@@ -328,11 +328,7 @@ Napi::Value RingOpen(const Napi::CallbackInfo& info) {
     std::unique_ptr<RingGpu> gpu;
     if (has_opt(o, "device")) {
       const int device = device_of(o.Get("device"), "ringOpen: opts.device");
-      const uint64_t flag = has_opt(o, "flag") ? u64_of(o.Get("flag"), "ringOpen: opts.flag") : 0;
-      if (has_opt(o, "flag") && !flag) invalid("ringOpen: opts.flag is a null pointer");
-      gpu = std::make_unique<RingGpu>(device, flag, opt.spin_us);
-    } else if (has_opt(o, "flag")) {
-      invalid("ringOpen: opts.flag needs opts.device");
+      gpu = std::make_unique<RingGpu>(device, opt.spin_us);
     }
 
     auto r = std::make_shared<RingJs>(env);
