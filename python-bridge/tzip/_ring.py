@@ -298,7 +298,8 @@ class Ring:
 
     ``name``: the file's name under /dev/shm (the session's prefix + ``ring-<n>``); ``entries``: a power of two in
     [8, 4096]; ``alive()``: whether the daemon still runs (asked every ``check_s`` while waiting); ``spin_s``: how
-    long a waiting thread polls ``cq_head`` before it sleeps on the futex (seconds); ``max_batch``: most SQEs of one
+    long a waiting thread polls ``cq_head`` before it sleeps on the futex (seconds; 2 ms, as the daemon's threads poll
+    GPU work: a futex wake-up after a GPU batch costs tens of microseconds on a VM); ``max_batch``: most SQEs of one
     LINKed batch (hello's ``ring.max_batch``). Thread-safe. The file is removed by :meth:`close` (or when the Ring
     is garbage collected).
 
@@ -310,7 +311,7 @@ class Ring:
     #: How often a waiting thread asks whether the daemon still lives and the ring still serves, s.
     CHECK_S = 0.1
 
-    def __init__(self, name: str, entries: int, alive: Callable[[], bool] = lambda: True, *, spin_s: float = 200e-6,
+    def __init__(self, name: str, entries: int, alive: Callable[[], bool] = lambda: True, *, spin_s: float = 2e-3,
                  max_batch: int = 1024, shm_dir: str = "/dev/shm"):
         if entries < 8 or entries > 4096 or entries & (entries - 1):
             raise ValueError(f"ring entries are a power of two in [8, 4096], not {entries}")

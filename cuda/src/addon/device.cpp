@@ -1,6 +1,9 @@
 // CUDA runtime plumbing of the addon's GPU entry points (see addon/device.h).
 #include "addon/device.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include <atomic>
 #include <cstdio>
 #include <map>
@@ -321,6 +324,14 @@ void DeviceRangeChecker::check(uint64_t ptr, uint64_t nbytes, const std::string&
   size_t size = 0;
   if (range(&base, &size, ptr) != 0) return;  // CUDA_SUCCESS is 0; anything else: nothing remembered
   if (base <= ptr && end <= base + size) known_.emplace_back(base, base + size);
+}
+
+long gpu_spin_us() {
+  static const long us = [] {
+    const char* v = std::getenv("TZIP_GPU_SPIN_US");
+    return v ? std::max(0L, std::strtol(v, nullptr, 10)) : 2000L;
+  }();
+  return us;
 }
 
 }  // namespace tzip::addon

@@ -117,6 +117,13 @@ class DeviceRangeChecker {
   std::vector<std::pair<uint64_t, uint64_t>> known_;  // [base, end) of allocations whose ranges passed
 };
 
+/// Microseconds a thread polls for GPU work it waits on (an event, a ring's `produced` word) before it sleeps:
+/// TZIP_GPU_SPIN_US in the environment (read once; 0: sleep at once), default 2000. A thread asleep on a blocking-sync
+/// event wakes through the driver's interrupt: on an H200 (VM) a one-element compress through the daemon saw its GPU
+/// stage at 199 us sleeping and 129 us polling (TZIP_TRACE medians, docs/benchmarks.md). 2 ms covers the calls where
+/// that matters (small ones and 25 MB buckets); longer calls sleep, so a thread spins at most 2 ms per wait.
+long gpu_spin_us();
+
 /// "0x7f12..." for messages.
 std::string hex_ptr(uint64_t ptr);
 

@@ -6,9 +6,9 @@
 // the codec byte of each frame whose "auto" the device resolved; the fixed header and shape of each decoded frame) ->
 // one copy of all per-item results (frame sizes and codecs / error codes and headers) to pinned host memory ->
 // [record options.recordEvent] -> record an event of the addon, which the worker then waits for (polling, then
-// asleep: spin_us). The promise settles in OnOK on the JavaScript thread, which never waits for the GPU. Scratch memory
-// comes from the stream's cache (gpu/scratch.h), so a call allocates no device memory once the cache holds blocks of
-// its sizes.
+// asleep: gpu_spin_us(), device.h). The promise settles in OnOK on the JavaScript thread, which never waits for the
+// GPU. Scratch memory comes from the stream's cache (gpu/scratch.h), so a call allocates no device memory once the
+// cache holds blocks of its sizes.
 // With TZIP_TRACE set in the environment, each call prints where its time went to stderr (see GpuWorker::OnOK).
 #include <algorithm>
 #include <chrono>
@@ -105,22 +105,9 @@ bool trace_on() {
   static const bool on = std::getenv("TZIP_TRACE") != nullptr;
   return on;
 }
-/// Microseconds a worker polls its call's completion event (cudaEventQuery) before it sleeps in cudaEventSynchronize:
-/// TZIP_GPU_SPIN_US in the environment (read once; 0: sleep at once), default 2000. A thread asleep on a blocking-sync
-/// event wakes through the driver's interrupt: on an H200 (VM) a one-element compress through the daemon saw its GPU
-/// stage at 199 us sleeping and 129 us polling (TZIP_TRACE medians, docs/benchmarks.md). 2 ms covers the calls where
-/// that matters (small ones and 25 MB buckets); longer calls sleep, so a pool thread spins at most 2 ms per call.
-long spin_us() {
-  static const long us = [] {
-    const char* v = std::getenv("TZIP_GPU_SPIN_US");
-    return v ? std::max(0L, std::strtol(v, nullptr, 10)) : 2000L;
-  }();
-  return us;
-}
-
-/// Waits for `ev`: polls it for spin_us() first, then sleeps in cudaEventSynchronize.
+/// Waits for `ev`: polls it for gpu_spin_us() first, then sleeps in cudaEventSynchronize.
 cudaError_t wait_event_done(cudaEvent_t ev) {
-  if (const long us = spin_us()) {
+  if (const long us = gpu_spin_us()) {
     const auto until = Clock::now() + std::chrono::microseconds(us);
     do {
       const cudaError_t e = cudaEventQuery(ev);

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <new>
 
+#include "addon/device.h"
 #include "addon/shared_guard.h"
 #include "errors.h"
 #include "frame.h"
@@ -97,7 +98,7 @@ bool RingCore::wait_produced(uint64_t value) {
   // are written; the thread polls it on the CPU instead of making its stream wait, which across two processes'
   // contexts costs far more per blocked hand-off (docs/ring.md, "GPU ordering flags").
   const auto* word = reinterpret_cast<const uint64_t*>(opt_.file + ring::kOffProduced);
-  const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(opt_.spin_us);
+  const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(gpu_spin_us());
   std::chrono::microseconds step(5);
   while (__atomic_load_n(word, __ATOMIC_ACQUIRE) < value) {
     if (stop_.load(std::memory_order_acquire)) return false;

@@ -30,7 +30,7 @@ class RingCore {
     uint32_t entries = 0;
     int sm_budget = 10;       // SQEs with sm_budget 0
     uint32_t cpu_threads = 1;
-    long spin_us = 0;         // the thread polls this long before it sleeps on sq_doorbell (and on a GPU batch)
+    long spin_us = 0;         // the thread polls this long before it sleeps on sq_doorbell
     uint32_t sleep_ms = 10;   // futex timeout while asleep
   };
   /// Completions of one kind (op, stream tag, CPU or GPU) since the last hand-over.
@@ -100,7 +100,7 @@ class RingCore {
 
   uint32_t load_word(uint64_t off) const;
   void store_word(uint64_t off, uint32_t v);
-  /// WAIT: polls the header's `produced` word until it is >= `value` (spin_us, then sleeps of growing length, at most
+  /// WAIT: polls the header's `produced` word until it is >= `value` (gpu_spin_us(), then sleeps of growing length, at most
   /// 200 us); false when the ring stops first.
   bool wait_produced(uint64_t value);
   /// SIGNAL: stores `value` to the header's `done` word (after the batch's CQEs), never lowering it.

@@ -49,12 +49,12 @@ void gpu_failure(const gpu::Status& st, int32_t* status, std::string* message) {
 struct RingGpu::Impl {
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;  // recorded after a batch's work
-  long spin_us = 0;
 
-  /// Waits for `done`: polls for spin_us, then sleeps in growing steps (at most 1 ms). The batch's work must finish
-  /// (it reads and writes the client's regions) before its regions may be released, so a stop does not cut it short.
+  /// Waits for `done`: polls for gpu_spin_us() (device.h), then sleeps in growing steps (at most 1 ms). The batch's
+  /// work must finish (it reads and writes the client's regions) before its regions may be released, so a stop does
+  /// not cut it short.
   cudaError_t wait_done() {
-    const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(spin_us);
+    const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(gpu_spin_us());
     std::chrono::microseconds step(20);
     for (;;) {
       const cudaError_t e = cudaEventQuery(done);
@@ -66,12 +66,11 @@ struct RingGpu::Impl {
   }
 };
 
-RingGpu::RingGpu(int device, long spin_us) : device_(device) {
+RingGpu::RingGpu(int device) : device_(device) {
   require_gpu();
   check_device(device);
   DeviceScope scope(device);
   auto* impl = new Impl;
-  impl->spin_us = spin_us;
   try {
     cuda_check(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     gpu::keep_scratch(impl->stream);

@@ -16,7 +16,7 @@ class RingGpu {
  public:
   /// On the JavaScript thread (errors are ringOpen's): checks that a GPU can be used and that `device` is one;
   /// creates the ring's stream (cudaStreamNonBlocking) on `device`.
-  RingGpu(int device, long spin_us);
+  explicit RingGpu(int device);
   /// On the ring thread, after its last batch: frees the stream's cached scratch memory and destroys the stream.
   ~RingGpu();
   RingGpu(const RingGpu&) = delete;
@@ -28,8 +28,8 @@ class RingGpu {
   void bind_thread();
 
   /// Runs one validated device batch (`n` SQEs of one op, their regions resolved in `res`): the codec's launch
-  /// sequence, then one copy of the results to pinned memory, and waits for it (polls for spin_us, then sleeps in
-  /// short steps). `out[i]` gets SQE i's status, codec and result.
+  /// sequence, then one copy of the results to pinned memory, and waits for it (polls for gpu_spin_us(), then
+  /// sleeps in short steps). `out[i]` gets SQE i's status, codec and result.
   void run(const ring::Sqe* sqes, const ring::Resolved* res, size_t n, int sm_budget, ring::Cqe* out);
 
  private:

@@ -328,7 +328,7 @@ Napi::Value RingOpen(const Napi::CallbackInfo& info) {
     std::unique_ptr<RingGpu> gpu;
     if (has_opt(o, "device")) {
       const int device = device_of(o.Get("device"), "ringOpen: opts.device");
-      gpu = std::make_unique<RingGpu>(device, opt.spin_us);
+      gpu = std::make_unique<RingGpu>(device);
     }
 
     auto r = std::make_shared<RingJs>(env);
