@@ -916,7 +916,7 @@ describe.skipIf(!probe.available || !hasRing)(`the ring with CUDA regions on a r
       expect(file.rc.ready()).toBe(0);
       file.rc.mem.writeBigUInt64LE(2n, 448);
       const dc = await reap(file, tensors.length, 60_000);
-      expect(dc.every((q) => q.status === 0), JSON.stringify(dc)).toBe(true);
+      expect(dc.every((q) => q.status === 0), JSON.stringify(dc, (_k, v) => (typeof v === 'bigint' ? v.toString() : v))).toBe(true);
       datas.forEach((d, i) => expect(gpuCopyFromDevice(back + BigInt(offsets[i] as number), d.length, 0).equals(d)).toBe(true));
       // a handle CUDA cannot open, a GPU the daemon does not have, an expandable segment: refused, nothing registered
       const bogus = Buffer.concat([Buffer.from([2, 0x63]), Buffer.alloc(64, 0x5a)]);

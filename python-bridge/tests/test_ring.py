@@ -91,6 +91,18 @@ def ring_sqes(socket: str) -> int:
     return int(daemon_stats(socket)["rings"]["sqes"])
 
 
+def settled_sqes(socket: str) -> int:
+    """``ring_sqes`` once the counts of earlier requests have all arrived: two reads 50 ms apart that agree (the ring
+    thread hands its counts over at most every 10 ms, so an earlier test's last SQEs may still be on the way)."""
+    last = ring_sqes(socket)
+    while True:
+        time.sleep(0.05)
+        now = ring_sqes(socket)
+        if now == last:
+            return now
+        last = now
+
+
 def sqes_since(socket: str, before: int, n: int) -> int:
     """The SQEs completed since ``before``, once they reach ``n`` (the ring thread hands its counts to JavaScript in
     batches, at most every 10 ms) or after 5 s."""
@@ -175,7 +187,7 @@ def test_every_dtype_round_trips_through_the_ring_bit_exact_with_the_zeromq_path
     ring, plain = clients
     t = random_tensor(dtype, (3, 5, 64), seed=hash(str(dtype)) & 0xFFFF)
     ops = record_zmq(ring)
-    before = ring_sqes(shared_daemon.socket)
+    before = settled_sqes(shared_daemon.socket)
     ct = ring.compress(t)
     back = ring.decompress(ct)
     assert data_ops(ops) == []  # not a ZeroMQ compress or decompress: the ring carried both
@@ -208,7 +220,7 @@ def test_batches_longer_than_a_batch_and_than_the_ring(shared_daemon):
     try:
         ws = [w.reshape(-1) for w in weights_bf16() if w.numel() >= 1000]
         ts = [ws[i % len(ws)][(i * 7) % 500 : (i * 7) % 500 + 1 + i % 97].clone() for i in range(1500)]
-        before = ring_sqes(shared_daemon.socket)
+        before = settled_sqes(shared_daemon.socket)
         cts = c.compress(ts, codec="fast")
         backs = c.decompress(cts)
         assert sqes_since(shared_daemon.socket, before, 3000) == 3000
