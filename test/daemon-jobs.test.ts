@@ -247,7 +247,7 @@ describe('jobs (protocol version 3)', () => {
     try {
       const h = await c.hello();
       expect(h.version).toBe(1);
-      expect(h.daemon.protocol_versions).toEqual([1, 2, 3]);
+      expect(h.daemon.protocol_versions).toEqual([1, 2, 3, 4]);
       expect(h.settings).toBeUndefined();
       const data = bf16Weights(3000, 11);
       const rt = await bf16RoundTrip(c, data, 'v1');
