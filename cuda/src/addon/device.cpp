@@ -326,6 +326,11 @@ void DeviceRangeChecker::check(uint64_t ptr, uint64_t nbytes, const std::string&
   if (base <= ptr && end <= base + size) known_.emplace_back(base, base + size);
 }
 
+bool trace_on() {
+  static const bool on = std::getenv("TZIP_TRACE") != nullptr;
+  return on;
+}
+
 long gpu_spin_us() {
   static const long us = [] {
     const char* v = std::getenv("TZIP_GPU_SPIN_US");

@@ -124,6 +124,9 @@ class DeviceRangeChecker {
 /// that matters (small ones and 25 MB buckets); longer calls sleep, so a thread spins at most 2 ms per wait.
 long gpu_spin_us();
 
+/// TZIP_TRACE in the environment (read once): GPU calls and ring batches print where their time went to stderr.
+bool trace_on();
+
 /// "0x7f12..." for messages.
 std::string hex_ptr(uint64_t ptr);
 

@@ -100,11 +100,6 @@ CodedError status_error(const gpu::Status& st, const char* fn) {
 cudaEvent_t event_of(uint64_t v) { return reinterpret_cast<cudaEvent_t>(static_cast<uintptr_t>(v)); }
 
 using Clock = std::chrono::steady_clock;
-/// TZIP_TRACE in the environment (read once): calls print their stage times.
-bool trace_on() {
-  static const bool on = std::getenv("TZIP_TRACE") != nullptr;
-  return on;
-}
 /// Waits for `ev`: polls it for gpu_spin_us() first, then sleeps in cudaEventSynchronize.
 cudaError_t wait_event_done(cudaEvent_t ev) {
   if (const long us = gpu_spin_us()) {

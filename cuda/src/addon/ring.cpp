@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <new>
@@ -241,6 +242,7 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
     }
   }
   const Clock::time_point t0 = Clock::now();
+  Clock::time_point t_ready = t0;
   const bool on_gpu = c.ok() && op != ring::kNop && res[0].kind == ring::RegionKind::Device;
   // WAIT and SIGNAL are valid on a batch that passed its checks (check_batch: a GPU ring; GPU or nop batches). SIGNAL
   // is also honoured on a batch that failed them (its flags byte aside), so that a client stream waiting on `done`
@@ -252,6 +254,7 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
   } else {
     cqes.assign(n, Cqe{});
     const bool waited = !(batch[0].flags & ring::kWait) || wait_produced(batch[0].wait_value);
+    t_ready = Clock::now();
     if (!waited) {
       for (size_t i = 0; i < n; ++i) {
         cqes[i].user_data = batch[i].user_data;
@@ -299,8 +302,17 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
   if (op == ring::kCompress || op == ring::kDecompress) {
     for (size_t i = 0; i < n; ++i) count(batch[i], cqes[i], on_gpu, i == 0 ? seconds : 0);
   }
+  const Clock::time_point t_ran = Clock::now();
   const bool ok = write_cqes(cqes);
   if (signal) signal_done(last.signal_value);
+  if (trace_on()) {
+    auto us = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double, std::micro>(b - a).count();
+    };
+    std::fprintf(stderr, "tzip ring trace: op %u, %zu SQEs, %s: waiting for produced %.1f us, running %.1f us, "
+                 "CQEs %.1f us\n", unsigned(op), n, on_gpu ? "GPU" : "CPU", us(t0, t_ready), us(t_ready, t_ran),
+                 us(t_ran, Clock::now()));
+  }
   return ok;
 }
 
