@@ -664,6 +664,15 @@ function mapped<T>(f: () => T): T {
 }
 
 /**
+ * Whether the addon has the submission ring ({@link ringOpen}): false when it is not built, or was built before the
+ * ring (an older build/Release/tzip.node). The daemon offers the ring in hello only then.
+ */
+export function ringAvailable(): boolean {
+  if (!addonAvailable()) return false;
+  return typeof (load() as Partial<Addon>).ringOpen === 'function';
+}
+
+/**
  * Opens the submission ring of docs/ring.md on a ring file the client created (its {@link mapShared} mapping,
  * writable, exactly {@link ringBytes}(entries) bytes, starting with "TZRING01" and `entries`), and starts its native
  * thread. The thread serves SQEs until {@link NativeRing.close}; every SQE gets a CQE (status 0 or the numeric value
