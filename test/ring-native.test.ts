@@ -537,7 +537,8 @@ describe.skipIf(!addonAvailable())('hostile SQEs get an error CQE and touch noth
       client.mem.fill(0xff, off + 64, off + 128);
       full.copy(client.mem, off, 0, 64);
       client.publish(1);
-      if (i % 3) await sleep(i % 3);
+      // 12 ms: longer than the thread's futex timeout, so that it has copied the torn SQE by then (spinning or woken).
+      if (i % 3) await sleep(12);
       full.copy(client.mem, off + 64, 64, 128);
       const [c] = await client.reap(1);
       expect(c?.userData).toBe(BigInt(i));
@@ -746,6 +747,44 @@ describe.skipIf(!addonAvailable())('ringOpen arguments', () => {
 
   it.skipIf(hasGpu)('a device without a GPU: TZIP_UNSUPPORTED', () => {
     expect(codeOf(() => ringOpen(mapShared(make(8), true), opts(8, { device: 0 })))).toBe('TZIP_UNSUPPORTED');
+  });
+
+  it('an onStats that throws is an uncaught exception of the process, which the ring survives', () => {
+    const script = `
+      const a = require(process.argv[1]);
+      const fs = require('node:fs');
+      const p = process.argv[2] + '-throws';
+      const b = Buffer.alloc(${ringBytes(8)});
+      b.write('TZRING01', 0, 'latin1');
+      b.writeUInt32LE(8, 8);
+      fs.writeFileSync(p, b);
+      const view = a.mapShared(p, true);
+      let seen = 0;
+      process.on('uncaughtException', (e) => { seen++; });
+      const ring = a.ringOpen(a.mapShared(p, true), { entries: 8, smBudget: 10, cpuThreads: 1, spinUs: 0,
+        onStats() { throw new Error('stats handler bug'); }, onBroken() {} });
+      const r = ring.addHost(a.mapShared(p, true));
+      // A compress SQE naming a range too small: an error CQE that counts in stats.
+      const q = Buffer.alloc(128);
+      q[8] = 1; q[11] = 1; q[12] = 1;
+      q.writeUInt32LE(r.id, 16); q.writeUInt32LE(r.generation, 20); q.writeBigUInt64LE(1n, 32); q.writeBigUInt64LE(1n, 64);
+      q.writeUInt32LE(r.id, 40); q.writeUInt32LE(r.generation, 44); q.writeBigUInt64LE(8n, 48); q.writeBigUInt64LE(8n, 56);
+      q.copy(view, 4096);
+      view.writeUInt32LE(1, 64);
+      const t0 = Date.now();
+      (function poll() {
+        if ((seen > 0 && view.readUInt32LE(256) === 1) || Date.now() - t0 > 10000) {
+          ring.close().then(() => { console.log(JSON.stringify({ seen, cqes: view.readUInt32LE(256), state: ring.state })); fs.rmSync(p); });
+        } else setTimeout(poll, 5);
+      })();
+    `;
+    // Node's policy for exceptions of N-API callbacks decides where it goes: with this flag, to uncaughtException;
+    // without it, a DEP0168 warning. Either way the process and the ring go on.
+    const r = spawnSync(process.execPath, ['--force-node-api-uncaught-exceptions-policy=true', '-e', script, addonPath(), `/dev/shm/${TAG}-child`],
+      { encoding: 'utf8', timeout: 30_000 });
+    expect(r.signal, r.stderr).toBeNull();
+    expect(r.status, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout.trim())).toEqual({ seen: 1, cqes: 1, state: 'closed' });
   });
 
   it('a ring dropped without close() stops its thread; a process may exit with a ring still open', () => {

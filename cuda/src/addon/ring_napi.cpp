@@ -73,6 +73,16 @@ void cleanup_hook(void* arg) {
 
 const char* op_name(uint8_t op) { return op == ring::kCompress ? "compress" : "decompress"; }
 
+/// Calls onStats / onBroken. A callback that throws becomes the environment's uncaught exception, as for any
+/// callback of Node; the C++ exception must not leave the thread-safe function's callback (that would terminate).
+void call_back(const Napi::FunctionReference& f, Napi::Value arg) {
+  try {
+    f.Call({arg});
+  } catch (const Napi::Error& e) {
+    e.ThrowAsJavaScriptException();
+  }
+}
+
 /// The thread's events, on the JavaScript thread (env is null when the environment is going away).
 void deliver(Napi::Env env, Napi::Function, RingJs* r, void*) {
   if (env == nullptr || r == nullptr) return;
@@ -123,9 +133,9 @@ void deliver(Napi::Env env, Napi::Function, RingJs* r, void*) {
       o.Set("gpu", Napi::Boolean::New(env, s.gpu));
       arr.Set(i, o);
     }
-    r->on_stats.Call({arr});
+    call_back(r->on_stats, arr);
   }
-  if (!ev.broken.empty() && !r->on_broken.IsEmpty()) r->on_broken.Call({Napi::String::New(env, ev.broken)});
+  if (!ev.broken.empty() && !r->on_broken.IsEmpty()) call_back(r->on_broken, Napi::String::New(env, ev.broken));
   if (r->stopped) {
     r->file.Reset();
     r->on_stats.Reset();
