@@ -129,8 +129,10 @@ def test_daemon_killed_mid_request_then_restarted(daemon):
     """Lenient: the request in flight comes back as raw frames (one warning); strict: DaemonUnavailableError; a
     non-raw decompress in flight: DaemonUnavailableError for both. After a restart each client reconnects and its
     next round trip is bit-exact and compressed."""
-    lenient = tz.connect(daemon.socket, spawn=False, strict=False)
-    strict = tz.connect(daemon.socket, spawn=False, strict=True)
+    # ZeroMQ requests (kill_when_busy watches the daemon's "inflight", which counts them; the same through the
+    # submission ring: test_ring.py)
+    lenient = tz.connect(daemon.socket, spawn=False, strict=False, ring_entries=0)
+    strict = tz.connect(daemon.socket, spawn=False, strict=True, ring_entries=0)
     big = weights(12 << 20, 3)  # 24 MiB
     try:
         packed = strict.compress(big, codec="fast")
@@ -177,7 +179,7 @@ def test_spawning_client_redoes_a_request_cut_by_a_daemon_crash(sock_dir):
     """spawn=True (what the integrations' default client uses): the daemon killed mid-request is started again and the
     request redone within the same call: no fallback, bit-exact."""
     sock = os.path.join(sock_dir, "sp", "tzip.sock")
-    c = tz.connect(sock, spawn=True, strict=True)
+    c = tz.connect(sock, spawn=True, strict=True, ring_entries=0)  # ZeroMQ requests: "inflight" counts them
     first = DaemonProcess(sock)
     try:
         first_pid = c.daemon_info["pid"]
@@ -329,7 +331,7 @@ EXITER = textwrap.dedent("""
     import tzip.client as tz
     sock, strict, close = sys.argv[1], sys.argv[2] == "strict", sys.argv[3] == "close"
     import warnings; warnings.simplefilter("ignore")
-    c = tz.connect(sock, spawn=False, strict=strict)
+    c = tz.connect(sock, spawn=False, strict=strict, ring_entries=0)  # ZeroMQ requests: "inflight" counts them
     big = (torch.randn(12 << 20, generator=torch.Generator().manual_seed(6)) * 0.02).to(torch.bfloat16)
     c.compress(big[:1000])
     print("READY", flush=True)

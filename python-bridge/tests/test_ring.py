@@ -467,6 +467,77 @@ def test_a_daemon_that_dies_gives_raw_frames_and_a_warning_and_strict_raises(dae
         strict.close()
 
 
+def kill_when_the_ring_is_busy(c: tz.Client, pid: int, box: dict) -> threading.Thread:
+    """A thread that SIGKILLs the daemon ``pid`` once its ring thread took an SQE of ``c``'s CPU ring and has not
+    completed it (sq_tail past cq_head in the ring file's header)."""
+
+    def run() -> None:
+        try:
+            def busy():
+                ring = c._rings.get(None)
+                w = ring.words() if ring is not None else None
+                return w is not None and w["sq_tail"] == w["sq_head"] and w["cq_head"] != w["sq_tail"]
+            wait_for(busy, 60, 0.001)
+        finally:
+            box["killed"] = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lenient", "strict"])
+def test_a_daemon_killed_mid_ring_request(daemon, strict):
+    """The request in the ring thread's hands when the daemon dies: a lenient client stores raw frames (one warning), a
+    strict one raises DaemonUnavailableError, both within seconds; nothing hangs."""
+    c = tz.connect(daemon.socket, spawn=False, strict=strict)
+    try:
+        big = embedding().reshape(-1).repeat(2)[: 12 << 20].clone()  # 24 MiB of trained bf16 weights
+        c.compress(big[:1000])
+        box: dict = {}
+        th = kill_when_the_ring_is_busy(c, daemon.pid, box)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                ct = c.compress(big, codec="max")
+                got = ct.codec
+            except DaemonUnavailableError:
+                got = "DaemonUnavailableError"
+        done = time.monotonic()
+        th.join(10)
+        daemon.proc.wait(10)
+        assert got == ("DaemonUnavailableError" if strict else "raw")
+        assert done - box["killed"] < 5.0
+        if not strict:
+            assert any("not available" in str(w.message) for w in caught)
+            assert same_bits(c.decompress(ct), big)
+    finally:
+        c.close()
+
+
+def test_a_spawning_client_redoes_a_ring_request_cut_by_a_daemon_crash(sock_dir):
+    sock = os.path.join(sock_dir, "sp", "tzip.sock")
+    c = tz.connect(sock, spawn=True, strict=True)
+    try:
+        first = c.daemon_info["pid"]
+        big = embedding().reshape(-1).repeat(2)[: 12 << 20].clone()
+        c.compress(big[:1000])
+        box: dict = {}
+        th = kill_when_the_ring_is_busy(c, first, box)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback: a new daemon is started within the same call
+            ct = c.compress(big, codec="max")
+        th.join(10)
+        assert ct.codec == "max" and c.daemon_info["pid"] != first
+        assert same_bits(c.decompress(ct), big)
+        c.compress(big[:1000])
+        assert c.ring_info["rings"]["cpu"]["state"] == "serving"  # a ring of the new session
+        c.shutdown_daemon()
+    finally:
+        c.close()
+
+
 def test_closing_the_client_closes_its_rings_and_removes_the_files(shared_daemon):
     c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
     c.compress(torch.ones(3))
