@@ -618,6 +618,18 @@ describe.skipIf(!addonAvailable())('indices, a client that does not reap, close'
     expect(victim.client.state).toBe(2);
   });
 
+  it('a ring file shrunk under its mapping: broken, the process lives', async () => {
+    const victim = openRing(8);
+    const other = openRing(8);
+    await victim.client.call([{ userData: 1n, op: OP.nop }]);
+    truncateSync(victim.client.path, 0);
+    await until(() => victim.ring.state === 'broken', 'broken state');
+    await until(() => victim.broken.length === 1, 'onBroken');
+    expect(victim.broken[0]).toBe('the ring file shrank under its mapping');
+    const [c] = await other.client.call([{ userData: 2n, op: OP.nop }]);
+    expect(c?.status).toBe(OK);
+  });
+
   it('cq_tail outside its range: broken', async () => {
     const { client, ring, broken } = openRing(8);
     await client.call([{ userData: 1n, op: OP.nop }]);

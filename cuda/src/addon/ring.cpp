@@ -145,6 +145,8 @@ void RingCore::serve() {
     const uint32_t head = load_word(ring::kOffSqHead);
     const uint32_t avail = head - sq_tail_;
     if (avail > entries) {
+      // A shrunk file reads zeros where the fault hit (shared_guard.h): say that, not what the zeros look like.
+      if (guard_faulted(opt_.file)) return broken("the ring file shrank under its mapping");
       return broken("sq_head " + std::to_string(head) + " is more than " + std::to_string(entries) +
                     " SQEs past sq_tail " + std::to_string(sq_tail_));
     }
@@ -369,6 +371,10 @@ bool RingCore::write_cqes(const std::vector<Cqe>& cqes) {
     const uint32_t tail = load_word(ring::kOffCqTail);
     const uint32_t used = cq_head_ - tail;
     if (used > entries) {
+      if (guard_faulted(opt_.file)) {
+        broken("the ring file shrank under its mapping");
+        return false;
+      }
       broken("cq_tail " + std::to_string(tail) + " is not within " + std::to_string(entries) + " CQEs of cq_head " +
              std::to_string(cq_head_));
       return false;
