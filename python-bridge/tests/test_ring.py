@@ -350,6 +350,30 @@ def test_empty_calls_and_tensors_without_bytes(clients):
     assert backs[0].shape == (0, 3) and same_bits(backs[1], embedding()[0])
 
 
+def test_a_broken_ring_sends_the_client_to_zeromq_and_is_closed(daemon):
+    """Indices out of range (sq_head more than `entries` past sq_tail): the daemon marks the ring broken; the client
+    goes on through ZeroMQ, bit-exact, and closes the broken ring in the daemon (ring_close)."""
+    c = tz.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        w = embedding()[:300]
+        assert same_bits(c.decompress(c.compress(w)), w)
+        r = c._rings[None]
+        base = daemon_stats(daemon.socket)["rings"]
+        r._sq_head.value = (r._head + r.entries + 5) & 0xFFFFFFFF  # a torn / hostile index
+        r.ring_doorbell()
+        assert wait_for(lambda: r.words()["state"] == _ring.STATE_BROKEN, 10), r.words()
+        ops = record_zmq(c)
+        assert same_bits(c.decompress(c.compress(w)), w)
+        assert data_ops(ops) == ["compress", "decompress"]
+        assert "cpu" in c.ring_info["refused"] and "cpu" not in c.ring_info["rings"]
+        c.compress(w)  # closes the retired ring
+        assert wait_for(lambda: daemon_stats(daemon.socket)["rings"]["open"] == base["open"] - 1, 10)
+        assert daemon_stats(daemon.socket)["rings"]["broken"] == base["broken"] + 1
+        assert not os.path.exists(f"/dev/shm/{r.name}")
+    finally:
+        c.close()
+
+
 def test_a_frame_of_more_than_six_dimensions_goes_through_zeromq(clients):
     ring, _ = clients
     t = random_tensor(torch.float16, (2, 1, 3, 1, 2, 2, 5), seed=4)

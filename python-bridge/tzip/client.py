@@ -1088,11 +1088,18 @@ class Client:
             self._ring_releases.clear()
 
     def _close_retired(self) -> None:
+        """Closes the rings put aside: a ring of the current session that stopped serving (broken) is closed in the
+        daemon too (``ring_close``: it holds the ring's regions until then), then here (the file goes)."""
         if not self._retired:
             return
         with self._ring_lock:
             rings, self._retired = self._retired, []
         for r in rings:
+            if r.id is not None and r.sid is not None and r.sid == self._sid and not self._closing:
+                try:
+                    self._call("ring_close", {"ring": r.id}, timeout=2.0)
+                except (DaemonUnavailableError, TzipDaemonError):
+                    pass
             r.close()
 
     # --- daemon requests ----------------------------------------------------------------------
