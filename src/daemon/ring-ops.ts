@@ -39,8 +39,13 @@ import type { Session } from './session.js';
 export const MAX_RINGS_PER_SESSION = 8;
 /** The ring file's first 8 bytes. */
 export const RING_MAGIC = 'TZRING01';
-/** How long the ring thread spins on an empty ring before it sleeps on the doorbell, µs. */
-export const RING_SPIN_US = 50;
+/**
+ * How long the ring thread spins on an empty ring before it sleeps on the doorbell, µs: long enough to catch the next
+ * request of a training loop's burst (a bucket's tensors, the next layer) without a futex wake-up, which costs a
+ * Python client 30-100 µs on the development VM (docs/benchmarks.md, "Daemon fast lane"); short enough that an idle
+ * ring costs nothing.
+ */
+export const RING_SPIN_US = 250;
 
 /** The stream names of the SQE's `stream` tag (docs/ring.md: 0 other, 1 gradients, 2 optimizer, 3 checkpoint, 4 sendrecv). */
 const STREAM_TAGS: readonly StreamName[] = ['other', 'gradients', 'optimizer', 'checkpoint', 'sendrecv'];
