@@ -22,30 +22,10 @@
  * request is answered TZIP_HANDLE (docs/protocol.md, "Trust").
  */
 import { lstatSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { addonPath } from '../native.js';
+import { mapShared, mapSharedFaulted } from '../native.js';
 import { requestGc } from './gc.js';
 import { ReplyError } from './reply-error.js';
 import { limitError } from './limits.js';
-
-interface SharedMapper {
-  mapShared(path: string, writable: boolean): Buffer;
-  mapSharedFaulted(buffer: Buffer): boolean;
-}
-
-let mapper: SharedMapper | undefined;
-
-/** The addon's mapShared and mapSharedFaulted (docs/addon.md). */
-function addonMapper(): SharedMapper {
-  if (mapper !== undefined) return mapper;
-  const addon = createRequire(import.meta.url)(addonPath()) as Partial<SharedMapper>;
-  if (typeof addon.mapShared !== 'function' || typeof addon.mapSharedFaulted !== 'function') {
-    throw new ReplyError('TZIP_INTERNAL', 'the native addon has no mapShared()/mapSharedFaulted(); rebuild it (bash scripts/setup.sh)');
-  }
-  mapper = addon as SharedMapper;
-  return mapper;
-}
-
 
 /** The path of a /dev/shm name (a leading '/' as in shm_open is dropped). */
 export function shmPath(name: string): string {
@@ -175,7 +155,7 @@ export class ShmMappings {
     const cached = this.entries.get(key);
     // A mapping that faulted (its file shrank, maybe to grow back since) holds zero pages where the file was cut.
     if (cached !== undefined && cached.ino === st.ino && cached.dev === st.dev && cached.size === st.size && (cached.writable || !writable) &&
-        !addonMapper().mapSharedFaulted(cached.buffer)) {
+        !mapSharedFaulted(cached.buffer)) {
       this.entries.delete(key);
       this.entries.set(key, cached);
       cached.checkedIn = epoch;
@@ -260,7 +240,7 @@ export class ShmMappings {
   takeFault(name: string): boolean {
     const key = name.replace(/^\//, '');
     const m = this.entries.get(key);
-    if (m === undefined || !addonMapper().mapSharedFaulted(m.buffer)) return false;
+    if (m === undefined || !mapSharedFaulted(m.buffer)) return false;
     this.forget(key);
     return true;
   }
@@ -318,11 +298,11 @@ function mapFile(path: string, writable: boolean): { buffer: Buffer; mappedWrita
     return new ReplyError(code === 'TZIP_OUT_OF_MEMORY' ? 'TZIP_OUT_OF_MEMORY' : 'TZIP_HANDLE', text);
   };
   try {
-    return { buffer: addonMapper().mapShared(path, true), mappedWritable: true };
+    return { buffer: mapShared(path, true), mappedWritable: true };
   } catch (err) {
     if (writable || (err as { code?: unknown } | null)?.code === 'TZIP_OUT_OF_MEMORY') throw refusal(err, writable ? ' for writing' : '');
     try {
-      return { buffer: addonMapper().mapShared(path, false), mappedWritable: false };
+      return { buffer: mapShared(path, false), mappedWritable: false };
     } catch (err2) {
       throw refusal(err2, '');
     }
