@@ -11,7 +11,6 @@
 import type { Codec } from '../native.js';
 import { compress, maxCompressedSize, readHeader } from '../native.js';
 import { runsInline, type DaemonLimits } from './limits.js';
-import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
 import { handleGpuCompress } from './op-gpu.js';
 import { countCompressed, type FrameResult } from './op-results.js';
@@ -36,7 +35,7 @@ export async function handleCompress(req: CompressRequest, session: Session, lim
     return handleGpuCompress(req, session, tally, settings);
   }
   tally.device = 'cpu';
-  const epoch = nextEpoch();
+  const epoch = session.nextEpoch();
   let unreserve: (() => void) | undefined;
   try {
     const plans = req.tensors.map((item, i) => {

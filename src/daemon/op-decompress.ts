@@ -8,7 +8,6 @@
  */
 import { decompress, readHeader, type FrameHeader } from '../native.js';
 import { runsInline, type DaemonLimits } from './limits.js';
-import { nextEpoch } from './epoch.js';
 import { tensorOnGpu } from './gpu-regions.js';
 import { handleGpuDecompress } from './op-gpu.js';
 import { checkFrameDestination, checkFrameSize, type TensorResult } from './op-results.js';
@@ -33,7 +32,7 @@ export async function handleDecompress(req: DecompressRequest, session: Session,
     return handleGpuDecompress(req, session, tally, settings);
   }
   tally.device = 'cpu';
-  const epoch = nextEpoch();
+  const epoch = session.nextEpoch();
   let unreserve: (() => void) | undefined;
   try {
     const plans = req.frames.map((item, i) => {

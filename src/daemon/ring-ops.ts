@@ -25,7 +25,6 @@ import * as native from '../native.js';
 import type { NativeRing, RingCompletionStats, RingOpenOptions, RingRegion as NativeRingRegion } from '../native.js';
 import { gpuInventory, noteGpuUsed } from './gpu.js';
 import { EXPANDABLE_SEGMENTS_REFUSED } from './gpu-regions.js';
-import { nextEpoch } from './epoch.js';
 import { limitError, type DaemonLimits } from './limits.js';
 import { REPLY_ERROR_CODES, ReplyError, type ReplyErrorCode } from './reply-error.js';
 import {
@@ -169,7 +168,8 @@ export class SessionRings {
     ownerOf: (name: string) => string,
   ) {
     // Every mapping here is pinned while held; its caps only bound what ShmMappings would keep idle (nothing).
-    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxCached: 0, maxRegions: limits.maxRegionsPerSession }, ownerOf);
+    this.mappings = new ShmMappings({ maxBytes: limits.maxMappedBytesPerSession, maxCached: 0, maxRegions: limits.maxRegionsPerSession }, ownerOf,
+      session.fileOwners);
   }
 
   /** Rings open (closing ones included). */
@@ -458,7 +458,7 @@ export class SessionRings {
       throw at(limitError('maxRegionsPerSession', limit,
         `this session holds ${this.mappings.count} shared-memory files for its rings and ${zmq} for its requests in flight`));
     }
-    const epoch = nextEpoch();
+    const epoch = this.session.nextEpoch();
     let buffer: Buffer;
     try {
       buffer = this.mappings.map(key, true, epoch);

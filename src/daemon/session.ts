@@ -20,7 +20,7 @@ import { limitError, type DaemonLimits } from './limits.js';
 import { ReplyError } from './reply-error.js';
 import { RingCounters, SessionRings } from './ring-ops.js';
 import type { JobInfo } from './schema.js';
-import { ShmMappings } from './shm-map.js';
+import { FileOwners, ShmMappings } from './shm-map.js';
 
 /** Why a session ended. */
 export type EndReason = 'goodbye' | 'lease' | 'disconnect' | 'replaced' | 'shutdown';
@@ -52,6 +52,8 @@ export class Session {
   /** Start time of the client's process when the daemon can see it (same pid namespace), else null. */
   readonly pidStart: number | null;
   private readonly torchPrefix: string;
+  /** The last request epoch handed out ({@link nextEpoch}). */
+  private epoch = 0;
 
   constructor(
     readonly pid: number,
@@ -60,6 +62,8 @@ export class Session {
     readonly version: number,
     private readonly limits: Pick<DaemonLimits, 'maxMappedBytesPerSession' | 'maxMappingsPerSession' | 'maxRegionsPerSession' | 'maxIpcHandlesPerSession' | 'maxInflightBytesPerSession' | 'threads'>,
     ringCounters: RingCounters = new RingCounters(),
+    /** The daemon's owners of mapped files (its SessionTable's; a session made alone has a table of its own). */
+    readonly fileOwners: FileOwners = new FileOwners(),
   ) {
     this.torchPrefix = `torch_${pid}_`;
     // PyTorch's files of the process are every one of its sessions' (a process may have several clients).
@@ -74,7 +78,7 @@ export class Session {
       get maxRegions() {
         return Math.max(1, limits.maxRegionsPerSession - rings().mappedFiles);
       },
-    }, ownerOf);
+    }, ownerOf, fileOwners);
     this.rings = new SessionRings(this, ringCounters, limits, ownerOf);
     this.pidStart = processStartTime(pid);
   }
@@ -91,6 +95,16 @@ export class Session {
     if (attached && !this.attached) this.attachedAt = now;
     if (!attached) this.attachedAt = null;
     this.attached = attached;
+  }
+
+  /**
+   * A number no earlier request of this session got: the epoch of a compress/decompress request or of a ring's
+   * registration, under which its mappings check each file against the file system once and stay pinned
+   * (ShmMappings.map and endRequest; the session's mappings are its own, so the numbers need only be unique in it).
+   */
+  nextEpoch(): number {
+    this.epoch = (this.epoch + 1) % Number.MAX_SAFE_INTEGER;
+    return this.epoch;
   }
 
   /** Renews the lease. */
@@ -151,6 +165,8 @@ export class SessionTable {
     private readonly onEnd: EndListener,
     /** The daemon's counters of rings (stats). */
     readonly ringCounters: RingCounters = new RingCounters(),
+    /** Which session has each mapped file, for all of the daemon's sessions (shm-map.ts). */
+    readonly fileOwners: FileOwners = new FileOwners(),
   ) {}
 
   /** Rings being closed for sessions that ended (see {@link closing}). */
@@ -197,7 +213,7 @@ export class SessionTable {
     if (this.bySid.size >= this.limits.maxSessions) {
       throw new ReplyError('TZIP_BUSY', `the daemon serves its maximum of ${this.limits.maxSessions} sessions`);
     }
-    const session = new Session(pid, shmPrefix, name, version, this.limits, this.ringCounters);
+    const session = new Session(pid, shmPrefix, name, version, this.limits, this.ringCounters, this.fileOwners);
     this.bySid.set(session.sid, session);
     this.byPrefix.set(shmPrefix, session);
     this.attach(session, routingId);

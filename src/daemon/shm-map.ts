@@ -38,9 +38,9 @@ export function fileIdOf(st: { dev: number; ino: number }): string {
 }
 
 /**
- * Which session has each mapped file (by identity), daemon-wide: a file is one session's at a time.
- * A session that names a file another live session has mapped (through a hard link, a rename, or
- * its own name) is refused, so a session cannot reach another's memory through a name it owns.
+ * Which session has each mapped file (by identity), one table per daemon (its SessionTable's, session.ts): a file is one
+ * session's at a time. A session that names a file another live session has mapped (through a hard link, a rename,
+ * or its own name) is refused, so a session cannot reach another's memory through a name it owns.
  */
 export class FileOwners {
   private readonly owners = new Map<string, { owner: string; count: number }>();
@@ -74,9 +74,6 @@ export class FileOwners {
   }
 }
 
-/** The daemon's one table of mapped files' owners. */
-export const fileOwners = new FileOwners();
-
 interface Mapping {
   buffer: Buffer;
   /** The file's identity ({@link fileIdOf}). */
@@ -109,11 +106,12 @@ export class ShmMappings {
   private readonly inUse = new Map<number, Set<string>>();
 
   /**
-   * `ownerOf(name)`: whose a file named `name` is in {@link FileOwners} (the session's id; for PyTorch's
-   * `torch_<pid>_` files the pid, as every session of that process may name them).
+   * `ownerOf(name)`: whose a file named `name` is in `owners` (the session's id; for PyTorch's `torch_<pid>_` files
+   * the pid, as every session of that process may name them); `owners`: the daemon's table, shared by the mappings
+   * of all its sessions.
    */
-  constructor(private readonly caps: MappingCaps, private readonly ownerOf: (name: string) => string = () => '',
-    private readonly owners: FileOwners = fileOwners) {}
+  constructor(private readonly caps: MappingCaps, private readonly ownerOf: (name: string) => string,
+    private readonly owners: FileOwners) {}
 
   /** Number of mapped files. */
   get count(): number {
