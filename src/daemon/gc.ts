@@ -12,6 +12,8 @@ import { runInNewContext } from 'node:vm';
 /** Dropped mapping bytes that justify a collection on their own. */
 export const GC_THRESHOLD_BYTES = 64 << 20;
 
+// Per process, not per Daemon: there is one V8 heap per process, and one collection frees every daemon's dropped
+// mappings at once, so the bytes waiting for it are counted together.
 let gcFn: (() => void) | null | undefined;
 let pendingBytes = 0;
 let timer: NodeJS.Timeout | undefined;

@@ -115,7 +115,11 @@ export class IpcAllocations {
   }
 }
 
-/** The daemon's allocations (one table per process: CUDA maps a handle once per process). */
+/**
+ * The allocations opened in this process, for every daemon in it: one table per process, not per Daemon, as CUDA
+ * maps a handle once per process (two daemons in one process naming one allocation share its mapping). Its holders
+ * are session ids (128 random bits), so the sessions of two daemons never hold for each other.
+ */
 export const ipcAllocations = new IpcAllocations();
 
 /** Caps of one session's GPU state. */

@@ -7,6 +7,12 @@
  * An addon built without the GPU functions, or a machine with no driver or no GPU, is a daemon
  * with no GPU: every request naming GPU memory gets TZIP_NO_DEVICE, and the client falls back as
  * for a daemon that is away.
+ *
+ * The state here is the process's, not a Daemon's, as what it describes is: the addon (one per
+ * process, and a test's stand-in replaces it for the process), the GPUs CUDA lets this process
+ * see (CUDA_VISIBLE_DEVICES is read once, when CUDA initialises) and the GPUs it holds a CUDA
+ * context on (one primary context per process and GPU, kept until the process exits). Two daemons
+ * in one process (tests start several) see the same GPUs through the same contexts.
  */
 import {
   cudaEventCreateInterprocess,
@@ -44,6 +50,7 @@ const ADDON: GpuApi = {
   cudaEventCreateInterprocess, cudaEventDestroy, cudaMemGetInfo,
 };
 
+/** A test's stand-in for the addon's GPU functions (per process, as the addon it replaces). */
 let override: GpuApi | null | undefined;
 
 /** The GPU functions (the addon's, or a test's stand-in; null: a test's daemon without GPU support). */
@@ -67,8 +74,12 @@ export interface GpuInventory {
   reason: string;
 }
 
+/** The GPUs this process sees (per process: CUDA's device list is the process's). */
 let inventory: GpuInventory | undefined;
-/** Ordinals of the UUID strings requests have named (as sent), filled by {@link ordinalOf}: one lookup per tensor. */
+/**
+ * Ordinals of the UUID strings requests have named (as sent), filled by {@link ordinalOf}: one lookup per tensor
+ * (derived from {@link inventory}, so per process as it is).
+ */
 const ordinals = new Map<string, number>();
 
 /** Lower-case UUID without its 'GPU-' / 'MIG-' prefix: how UUIDs are compared. */
@@ -100,7 +111,10 @@ export function resetGpuInventory(): void {
   usedOrdinals.clear();
 }
 
-/** Ordinals of the GPUs a request has run on: the daemon holds a CUDA context on these. */
+/**
+ * Ordinals of the GPUs a request has run on: the process holds a CUDA context on these (per process: the primary
+ * context is the process's, whichever daemon's request made it).
+ */
 const usedOrdinals = new Set<number>();
 
 /** Notes that a request runs on GPU `ordinal` (so that {@link gpuMemory} may ask its memory without making a context). */

@@ -10,6 +10,8 @@
  */
 import { Packr, Unpackr } from 'msgpackr';
 
+// One coder of each kind for the process: with records and structured clones off, no message's meaning depends on an
+// earlier one (no shared record structures; each call is synchronous), so every daemon in the process may use them.
 // 'auto' (numbers within 2^53, bigints beyond) is supported by msgpackr but missing from its typings.
 const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'auto' as 'bigint', structuredClone: false });
 const packr = new Packr({ useRecords: false, structuredClone: false, variableMapSize: true });
