@@ -346,6 +346,10 @@ interface Addon {
   defaultThreads: number;
 }
 
+/**
+ * The addon, loaded once per process: Node loads a native module once per process, so every caller (each daemon in
+ * the process included) shares it.
+ */
 let addon: Addon | undefined;
 
 /** Absolute path the addon is loaded from: `<package root>/build/Release/tzip.node`. */
