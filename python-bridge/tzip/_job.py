@@ -1,0 +1,132 @@
+"""What a request tells the daemon about its job (protocol version 3, docs/protocol.md "Jobs"): the job info of
+hello and the ``job`` op (:func:`job_info`), the stream tag of the requests made inside :func:`tagged`, and the SM
+budget of the call being made. The Client reads the tag and the budget when it builds a request (ZeroMQ or ring)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import getpass
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+
+#: What a request's bytes are, for the daemon's job registry (protocol version 3, docs/protocol.md): gradients (the
+#: DDP comm hook, FSDP's reduce-scatter), optimizer (state offload), checkpoint (tzip.save/load, tzip.checkpoint),
+#: sendrecv (the other tzip.distributed collectives), other (anything untagged).
+STREAMS = ("gradients", "optimizer", "checkpoint", "sendrecv", "other")
+#: The stream tag of the requests made in this context (see :func:`tagged`); None: untagged ("other").
+_stream_tag: contextvars.ContextVar[str | None] = contextvars.ContextVar("tzip_stream_tag", default=None)
+#: The SM budget of the call being made (``sm_budget=`` of compress/decompress), None: the daemon's.
+_sm_budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("tzip_sm_budget", default=None)
+#: The largest SM budget a request may name (docs/protocol.md, "Jobs": sm_budget is 0..1024).
+MAX_SM_BUDGET = 1024
+
+
+def _checked_sm_budget(sm_budget: int | None) -> int | None:
+    if sm_budget is None:
+        return None
+    if isinstance(sm_budget, bool) or not isinstance(sm_budget, int) or not 0 <= sm_budget <= MAX_SM_BUDGET:
+        raise ValueError(f"sm_budget is an int from 0 (all SMs) to {MAX_SM_BUDGET}, or None (the daemon's); got {sm_budget!r}")
+    return sm_budget
+
+
+def _with_sm_budget(sm_budget: int | None, fn, *args):
+    """Runs ``fn(*args)`` with the call's SM budget set (in this context only)."""
+    token = _sm_budget.set(sm_budget)
+    try:
+        return fn(*args)
+    finally:
+        _sm_budget.reset(token)
+
+
+@contextlib.contextmanager
+def tagged(stream: str):
+    """Tags every compress and decompress request made inside the ``with`` block, in this thread (and in the async
+    calls submitted from it), with ``stream`` (one of :data:`STREAMS`), so the daemon counts their bytes under that
+    stream of the job (``tzip jobs``). Protocol version 3; older daemons are sent no tag. Nesting: the innermost
+    tag wins. Raises ValueError for an unknown stream."""
+    if stream not in STREAMS:
+        raise ValueError(f"unknown stream {stream!r}; one of {', '.join(STREAMS)}")
+    token = _stream_tag.set(stream)
+    try:
+        yield
+    finally:
+        _stream_tag.reset(token)
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters (C0, DEL, C1) as U+FFFD: the daemon refuses them in job names and users
+    (they would reach the terminals of ``tzip jobs``/``tzip top`` and split log lines; docs/protocol.md, "Jobs")."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", "\ufffd", text)
+
+
+def _script_name() -> str:
+    arg0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if arg0 in ("", "-c", "-m", "-"):
+        return "python"
+    return Path(arg0).name or "python"
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _mps_client() -> bool | None:
+    """Whether this process is (or will be) a CUDA MPS client: an MPS control pipe exists where CUDA looks for it
+    ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps). None when it cannot tell (no CUDA device in use)."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    if os.path.exists(os.path.join(pipe, "control")):
+        return True
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or torch.cuda.is_initialized():
+        return False
+    return None
+
+
+def job_info(name: str | None = None, devices: Iterable[torch.device] = ()) -> dict[str, Any]:
+    """What this process tells the daemon about its job (protocol version 3's ``job``: ``hello`` and the ``job``
+    op): ``name`` (``name``, else $TZIP_JOB, else torchrun's $TORCHELASTIC_RUN_ID, else ``<script>-<pid>``; at most
+    200 characters: the ranks of a job share it), ``user``, ``rank`` and ``world_size`` (torch.distributed's when it
+    is initialised, else $RANK / $WORLD_SIZE), ``devices`` (the UUIDs of the GPUs of ``devices`` and of the current
+    CUDA device when CUDA is initialised, else ``["cpu"]``) and ``mps`` (see :func:`_mps_client`). Reads no GPU
+    that is not in use (never initialises CUDA)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not name:
+        name = os.environ.get("TZIP_JOB") or (run_id if run_id and run_id != "none" else None)
+    if not name:
+        name = f"{_script_name()}-{os.getpid()}"
+    info: dict[str, Any] = {"name": _printable(str(name))[:200]}
+    try:
+        info["user"] = _printable(getpass.getuser())[:200]
+    except (KeyError, OSError):
+        info["user"] = str(os.getuid())
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    dist_mod = sys.modules.get("torch.distributed")  # only when the job imported it: no import here
+    if dist_mod is not None and dist_mod.is_available() and dist_mod.is_initialized():
+        rank, world = dist_mod.get_rank(), dist_mod.get_world_size()
+    if rank is not None and rank >= 0:
+        info["rank"] = rank
+    if world is not None and world >= 1:
+        info["world_size"] = world
+    gpus: dict[int, None] = {}
+    for d in devices:
+        if d.type == "cuda":
+            gpus[d.index if d.index is not None else 0] = None
+    if torch.cuda.is_initialized():
+        gpus[torch.cuda.current_device()] = None
+    uuids = []
+    if gpus:
+        from ._cuda import device_uuid
+
+        uuids = [device_uuid(i) for i in gpus]
+    info["devices"] = uuids[:64] or ["cpu"]
+    info["mps"] = _mps_client()
+    return info

@@ -1,0 +1,835 @@
+"""The client's requests through the submission ring (protocol version 4, docs/ring.md; :mod:`tzip._ring`): the
+session's rings (opened on first use, one for CPU tensors and one per GPU; put aside with their session), the
+regions registered on them (``ring_register`` / ``ring_release``), the SQEs of a call (one LINKed batch per call and
+device) and the :class:`tzip._ring.Handle` of the call, whose finishing step copies the results out and falls back
+to the ZeroMQ path when the ring could not take or finish the request. :class:`RingPath` is a part of
+:class:`tzip.client.Client` (it uses the Client's session, arenas and GPU state)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import ctypes
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+
+from . import _ring, _shm
+from ._cpu_path import DEDICATED_MIN_BYTES
+from ._dlpack import copy_from_bytes, from_bytes, int_alias
+from ._errors import DaemonUnavailableError, TzipDaemonError
+from ._gpu_path import _Gpu, _NoDevice, _stream_for
+from ._job import _sm_budget, _stream_tag
+from ._wire import MAX_STAGE_BYTES, _align, _sqe_layout, cuda_device, cuda_region, shm_region
+from .compressed import CompressedTensor
+
+_log = logging.getLogger("tzip")
+
+
+#: Entries of each submission ring (docs/ring.md; a power of two, at most hello's ``ring.entries_max``): batches of up
+#: to this many tensors are one LINKed batch. Client(ring_entries=...) overrides it; 0 turns the ring off.
+RING_ENTRIES = 1024
+#: Seconds a thread waiting for a ring completion polls before it sleeps on the futex. Client(ring_spin_s=...). 2 ms,
+#: as the daemon's threads poll GPU work: a futex wake-up costs tens of microseconds on a VM, more than most
+#: small requests take (docs/benchmarks.md, "Daemon fast lane").
+RING_SPIN_S = 2e-3
+
+
+def _stage_cpu(plan: list[tuple]) -> int:
+    """Staging bytes of a CPU compress plan: the inputs not in registered shared memory, and every frame's bound."""
+    return sum((0 if p[5] else _align(p[1])) + _align(p[4]) for p in plan)
+
+
+def _u8_of(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as a 1-D uint8 view (any dtype: through its integer alias)."""
+    return int_alias(t.detach()).reshape(-1).view(torch.uint8)
+
+
+def _done_handle(fn, err: BaseException | None) -> _ring.Handle:
+    """A Handle settled now with ``fn(err)`` (its value, or what it raised)."""
+    h = _ring.Handle()
+    try:
+        h.set_result(fn(err))
+    except BaseException as e:  # noqa: BLE001 - the caller gets it from the handle
+        h.set_exception(e)
+    return h
+
+
+class _Gathered(_ring.Handle):
+    """One call's handle over the handles of its parts (a CPU batch, each GPU's batch): ``parts`` are (indices in
+    the call, handle of a list) pairs; the value is the list in call order (``single``: its one item)."""
+
+    def __init__(self, parts: list[tuple[list[int], _ring.Handle]], n: int, single: bool):
+        super().__init__(on_wait=self._wait_parts)
+        self._parts = parts
+        self._count = n
+        self._single = single
+        self._left_parts = len(parts)
+        self._glock = threading.Lock()
+        for _, h in parts:
+            h.add_done_callback(self._part_done)
+
+    def _drive(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _, h in self._parts:
+            h._drive(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _wait_parts(self, stream) -> None:
+        for _, h in self._parts:
+            h.wait(stream)
+
+    def _part_done(self, _h) -> None:
+        with self._glock:
+            self._left_parts -= 1
+            if self._left_parts:
+                return
+        out: list = [None] * self._count
+        try:
+            for idx, h in self._parts:
+                for i, v in zip(idx, h.result(0)):
+                    out[i] = v
+        except BaseException as e:  # noqa: BLE001
+            self.set_exception(e)
+            return
+        self.set_result(out[0] if self._single else out)
+
+
+def _raiser(err: BaseException):
+    def fn(_):
+        raise err
+    return fn
+
+
+def _give_staging(g: _Gpu, buf, stream) -> None:
+    """The staging buffer of a GPU ring request goes back to ``g``'s arena (its next user's stream waits for
+    ``stream``): the daemon is done with it, or never got it."""
+    buf.in_doubt = False
+    g.arena.give(buf, stream)
+
+
+def _drop_staging(g: _Gpu, buf, stream, submitted: bool) -> None:
+    """The staging buffer of a GPU ring request that failed: given back when it was never ``submitted``, else
+    poisoned (the daemon's stream may still use it: never reused nor freed)."""
+    if submitted:
+        buf.share.poison()
+    else:
+        _give_staging(g, buf, stream)
+
+
+def _gather(parts: list[tuple[list[int], _ring.Handle]], n: int, single: bool) -> _ring.Handle:
+    return _Gathered(parts, n, single)
+
+
+class RingPath:
+    """Compress and decompress through the session's submission rings."""
+
+    # --- the session's rings and their regions ------------------------------------------------------------------
+    def _ring(self, key: int | None) -> _ring.Ring | None:
+        """This session's ring for CPU tensors (``key`` None) or for the tensors of cuda:``key``, opened on first use;
+        None when the daemon offers no ring, this machine cannot use one, or opening it failed (the requests then go
+        through ZeroMQ; why is in :attr:`ring_info`)."""
+        ring = self._rings.get(key)
+        if ring is not None and ring.usable and ring.sid == self._sid:
+            return ring
+        self._close_retired()
+        if self._ring_caps is None or self._sid is None or key in self._ring_refused or self.ring_entries <= 0:
+            return None
+        with self._ring_lock:
+            ring = self._rings.get(key)
+            if ring is not None:
+                if ring.usable and ring.sid == self._sid:
+                    return ring
+                # It stopped serving (closed, broken, or the daemon went away): ZeroMQ for the rest of this session.
+                del self._rings[key]
+                self._ring_refused[key] = f"ring {ring.name} stopped serving ({ring.state})"
+                self._retired.append(ring)
+                return None
+            why = _ring.supported()
+            if why is not None:
+                self._ring_refused[key] = why
+                return None
+            return self._open_ring(key)
+
+    def _open_ring(self, key: int | None) -> _ring.Ring | None:
+        """(Ring lock held) ``ring_open`` of a new ring file; None (and the reason noted) when it cannot be opened."""
+        caps = self._ring_caps or {}
+        entries = min(self.ring_entries, int(caps.get("entries_max", 4096)))
+        entries = 1 << max(3, entries.bit_length() - 1)  # a power of two, at least 8
+        self._ring_counter += 1
+        name = f"{self.shm_prefix}ring-{self._ring_counter}"
+        sid = self._sid
+        try:
+            ring = _ring.Ring(name, entries, self._daemon_alive, spin_s=self.ring_spin_s,
+                              max_batch=int(caps.get("max_batch", 1024)))
+        except OSError as e:
+            self._ring_refused[key] = f"cannot make the ring file: {e}"
+            return None
+        body: dict[str, Any] = {"name": name, "entries": entries}
+        try:
+            if key is not None:
+                g = self._gpu(key)
+                ordinal = self._daemon_ordinal(g)
+                if ordinal is None:
+                    raise _NoDevice(self._gpu_reason(g))
+                from ._memops import available, host_register, host_unregister
+
+                why = available()
+                if why is not None:
+                    raise _NoDevice(why)
+                # The GPU ordering words (produced, done) live in the header page: our GPU writes and waits on it there.
+                with torch.cuda.device(key):
+                    dptr = host_register(ring.base, _ring.HEADER_BYTES)
+                ring.before_unmap.append(lambda base=ring.base: host_unregister(base))
+                ring.produced_dptr = dptr + _ring.OFF_PRODUCED  # type: ignore[attr-defined]
+                ring.done_dptr = dptr + _ring.OFF_DONE  # type: ignore[attr-defined]
+                ring.seq = 0  # type: ignore[attr-defined]  # the last produced / signal value used
+                ring.gpu_lock = threading.Lock()  # type: ignore[attr-defined]
+                ring.order_stream = torch.cuda.Stream(device=g.device)  # type: ignore[attr-defined]  # see _gpu_submit
+                body["device"] = cuda_device(ordinal)
+            reply = self._call("ring_open", body, timeout=self.connect_timeout)
+        except Exception as e:  # noqa: BLE001 - any refusal: ZeroMQ instead
+            ring.close()
+            if isinstance(e, DaemonUnavailableError):
+                raise
+            self._ring_refused[key] = f"ring_open: {e}"
+            _log.info("tzip: no submission ring for %s (%s); requests go through ZeroMQ", "CPU tensors" if key is None else f"cuda:{key}", e)
+            return None
+        ring.id = int(reply["ring"])
+        ring.sid = self._sid if self._sid is not None else sid
+        ring.device = key
+        self._rings[key] = ring
+        return ring
+
+    def _ring_regions(self, ring: _ring.Ring, wanted: list[tuple[Any, dict[str, Any]]]) -> list[_ring.Region]:
+        """The regions of ``wanted`` ((cache key, ``ring_register`` region) pairs) on ``ring``: cached ones as they
+        are, the others registered in one ``ring_register``. Raises TzipDaemonError / DaemonUnavailableError."""
+        with self._release_lock:
+            got = [ring.regions.get(k) for k, _ in wanted]
+        missing: dict[Any, dict[str, Any]] = {}
+        for (k, spec), r in zip(wanted, got):
+            if r is None and k not in missing:
+                missing[k] = spec
+        if missing:
+            reply = self._call("ring_register", {"ring": ring.id, "regions": list(missing.values())})
+            regs = reply.get("regions") or []
+            if len(regs) != len(missing):
+                raise TzipDaemonError("TZIP_PROTOCOL", f"ring_register answered {len(regs)} regions for {len(missing)}")
+            with self._release_lock:
+                for k, r in zip(missing, regs):
+                    region = _ring.Region(r["id"], r["generation"], r["bytes"])
+                    if k in ring.regions:  # another thread registered it meanwhile: ours goes again
+                        self._ring_releases.append((ring, region.id))
+                    else:
+                        ring.regions[k] = region
+                got = [ring.regions[k] for k, _ in wanted]
+        return got  # type: ignore[return-value]
+
+    def _ring_shm(self, ring: _ring.Ring, names: list[str]) -> dict[str, _ring.Region]:
+        """The regions of the session's shared-memory files ``names`` (whole files) on ``ring``."""
+        regs = self._ring_regions(ring, [(("shm", n), shm_region(n)) for n in names])
+        return dict(zip(names, regs))
+
+    def _flush_ring_releases(self, timeout: float = 10.0) -> None:
+        """Sends the queued ``ring_release``s (regions of dropped segments and staging buffers), one per ring."""
+        with self._release_lock:
+            todo, self._ring_releases = self._ring_releases, []
+        by_ring: dict[int, tuple[_ring.Ring, list[int]]] = {}
+        for ring, rid in todo:
+            by_ring.setdefault(id(ring), (ring, []))[1].append(rid)
+        for ring, ids in by_ring.values():
+            if ring.sid != self._sid or not ring.usable or self._sid is None:
+                continue  # that session's rings are gone with it
+            try:
+                self._call("ring_release", {"ring": ring.id, "regions": ids}, timeout=timeout)
+            except (DaemonUnavailableError, TzipDaemonError):
+                pass
+
+    def _gpu_buffer_regions(self, ring: _ring.Ring) -> None:
+        """Queues the release of regions of staging buffers the GPU arena dropped (their memory went back to PyTorch)."""
+        with self._release_lock:
+            for k in [k for k in ring.regions if k[0] == "gpubuf" and k[1].u8 is None]:
+                self._ring_releases.append((ring, ring.regions.pop(k).id))
+
+    def _retire_rings(self) -> None:
+        """A new session: the rings of the last one are put aside (closed later, outside any lock: closing one fails
+        its pending requests, whose fallback may itself call the daemon)."""
+        with self._ring_lock:
+            self._retired.extend(self._rings.values())
+            self._rings.clear()
+            self._ring_refused.clear()
+        with self._release_lock:
+            self._ring_releases.clear()
+
+    def _close_retired(self) -> None:
+        """Closes the rings put aside: a ring of the current session that stopped serving (broken) is closed in the
+        daemon too (``ring_close``: it holds the ring's regions until then), then here (the file goes)."""
+        if not self._retired:
+            return
+        with self._ring_lock:
+            rings, self._retired = self._retired, []
+        for r in rings:
+            if r.id is not None and r.sid is not None and r.sid == self._sid and not self._closing:
+                try:
+                    self._call("ring_close", {"ring": r.id}, timeout=2.0)
+                except (DaemonUnavailableError, TzipDaemonError):
+                    pass
+            r.close()
+
+    # --- compress -----------------------------------------------------------------------------------------------
+    def _ring_sm_budget(self) -> int | None:
+        """The SQE's sm_budget of the call (0: the ring's default), or None when an SQE cannot say it (0 = all SMs,
+        or more than 255: such GPU requests go through ZeroMQ). The job's budget (``tzip set JOB sm_budget=N``, as
+        the last reply or heartbeat said it) wins over the call's, as the daemon does for ZeroMQ requests."""
+        job = self._settings.get("sm_budget")
+        budget = job if isinstance(job, int) else _sm_budget.get()
+        if budget is None:
+            return 0
+        return budget if 1 <= budget <= 255 else None
+
+    def _ring_codec(self, codec: str) -> str:
+        """The codec of the call's SQEs: the job's (``tzip set JOB codec=...``; "off": raw frames) over the call's,
+        as the daemon applies it to ZeroMQ requests. The ring thread does not know the job's settings: the client
+        applies them, as the last reply or heartbeat said them (docs/protocol.md, "Jobs")."""
+        job = self._settings.get("codec")
+        if job == "off":
+            return "raw"
+        return job if job in _ring.CODEC_CODES else codec
+
+    def _compress_ring_plan(self, items: list[torch.Tensor], codec: str, streams: dict[int, Any] | None):
+        """Starters of the ring requests of ``items`` (one per CPU batch and per GPU), or None when the ring cannot
+        carry all of them (no ring offered, an item it cannot describe): then the whole call goes through ZeroMQ."""
+        if self._ring_caps is None or self._sid is None or codec not in _ring.CODEC_CODES or not items:
+            return None
+        codec = self._ring_codec(codec)
+        groups: dict[int | None, list[int]] = {}
+        for i, t in enumerate(items):
+            groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
+        tag = _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
+        starters = []
+        for key, idx in groups.items():
+            part = [items[i] for i in idx]
+            if key is None:
+                plan = self._ring_plan_compress_cpu(part)
+                if plan is None or (len(plan) > 1 and _stage_cpu(plan) > MAX_STAGE_BYTES):
+                    return None  # (ZeroMQ splits such batches into requests of their own)
+                starters.append((idx, key, plan, None))
+            else:
+                g = self._gpu(key)
+                budget = self._ring_sm_budget()
+                if budget is None or not self._gpu_reachable(g):
+                    return None
+                plan = self._ring_plan_compress_gpu(part)
+                if plan is None or sum(_align(p[1]) + _align(p[4]) for p in plan) > MAX_STAGE_BYTES:
+                    return None  # everything is staged through the ring: large tensors are handed over through ZeroMQ
+                starters.append((idx, key, plan, (_stream_for(streams, key), budget)))
+        try:
+            for _, key, _, _ in starters:
+                if self._ring(key) is None:
+                    return None
+        except DaemonUnavailableError:
+            return None  # the ZeroMQ path notices it too, and retries (spawn) or falls back
+        return [(idx, key, plan, extra, tag, codec) for idx, key, plan, extra in starters]
+
+    @staticmethod
+    def _ring_plan_compress_cpu(tensors: list[torch.Tensor]) -> list[tuple] | None:
+        """Per tensor: (tensor, nbytes, frame dtype code, frame shape, capacity, zero-copy (file, offset) or None);
+        None when an SQE cannot describe one (no bytes, a frame of more than 6 dimensions, PyTorch's shared memory)."""
+        plans = []
+        for t in tensors:
+            layout = _sqe_layout(t.dtype, tuple(t.shape))
+            if layout is None:
+                return None
+            nbytes, dcode, fshape, cap = layout
+            zc = None
+            if t.is_contiguous():
+                found = _shm.find(t.data_ptr(), nbytes)
+                if found is not None:
+                    zc = (found[0], found[2])
+                elif _shm.torch_shm_handle(t) is not None:
+                    return None  # zero copy through ZeroMQ (its files are PyTorch's, not registered here)
+            plans.append((t, nbytes, dcode, fshape, cap, zc))
+        return plans
+
+    @staticmethod
+    def _ring_plan_compress_gpu(tensors: list[torch.Tensor]) -> list[tuple] | None:
+        """As the CPU plan, without zero copy: GPU tensors are copied into the registered staging arena (one copy on
+        the GPU, no registration per tensor)."""
+        plans = []
+        for t in tensors:
+            layout = _sqe_layout(t.dtype, tuple(t.shape))
+            if layout is None:
+                return None
+            plans.append((t, *layout, None))
+        return plans
+
+    def _compress_submit(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None) -> _ring.Handle | None:
+        """The call as ring requests, submitted now (a Handle of the call's return value), or None: not for the ring."""
+        starters = self._compress_ring_plan(items, codec, streams)
+        if starters is None:
+            return None
+        n = len(items)
+
+        def combine_one(idx):
+            def post(cts):
+                if single:
+                    return cts[0]
+                return cts
+            return post
+
+        if len(starters) == 1 and starters[0][0] == list(range(n)):
+            idx, key, plan, extra, tag, codec = starters[0]
+            return self._compress_start(key, plan, codec, extra, tag, combine_one(idx))
+        parts = [(idx, self._compress_start(key, plan, codec, extra, tag, lambda cts: cts))
+                 for idx, key, plan, extra, tag, codec in starters]
+        return _gather(parts, n, single)
+
+    def _compress_start(self, key: int | None, plan: list[tuple], codec: str, extra, tag: int, post) -> _ring.Handle:
+        tensors = [p[0] for p in plan]
+        streams = None if key is None else {key: extra[0]}
+        ctx = contextvars.copy_context()  # the fallback runs with the caller's stream tag and SM budget
+
+        def fallback(err: BaseException | None):
+            # The ring could not take or finish it (the daemon went away, the ring stopped, a region was refused):
+            # the ZeroMQ path with its retry and raw fallback.
+            if err is not None and not isinstance(err, (DaemonUnavailableError, TzipDaemonError)):
+                raise err
+            return post(ctx.run(self._compress, tensors, False, codec, streams, False))
+
+        ring = self._ring(key)
+        if ring is None:
+            return _done_handle(fallback, None)
+        try:
+            if key is None:
+                return self._compress_start_cpu(ring, plan, codec, tag, post, fallback)
+            return self._compress_start_gpu(ring, self._gpu(key), plan, codec, extra[0], extra[1], tag, post, fallback)
+        except (DaemonUnavailableError, TzipDaemonError) as e:
+            return _done_handle(fallback, e)
+
+    def _compress_start_cpu(self, ring: _ring.Ring, plan: list[tuple], codec: str, tag: int, post, fallback) -> _ring.Handle:
+        stage = _stage_cpu(plan)
+        seg = self._arena.take(max(1, stage))
+        try:
+            regions = self._ring_shm(ring, list(dict.fromkeys([seg.name] + [p[5][0] for p in plan if p[5]])))
+            here = regions[seg.name]
+            ccode = _ring.CODEC_CODES[codec]
+            sqes = []
+            outs = []
+            off = 0
+            for t, nbytes, dcode, fshape, cap, zc in plan:
+                if zc is not None:
+                    src = (regions[zc[0]], zc[1], nbytes)
+                else:
+                    self._copy_in(seg, off, t, nbytes)
+                    src = (here, off, nbytes)
+                    off += _align(nbytes)
+                outs.append(off)
+                sqes.append(_ring.sqe(_ring.OP_COMPRESS, 0, codec=ccode, dtype=dcode, shape=fshape, stream=tag, src=src,
+                                      dst=(here, off, cap)))
+                off += _align(cap)
+        except BaseException:
+            self._arena.give(seg)
+            raise
+
+        def finish(res):
+            if isinstance(res, BaseException):
+                seg.close()  # the daemon may not be done with it: never reused
+                return fallback(res)
+            try:
+                err = _ring.Handle.error_of(res)
+                if err is not None:
+                    raise err
+                cts = []
+                for (t, nbytes, _d, _s, cap, _z), o, (_st, c, n, _m) in zip(plan, outs, res):
+                    if not 0 < n <= cap:
+                        raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {n} bytes (capacity {cap})")
+                    payload = torch.empty(n, dtype=torch.uint8)
+                    ctypes.memmove(payload.data_ptr(), seg.base + o, n)
+                    cts.append(CompressedTensor(payload, t.dtype, t.shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes))
+            finally:
+                self._arena.give(seg)
+            return post(cts)
+
+        return self._ring_submit(ring, sqes, finish)
+
+    def _ring_submit(self, ring: _ring.Ring, sqes: list[tuple], finish, on_wait=None) -> _ring.Handle:
+        h = _ring.Handle(ring, len(sqes), finish, on_wait)
+        try:
+            ring.submit([sqes], h)
+        except _ring.RingClosed as e:
+            h._complete(e)  # nothing (or not all) of it was taken: its fallback runs now
+        return h
+
+    def _ring_next_value(self, ring: _ring.Ring) -> int:
+        with self._ring_lock:
+            ring.seq += 1  # type: ignore[attr-defined]
+            return ring.seq  # type: ignore[attr-defined]
+
+    def _ring_gpu_buffer(self, ring: _ring.Ring, g: "_Gpu", buf) -> _ring.Region:
+        """The region of the whole staging buffer ``buf`` on ``ring`` (registered once per buffer)."""
+        ordinal = self._daemon_ordinal(g)
+        spec = cuda_region(ordinal, buf.share.handle, buf.share.offset, buf.size)
+        return self._ring_regions(ring, [(("gpubuf", buf), spec)])[0]
+
+    def _gpu_submit(self, ring: _ring.Ring, g: "_Gpu", stream, sqes: list[tuple], finish, on_wait, vbox: list) -> _ring.Handle:
+        """Submits a GPU batch ordered after the work queued so far on ``stream`` (its inputs): ``produced = v`` is
+        written once that work is done, the batch is marked WAIT (first SQE) / SIGNAL (last) with ``v`` (put in
+        ``vbox``, read by ``finish``/``on_wait``), and published.
+
+        One ``produced`` word serves every stream of the ring, so its writes must happen in ``v`` order and each only
+        after its own producer work: they are queued on the ring's own stream (``ring.order_stream``), which first waits
+        for an event of the caller's stream; values are taken and SQEs published under ``ring.gpu_lock``, so the SQ
+        order is the ``v`` order too. (Written straight from two callers' streams, ``produced`` could reach a later
+        value before an earlier batch's inputs were ready.)"""
+        from ._memops import write_value64
+
+        with ring.gpu_lock:  # type: ignore[attr-defined]
+            v = self._ring_next_value(ring)
+            vbox.append(v)
+            with torch.cuda.device(g.index):
+                ev = torch.cuda.Event()
+                ev.record(stream)
+                ring.order_stream.wait_event(ev)  # type: ignore[attr-defined]
+                write_value64(ring.order_stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
+            first = sqes[0]
+            sqes[0] = (first[0], first[1] | _ring.F_WAIT, *first[2:-2], v, first[-1])
+            last = sqes[-1]
+            sqes[-1] = (last[0], last[1] | _ring.F_SIGNAL, *last[2:-1], v)
+            return self._ring_submit(ring, sqes, finish, on_wait)
+
+    @staticmethod
+    def _gpu_wait_done(ring: _ring.Ring, stream, v: int) -> None:
+        """``stream`` waits on the GPU until the ring's done word is >= ``v``."""
+        from ._memops import wait_value64
+
+        wait_value64(stream, ring.done_dptr, v)  # type: ignore[attr-defined]
+
+    def _compress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", plan: list[tuple], codec: str, stream, budget: int, tag: int,
+                            post, fallback) -> _ring.Handle:
+        from ._cuda import gpu_bytes_of, gpu_copy_many, regions_of
+
+        stage = sum(_align(p[1]) + _align(p[4]) for p in plan)
+        with torch.cuda.device(g.index), torch.cuda.stream(stream):
+            buf = self._staging_take(g, stage, stream)
+            try:
+                region = self._ring_gpu_buffer(ring, g, buf)
+                ccode = _ring.CODEC_CODES[codec]
+                sqes = []
+                outs = []
+                staged: list[tuple[int, int]] = []
+                srcs: list[torch.Tensor] = []
+                off = 0
+                for t, nbytes, dcode, fshape, cap, _z in plan:
+                    staged.append((off, nbytes))
+                    srcs.append(gpu_bytes_of(t))
+                    src = (region, off, nbytes)
+                    off += _align(nbytes)
+                    outs.append(off)
+                    sqes.append(_ring.sqe(_ring.OP_COMPRESS, 0, codec=ccode, dtype=dcode, shape=fshape, sm_budget=budget,
+                                          stream=tag, src=src, dst=(region, off, cap)))
+                    off += _align(cap)
+                gpu_copy_many(regions_of(buf.u8, staged), srcs)
+            except BaseException:
+                g.arena.give(buf, stream)
+                raise
+        buf.in_doubt = True
+        vbox: list[int] = []
+
+        def finish(res):
+            if isinstance(res, BaseException):
+                _drop_staging(g, buf, stream, submitted=bool(vbox))
+                return fallback(res)
+            v = vbox[0]
+            with torch.cuda.device(g.index), torch.cuda.stream(stream):
+                try:
+                    err = _ring.Handle.error_of(res)
+                    if err is not None:
+                        raise err
+                    sizes = []
+                    for (t, nbytes, _d, _s, cap, _z), (_st, c, n, _m) in zip(plan, res):
+                        if not 0 < n <= cap:
+                            raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {n} bytes (capacity {cap})")
+                        sizes.append(n)
+                    self._gpu_wait_done(ring, stream, v)
+                    # Each payload an allocation of its own (a view of a shared one would make torch.save write them all).
+                    payloads = [torch.empty(n, dtype=torch.uint8, device=g.device) for n in sizes]
+                    gpu_copy_many(payloads, regions_of(buf.u8, [(o, n) for o, n in zip(outs, sizes)]))
+                finally:
+                    _give_staging(g, buf, stream)
+            return post([CompressedTensor(p, t.dtype, t.shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes)
+                         for p, (t, nbytes, *_r), (_st, c, _n, _m) in zip(payloads, plan, res)])
+
+        def on_wait(s):
+            self._gpu_wait_done(ring, s if s is not None else torch.cuda.current_stream(g.index), vbox[0])
+
+        try:
+            return self._gpu_submit(ring, g, stream, sqes, finish, on_wait, vbox)
+        except BaseException:
+            if not vbox:
+                _give_staging(g, buf, stream)
+            raise
+
+    # --- decompress ---------------------------------------------------------------------------------------------
+    def _decompress_submit(self, items: list, outs: list, single: bool, verify: bool,
+                           streams: dict[int, Any] | None) -> _ring.Handle | None:
+        """The call as ring requests, submitted now, or None: not for the ring (then ZeroMQ, as before)."""
+        if self._ring_caps is None or self._sid is None or not items:
+            return None
+        groups: dict[int | None, list[int]] = {}
+        for i, (ct, o) in enumerate(zip(items, outs)):
+            if ct.nbytes == 0 or ct.payload.numel() == 0:
+                return None
+            target = o.device if o is not None else ct.payload.device
+            key = None if target.type == "cpu" else (target.index or 0)
+            if key is None:
+                if o is not None and o.is_contiguous() and _shm.find(o.data_ptr(), ct.nbytes) is None \
+                        and _shm.torch_shm_handle(o) is not None:
+                    return None  # PyTorch's shared memory: zero copy through ZeroMQ
+            else:
+                if self._ring_sm_budget() is None or not self._gpu_reachable(self._gpu(key)):
+                    return None
+            groups.setdefault(key, []).append(i)
+        for key, idx in groups.items():
+            # Staging bytes of the ring request (GPU: frames and results; CPU: frames and the small results).
+            stage = sum(_align(items[i].payload.numel()) + (_align(items[i].nbytes) if key is not None or
+                        items[i].nbytes < DEDICATED_MIN_BYTES else 0) for i in idx)
+            if stage > MAX_STAGE_BYTES and (key is not None or len(idx) > 1):
+                return None
+        try:
+            for key in groups:
+                if self._ring(key) is None:
+                    return None
+        except DaemonUnavailableError:
+            return None
+        tag = _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
+        n = len(items)
+        if len(groups) == 1:
+            key, idx = next(iter(groups.items()))
+            return self._decompress_start(key, [items[i] for i in idx], [outs[i] for i in idx], verify, streams, tag,
+                                          (lambda r: r[0]) if single else (lambda r: r))
+        parts = [(idx, self._decompress_start(key, [items[i] for i in idx], [outs[i] for i in idx], verify, streams, tag,
+                                              lambda r: r)) for key, idx in groups.items()]
+        return _gather(parts, n, single)
+
+    def _decompress_start(self, key: int | None, cts: list[CompressedTensor], outs: list, verify: bool,
+                          streams: dict[int, Any] | None, tag: int, post) -> _ring.Handle:
+        stream = None if key is None else _stream_for(streams, key)
+        ctx = contextvars.copy_context()
+
+        def fallback(err: BaseException | None):
+            if err is not None and not isinstance(err, (DaemonUnavailableError, TzipDaemonError)):
+                raise err
+            return post(ctx.run(self._decompress, cts, outs, False, verify, None if key is None else {key: stream}, False))
+
+        ring = self._ring(key)
+        if ring is None:
+            return _done_handle(fallback, None)
+        try:
+            if key is None:
+                return self._decompress_start_cpu(ring, cts, outs, verify, tag, post, fallback)
+            return self._decompress_start_gpu(ring, self._gpu(key), cts, outs, verify, stream, tag, post, fallback)
+        except (DaemonUnavailableError, TzipDaemonError) as e:
+            return _done_handle(fallback, e)
+
+    def _decompress_start_cpu(self, ring: _ring.Ring, cts: list[CompressedTensor], outs: list, verify: bool, tag: int,
+                              post, fallback) -> _ring.Handle:
+        plans = []
+        lent: list[_shm.Segment] = []
+        stage = 0
+        for ct, o in zip(cts, outs):
+            frame = ct.payload.detach()
+            if frame.device.type != "cpu":
+                frame = frame.cpu()
+            if not frame.is_contiguous():
+                frame = frame.contiguous()
+            found = _shm.find(frame.data_ptr(), frame.numel())
+            fzc = None if found is None else (found[0], found[2])
+            dest = result = None
+            if o is not None:
+                if o.is_contiguous():
+                    found = _shm.find(o.data_ptr(), ct.nbytes)
+                    dest = None if found is None else (found[0], found[2])
+            elif ct.nbytes >= DEDICATED_MIN_BYTES:
+                seg, u8 = self._results.lend(ct.nbytes)
+                lent.append(seg)
+                result = from_bytes(u8, ct.dtype, tuple(ct.shape))
+                dest = (seg.name, 0)
+            plans.append([ct, o, frame, fzc, dest, result, 0, 0])
+            stage += (0 if fzc else _align(frame.numel())) + (0 if dest else _align(ct.nbytes))
+        seg = self._arena.take(max(1, stage))
+        try:
+            names = [seg.name] + [p[3][0] for p in plans if p[3]] + [p[4][0] for p in plans if p[4]]
+            regions = self._ring_shm(ring, list(dict.fromkeys(names)))
+            here = regions[seg.name]
+            flags = _ring.F_VERIFY if verify else 0
+            sqes = []
+            off = 0
+            for p in plans:
+                ct, o, frame, fzc, dest = p[0], p[1], p[2], p[3], p[4]
+                n = frame.numel()
+                if fzc is not None:
+                    src = (regions[fzc[0]], fzc[1], n)
+                else:
+                    ctypes.memmove(seg.base + off, frame.data_ptr(), n)  # contiguous uint8
+                    src = (here, off, n)
+                    off += _align(n)
+                if dest is not None:
+                    dst = (regions[dest[0]], dest[1], ct.nbytes)
+                else:
+                    p[7] = off
+                    dst = (here, off, ct.nbytes)
+                    off += _align(ct.nbytes)
+                sqes.append(_ring.sqe(_ring.OP_DECOMPRESS, flags, stream=tag, src=src, dst=dst))
+        except BaseException:
+            self._arena.give(seg)
+            raise
+
+        def finish(res):
+            if isinstance(res, BaseException):
+                seg.close()
+                for s in lent:
+                    self._results.discard(s)
+                return fallback(res)
+            try:
+                err = _ring.Handle.error_of(res)
+                if err is not None:
+                    raise err
+                results = []
+                for (ct, o, _f, _fz, dest, result, _x, out_off), (_st, _c, n, _m) in zip(plans, res):
+                    if n != ct.nbytes:
+                        raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {n} bytes, the CompressedTensor says {ct.nbytes}")
+                    if o is not None:
+                        if dest is None:
+                            if o.is_contiguous():
+                                ctypes.memmove(o.data_ptr(), seg.base + out_off, ct.nbytes)
+                            else:
+                                copy_from_bytes(o, seg.u8[out_off : out_off + ct.nbytes])
+                        results.append(o)
+                    elif result is not None:
+                        results.append(result)
+                    else:
+                        flat = torch.empty(ct.nbytes, dtype=torch.uint8)
+                        ctypes.memmove(flat.data_ptr(), seg.base + out_off, ct.nbytes)
+                        results.append(from_bytes(flat, ct.dtype, ct.shape))
+            finally:
+                self._arena.give(seg)
+            return post(results)
+
+        return self._ring_submit(ring, sqes, finish)
+
+    def _decompress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", cts: list[CompressedTensor], outs: list, verify: bool,
+                              stream, tag: int, post, fallback) -> _ring.Handle:
+        from ._cuda import gpu_copy_from_bytes, gpu_copy_many, regions_of
+
+        budget = self._ring_sm_budget() or 0
+        with torch.cuda.device(g.index), torch.cuda.stream(stream):
+            frames = []
+            for ct in cts:
+                f = ct.payload.detach()
+                if f.device != g.device:
+                    f = f.to(g.device)
+                frames.append(f if f.is_contiguous() else f.contiguous())
+            stage = sum(_align(f.numel()) + _align(ct.nbytes) for f, ct in zip(frames, cts))
+            buf = self._staging_take(g, stage, stream)
+            try:
+                region = self._ring_gpu_buffer(ring, g, buf)
+                flags = _ring.F_VERIFY if verify else 0
+                sqes = []
+                staged: list[tuple[int, int]] = []
+                out_offs: list[int] = []
+                off = 0
+                for f, ct in zip(frames, cts):
+                    n = f.numel()
+                    staged.append((off, n))
+                    src = (region, off, n)
+                    off += _align(n)
+                    out_offs.append(off)
+                    sqes.append(_ring.sqe(_ring.OP_DECOMPRESS, flags, sm_budget=budget, stream=tag, src=src,
+                                          dst=(region, off, ct.nbytes)))
+                    off += _align(ct.nbytes)
+                gpu_copy_many(regions_of(buf.u8, staged), frames)
+                # The results exist now (written in stream order once the daemon is done: see queue_copies); new ones
+                # as bytes seen as their dtype (every dtype, the sub-byte ones too).
+                flats = [None if o is not None else torch.empty(ct.nbytes, dtype=torch.uint8, device=g.device)
+                         for ct, o in zip(cts, outs)]
+                results = [o if o is not None else from_bytes(f, ct.dtype, ct.shape) for ct, o, f in zip(cts, outs, flats)]
+            except BaseException:
+                g.arena.give(buf, stream)
+                raise
+        buf.in_doubt = True
+        state = {"copied": None}  # the stream the copies out of the arena were queued on, and the event after them
+        lock = threading.Lock()
+        vbox: list[int] = []
+
+        def queue_copies(s) -> None:
+            """Once: ``s`` waits (on the GPU) for the done flag, then copies the results out of the arena, then the
+            buffer goes back to the arena (its next user's stream waits for these copies). Later calls: ``s`` waits
+            for those copies."""
+            with lock:
+                if state["copied"] is not None:
+                    if s is not state["copied"][0] and state["copied"][1] is not None:
+                        s.wait_event(state["copied"][1])
+                    return
+                with torch.cuda.device(g.index), torch.cuda.stream(s):
+                    self._gpu_wait_done(ring, s, vbox[0])
+                    direct, srcs = [], []
+                    for f, ct, o, oo in zip(flats, cts, outs, out_offs):
+                        src = buf.u8[oo : oo + ct.nbytes]
+                        if f is not None:
+                            direct.append(f)
+                            srcs.append(src)
+                        elif o.is_contiguous():
+                            direct.append(_u8_of(o))
+                            srcs.append(src)
+                        else:
+                            gpu_copy_from_bytes(o, src)  # any layout: a copy of its own
+                    gpu_copy_many(direct, srcs)
+                    ev = torch.cuda.Event()
+                    ev.record(s)
+                    state["copied"] = (s, ev)
+                _give_staging(g, buf, s)
+
+        def finish(res):
+            if isinstance(res, BaseException):
+                _drop_staging(g, buf, stream, submitted=bool(vbox))
+                return fallback(res)
+            err = _ring.Handle.error_of(res)
+            if err is not None:
+                with lock:
+                    if state["copied"] is None:
+                        _give_staging(g, buf, stream)
+                        state["copied"] = (stream, None)
+                raise err
+            for ct, (_st, _c, n, _m) in zip(cts, res):
+                if n != ct.nbytes:
+                    raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {n} bytes, the CompressedTensor says {ct.nbytes}")
+            if state["copied"] is None:
+                queue_copies(stream)
+            return post(results)
+
+        def on_wait(s):
+            queue_copies(s if s is not None else torch.cuda.current_stream(g.index))
+
+        try:
+            return self._gpu_submit(ring, g, stream, sqes, finish, on_wait, vbox)
+        except BaseException:
+            if not vbox:
+                _give_staging(g, buf, stream)
+            raise
+
+    def _ring_worth(self, items: list, outs: list) -> bool:
+        """Whether every frame needs the daemon (raw frames for the CPU are decoded here, as without the ring)."""
+        for ct, o in zip(items, outs):
+            target = o.device if o is not None else ct.payload.device
+            if ct.codec == "raw" and target.type == "cpu":
+                return False
+        return True
+
+    def _wait_handle(self, h: _ring.Handle):
+        """The value of a blocking call's handle (its request timeout: DaemonUnavailableError)."""
+        try:
+            return h.result(self.request_timeout)
+        except concurrent.futures.TimeoutError:
+            raise DaemonUnavailableError(f"no completion from the tzip daemon's ring in {self.request_timeout:g} s") from None
