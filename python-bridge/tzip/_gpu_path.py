@@ -14,8 +14,8 @@ from typing import Any, Iterable
 
 import torch
 
-from ._errors import DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError
 from ._dlpack import from_bytes
+from ._errors import DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError
 from ._fallback import _compress_raw, _decompress_raw, _on_cpu, _place, _to_device
 from ._wire import _BYTES_PER_GPU_ITEM, _align, cuda_device, layout, split_batches, tensor_desc
 from .compressed import CompressedTensor

@@ -88,6 +88,12 @@ its hello once it is attached or its job is named (``job=``, $TZIP_JOB), and wit
 inside :func:`tagged` carry a stream tag (gradients, optimizer, checkpoint, sendrecv), so ``tzip jobs`` shows each
 stream's bytes. Replies carry the job's settings (``tzip set JOB codec=...``): :attr:`Client.settings`; the
 daemon applies them, and with ``codec="off"`` the integrations send plain data (:meth:`Client.job_codec`).
+
+Where the code is: this module holds the Client's session (hello, reconnection, heartbeat, the job, the shared-memory
+files and GPU handles released to the daemon), its public calls and how each call picks a path: the submission ring
+(:mod:`tzip._ring_path`), else ZeroMQ requests for CPU tensors (:mod:`tzip._cpu_path`) and CUDA tensors
+(:mod:`tzip._gpu_path`), else raw frames written here (:mod:`tzip._fallback`). :mod:`tzip._wire` builds every
+descriptor those requests carry; :mod:`tzip._job` the job info, stream tags and SM budget.
 """
 
 from __future__ import annotations
@@ -193,7 +199,10 @@ def _curve_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes]:
 
 
 class Client(RingPath, CpuPath, GpuPath):
-    """A connection to the tzip daemon (see the module docstring). Use :func:`connect` to make one."""
+    """A connection to the tzip daemon (see the module docstring). Use :func:`connect` to make one.
+
+    The request paths are its parts (:class:`tzip._ring_path.RingPath`, :class:`tzip._cpu_path.CpuPath`,
+    :class:`tzip._gpu_path.GpuPath`): they use the session and the state this class makes in ``__init__``."""
 
     def __init__(self, socket: str | None = None, spawn: bool = True, strict: bool = False, *, name: str | None = None,
                  connect_timeout: float = 10.0, request_timeout: float | None = None, workers: int = 4,
