@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "errors.h"
+
 namespace tzip::ring {
 
 // ---- the ring file (docs/ring.md, "The ring file") -------------------------------------------------------------
@@ -43,17 +45,18 @@ constexpr uint64_t cqe_offset(uint32_t entries, uint32_t i) {
   return kHeaderBytes + uint64_t(entries) * kSqeBytes + uint64_t(i & (entries - 1)) * kCqeBytes;
 }
 
-// ---- status codes of a CQE: numeric values of src/errors.json (test/ring-native.test.ts compares them) -----------
+// ---- status codes of a CQE: numeric values of src/errors.json (test/ring-native.test.ts compares them); the native
+// ones are tzip::ErrorCode's (errors.h), the two protocol ones the ring raises are spelled out here -----------------
 enum Status : int32_t {
   kOk = 0,
-  kInvalidArgument = 1,  // TZIP_INVALID_ARGUMENT
-  kCorrupt = 2,          // TZIP_CORRUPT
-  kTruncated = 3,        // TZIP_TRUNCATED
-  kChecksum = 4,         // TZIP_CHECKSUM
-  kUnsupported = 5,      // TZIP_UNSUPPORTED
-  kCuda = 6,             // TZIP_CUDA
-  kOutOfMemory = 7,      // TZIP_OUT_OF_MEMORY
-  kInternal = 8,         // TZIP_INTERNAL
+  kInvalidArgument = int32_t(ErrorCode::InvalidArgument),
+  kCorrupt = int32_t(ErrorCode::Corrupt),
+  kTruncated = int32_t(ErrorCode::Truncated),
+  kChecksum = int32_t(ErrorCode::Checksum),
+  kUnsupported = int32_t(ErrorCode::Unsupported),
+  kCuda = int32_t(ErrorCode::Cuda),
+  kOutOfMemory = int32_t(ErrorCode::OutOfMemory),
+  kInternal = int32_t(ErrorCode::Internal),
   kSession = 43,         // TZIP_SESSION: the ring closed while a batch waited for its inputs
   kHandle = 44,          // TZIP_HANDLE: a region not registered, of another generation, released or faulted
 };

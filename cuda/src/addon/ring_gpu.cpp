@@ -150,7 +150,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
   const size_t result_bytes = encode ? 8 * n + on_device.size() : 4 * n;
   PinnedBuffer pinned(result_bytes);
   void* d_results = nullptr;
-  bool codec_queued = false, copy_queued = false;
+  bool copy_queued = false;
 
   {
     const gpu::Status st = gpu::scratch_alloc(&d_results, result_bytes, g.stream);
@@ -164,7 +164,6 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
       eo.sm_budget = sm_budget;
       eo.stream = g.stream;
       st = gpu::encode(enc.data(), n, eo, static_cast<uint64_t*>(d_results));
-      codec_queued = st.ok();
       if (st.ok() && !spans.empty())
         st = gpu::gather_frame_bytes(spans.data(), spans.size(), kOffCodec, 1,
                                      static_cast<uint8_t*>(d_results) + 8 * n, sm_budget, g.stream);
@@ -174,7 +173,6 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
       dopt.verify = verify;
       dopt.stream = g.stream;
       st = gpu::decode(dec.data(), n, dopt, static_cast<int32_t*>(d_results));
-      codec_queued = st.ok();
     }
     if (!st.ok()) gpu_failure(st, &status, &message);
   }
@@ -193,7 +191,6 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
     pinned.poison();
     if (status == ring::kOk) cuda_failure(e, "GPU batch", &status, &message);
   }
-  (void)codec_queued;
   for (size_t i = 0; i < n; ++i) {
     out[i].user_data = sqes[i].user_data;
     out[i].status = status;
