@@ -3,10 +3,9 @@
 // job's codec (and the daemon's) at the next request, version gating, the observer's events and the logger option.
 // The GPU path's SM budget is checked against a stand-in for the addon's GPU functions, and, on a machine with a GPU,
 // against the real GPU codec of a `tzip serve` child process that opens this process's CUDA IPC handles.
-import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdirSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { useGpuApiForTests, type GpuApi } from '../src/daemon/gpu.js';
 import { ENDED_JOB_KEEP_MS, JobRegistry, MAX_ENDED_JOBS } from '../src/daemon/jobs.js';
@@ -21,7 +20,7 @@ import {
   maxCompressedSize, readHeader, type FrameHeader, type GpuCompressed, type GpuRunOptions,
 } from '../src/native.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
-import { ensureBuilt } from './helpers/cli.js';
+import { startServe, type ServeChild } from './helpers/cli.js';
 import { DaemonConn } from './helpers/daemon-conn.js';
 import { bf16RoundTrip } from './helpers/shm-round-trip.js';
 import { useTempDir } from './helpers/temp-dir.js';
@@ -569,23 +568,14 @@ const probe = addonAvailable() ? gpu() : { available: false, reason: 'the native
 // The real GPU: this process is the client (its device memory shared by CUDA IPC handles, as PyTorch shares a
 // cudaMalloc'd storage: [version 2]["c"] + cudaIpcMemHandle_t), the daemon a `tzip serve` child process.
 describe.skipIf(!probe.available)(`SM budget and codec settings on a real GPU${probe.available ? '' : ` (skipped: no GPU: ${probe.reason})`}`, () => {
-  const ROOT = fileURLToPath(new URL('..', import.meta.url));
-  let child: ReturnType<typeof spawn> | undefined;
+  let serve: ServeChild | undefined;
   let socket = '';
-  let stderr = '';
   beforeAll(async () => {
-    ensureBuilt();
     socket = join(tmp(), 'real', 'tzip.sock');
-    child = spawn(process.execPath, [join(ROOT, 'dist', 'src', 'cli', 'main.js'), 'serve', '--socket', socket], { stdio: ['ignore', 'ignore', 'pipe'] });
-    child.stderr?.on('data', (b: Buffer) => { stderr += b.toString(); });
-    for (let i = 0; i < 300 && !existsSync(socket); i++) await new Promise((r) => setTimeout(r, 50));
-    expect(existsSync(socket), `tzip serve started: ${stderr}`).toBe(true);
+    serve = await startServe(socket);
   }, 30_000);
   afterAll(async () => {
-    if (child !== undefined && child.exitCode === null) {
-      child.kill('SIGTERM');
-      await new Promise((r) => child?.once('exit', r));
-    }
+    await serve?.stop();
   });
 
   it('compresses with sm_budget 0, 1 and the default into the CPU codec\'s bytes; codec off writes the raw frame; jobs shows GPU memory', async () => {

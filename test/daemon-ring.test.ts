@@ -19,7 +19,7 @@ import {
   ringBytes,
 } from '../src/native.js';
 import { bf16Weights } from './helpers/bf16-weights.js';
-import { ensureBuilt } from './helpers/cli.js';
+import { ensureBuilt, startServe, type ServeChild } from './helpers/cli.js';
 import { DaemonConn, shmFile } from './helpers/daemon-conn.js';
 import { CODEC, DTYPE, DTYPE_BYTES, FLAG, H, OP, RingClient, encodeSqe, type Cqe, type Sqe } from './helpers/ring-native-client.js';
 import { bf16RoundTrip } from './helpers/shm-round-trip.js';
@@ -828,23 +828,14 @@ describe.skipIf(!hasRing)(`hostile ring contents through the daemon${NO_RING}`, 
 const probe = addonAvailable() ? gpu() : { available: false, reason: 'the native addon is not built', devices: [] };
 
 describe.skipIf(!probe.available || !hasRing)(`the ring with CUDA regions on a real GPU${probe.available ? NO_RING : ` (skipped: no GPU: ${probe.reason})`}`, () => {
-  const ROOT = fileURLToPath(new URL('..', import.meta.url));
-  let child: ReturnType<typeof spawn> | undefined;
+  let serve: ServeChild | undefined;
   let socket = '';
-  let stderr = '';
   beforeAll(async () => {
-    ensureBuilt();
     socket = join(tmp(), 'gpu', 'tzip.sock');
-    child = spawn(process.execPath, [join(ROOT, 'dist', 'src', 'cli', 'main.js'), 'serve', '--socket', socket], { stdio: ['ignore', 'ignore', 'pipe'] });
-    child.stderr?.on('data', (b: Buffer) => { stderr += b.toString(); });
-    for (let i = 0; i < 300 && !existsSync(socket); i++) await new Promise((r) => setTimeout(r, 50));
-    expect(existsSync(socket), `tzip serve started: ${stderr}`).toBe(true);
+    serve = await startServe(socket);
   }, 30_000);
   afterAll(async () => {
-    if (child !== undefined && child.exitCode === null) {
-      child.kill('SIGTERM');
-      await new Promise((r) => child?.once('exit', r));
-    }
+    await serve?.stop();
   });
 
   it('compresses bf16/f16/f32 from device memory into frames equal to the CPU codec\'s, and back bit-exact; WAIT/SIGNAL on the header\'s produced and done words', async () => {

@@ -2,7 +2,7 @@
  * Test helper: runs the compiled `tzip` CLI (dist/src/cli/main.js) in a child process, compiling
  * the TypeScript first when dist is missing or older than src (scripts/setup.sh normally builds it).
  */
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -26,6 +26,36 @@ function newestMtime(dir: string): number {
 export function ensureBuilt(): void {
   if (existsSync(MAIN) && newestMtime(join(ROOT, 'dist', 'src')) >= newestMtime(join(ROOT, 'src'))) return;
   execFileSync(process.execPath, [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(ROOT, 'tsconfig.json')], { stdio: 'inherit' });
+}
+
+/** A `tzip serve` child process (see {@link startServe}). */
+export interface ServeChild {
+  /** SIGTERM, then resolves when it has exited. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts `tzip serve --socket socket` in a child process (compiling first, as {@link ensureBuilt}) and resolves once
+ * its socket exists (within 15 s). Tests whose daemon must be another process (one that opens this process's CUDA
+ * IPC handles) use it. @throws Error with the child's stderr when the socket did not appear.
+ */
+export async function startServe(socket: string): Promise<ServeChild> {
+  ensureBuilt();
+  const child = spawn(process.execPath, [MAIN, 'serve', '--socket', socket], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr?.on('data', (b: Buffer) => { stderr += b.toString(); });
+  const stop = async (): Promise<void> => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise((r) => child.once('exit', r));
+    child.kill('SIGTERM');
+    await exited;
+  };
+  for (let i = 0; i < 300 && !existsSync(socket); i++) await new Promise((r) => setTimeout(r, 50));
+  if (!existsSync(socket)) {
+    await stop();
+    throw new Error(`tzip serve did not start: ${stderr}`);
+  }
+  return { stop };
 }
 
 /** What a CLI run produced. */
