@@ -43,7 +43,7 @@ from ._errors import ERROR_CODES, DaemonUnavailableError, TzipDaemonError
 __all__ = ["MAGIC", "HEADER_BYTES", "SQE_BYTES", "CQE_BYTES", "SQE", "CQE", "OP_NOP", "OP_COMPRESS", "OP_DECOMPRESS",
            "F_LINK", "F_VERIFY", "F_WAIT", "F_SIGNAL", "CODEC_CODES", "CODEC_NAMES", "STREAM_TAGS", "MAX_NDIM",
            "ring_bytes", "sqe", "supported", "full_barrier", "futex_wake", "futex_wait", "Ring", "Handle", "Region",
-           "RingClosed"]
+           "RingClosed", "DEFAULT_SPIN_S"]
 
 MAGIC = b"TZRING01"
 HEADER_BYTES = 4096
@@ -293,13 +293,19 @@ def _unlink(path: str, pid: int | None = None) -> None:
         pass
 
 
+#: Seconds a thread waiting for a ring completion polls ``cq_head`` before it sleeps on the futex: 2 ms, as the
+#: daemon's threads poll GPU work; a futex wake-up costs tens of microseconds on a VM, more than most small requests
+#: take (docs/benchmarks.md, "Daemon fast lane").
+DEFAULT_SPIN_S = 2e-3
+
+
 class Ring:
     """One ring file, mapped, and the client's state of it (see the module docstring).
 
     ``name``: the file's name under /dev/shm (the session's prefix + ``ring-<n>``); ``entries``: a power of two in
     [8, 4096]; ``alive()``: whether the daemon still runs (asked every ``check_s`` while waiting); ``spin_s``: how
-    long a waiting thread polls ``cq_head`` before it sleeps on the futex (seconds; 2 ms, as the daemon's threads poll
-    GPU work: a futex wake-up after a GPU batch costs tens of microseconds on a VM); ``max_batch``: most SQEs of one
+    long a waiting thread polls ``cq_head`` before it sleeps on the futex (seconds; :data:`DEFAULT_SPIN_S`);
+    ``max_batch``: most SQEs of one
     LINKed batch (hello's ``ring.max_batch``). Thread-safe. The file is removed by :meth:`close` (or when the Ring
     is garbage collected).
 
@@ -311,7 +317,7 @@ class Ring:
     #: How often a waiting thread asks whether the daemon still lives and the ring still serves, s.
     CHECK_S = 0.1
 
-    def __init__(self, name: str, entries: int, alive: Callable[[], bool] = lambda: True, *, spin_s: float = 2e-3,
+    def __init__(self, name: str, entries: int, alive: Callable[[], bool] = lambda: True, *, spin_s: float = DEFAULT_SPIN_S,
                  max_batch: int = 1024, shm_dir: str = "/dev/shm"):
         if entries < 8 or entries > 4096 or entries & (entries - 1):
             raise ValueError(f"ring entries are a power of two in [8, 4096], not {entries}")

@@ -32,10 +32,9 @@ _log = logging.getLogger("tzip")
 #: Entries of each submission ring (docs/ring.md; a power of two, at most hello's ``ring.entries_max``): batches of up
 #: to this many tensors are one LINKed batch. Client(ring_entries=...) overrides it; 0 turns the ring off.
 RING_ENTRIES = 1024
-#: Seconds a thread waiting for a ring completion polls before it sleeps on the futex. Client(ring_spin_s=...). 2 ms,
-#: as the daemon's threads poll GPU work: a futex wake-up costs tens of microseconds on a VM, more than most
-#: small requests take (docs/benchmarks.md, "Daemon fast lane").
-RING_SPIN_S = 2e-3
+#: Seconds a thread waiting for a ring completion polls before it sleeps on the futex (_ring.DEFAULT_SPIN_S).
+#: Client(ring_spin_s=...) overrides it.
+RING_SPIN_S = _ring.DEFAULT_SPIN_S
 
 
 def _stage_cpu(plan: list[tuple]) -> int:
