@@ -288,7 +288,9 @@ def test_npm_pack_and_pip_install_outside_the_repository():
     try:
         farm = _no_compiler_path(work / "no-compiler-bin")
         prefix = work / "npm-prefix"
-        src = work / "python-bridge"
+        # Two copies: pip builds in the source tree (build/, egg-info), and two builds of one tree race on
+        # build/bdist.*/wheel (CI once failed with "File exists: .../tzip-0.1.0.dist-info").
+        src_wheel, src_dir = work / "python-bridge-wheel", work / "python-bridge"
         wheels = work / "wheels"
         venv_wheel, venv_dir = work / "venv-wheel", work / "venv-dir"
 
@@ -305,19 +307,20 @@ def test_npm_pack_and_pip_install_outside_the_repository():
         def python_wheel() -> Path:
             # pip wheel (setuptools as pyproject.toml pins it, in pip's isolated build env), installed into a venv
             _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", "-w", str(wheels),
-                  str(src)], _env(os.environ["PATH"]), str(work), timeout=300)
+                  str(src_wheel)], _env(os.environ["PATH"]), str(work), timeout=300)
             (wheel,) = wheels.glob("tzip-*.whl")
             _pip(_venv(venv_wheel), "install", "--no-deps", "--no-index", str(wheel), cwd=str(work))
             return wheel
 
         def python_folder() -> None:
             # `pip install ./python-bridge` as users type it (build isolation: pip fetches the pinned setuptools)
-            _pip(_venv(venv_dir), "install", "--no-deps", str(src), cwd=str(work))
+            _pip(_venv(venv_dir), "install", "--no-deps", str(src_dir), cwd=str(work))
 
         # Built from a copy of python-bridge, so the checkout gets no build/ or egg-info. The three installs are
         # independent: run side by side (mostly waiting on unpacking and npm's and pip's caches).
-        shutil.copytree(ROOT / "python-bridge", src, ignore=shutil.ignore_patterns(
-            "tests", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+        for src in (src_wheel, src_dir):
+            shutil.copytree(ROOT / "python-bridge", src, ignore=shutil.ignore_patterns(
+                "tests", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
         with ThreadPoolExecutor(3) as pool:
             jobs = [pool.submit(f) for f in (npm_package, python_wheel, python_folder)]
             tgz, wheel, _ = (j.result() for j in jobs)
