@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import _ring, _shm
+from ._codec_choice import codec_for
 from ._cpu_path import DEDICATED_MIN_BYTES
 from ._dlpack import copy_from_bytes, from_bytes, int_alias
 from ._errors import DaemonUnavailableError, TzipDaemonError
@@ -297,12 +298,11 @@ class RingPath:
             return "raw"
         return job if job in _ring.CODEC_CODES else codec
 
-    def _compress_ring_plan(self, items: list[torch.Tensor], codec: str, streams: dict[int, Any] | None):
+    def _compress_ring_plan(self, items: list[torch.Tensor], codec: str | None, streams: dict[int, Any] | None):
         """Starters of the ring requests of ``items`` (one per CPU batch and per GPU), or None when the ring cannot
         carry all of them (no ring offered, an item it cannot describe): then the whole call goes through ZeroMQ."""
-        if self._ring_caps is None or self._sid is None or codec not in _ring.CODEC_CODES or not items:
+        if self._ring_caps is None or self._sid is None or (codec is not None and codec not in _ring.CODEC_CODES) or not items:
             return None
-        codec = self._ring_codec(codec)
         groups: dict[int | None, list[int]] = {}
         for i, t in enumerate(items):
             groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
@@ -330,7 +330,8 @@ class RingPath:
                     return None
         except DaemonUnavailableError:
             return None  # the ZeroMQ path notices it too, and retries (spawn) or falls back
-        return [(idx, key, plan, extra, tag, codec) for idx, key, plan, extra in starters]
+        return [(idx, key, plan, extra, tag, self._ring_codec(codec_for(codec, key is not None)))
+                for idx, key, plan, extra in starters]
 
     @staticmethod
     def _ring_plan_compress_cpu(tensors: list[torch.Tensor]) -> list[tuple] | None:
@@ -364,7 +365,7 @@ class RingPath:
             plans.append((t, *layout, None))
         return plans
 
-    def _compress_submit(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None) -> _ring.Handle | None:
+    def _compress_submit(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None) -> _ring.Handle | None:
         """The call as ring requests, submitted now (a Handle of the call's return value), or None: not for the ring."""
         starters = self._compress_ring_plan(items, codec, streams)
         if starters is None:

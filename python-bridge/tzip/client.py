@@ -113,6 +113,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from . import _ring, _shm
+from ._codec_choice import CODECS, check_codec, codec_for
 from ._cpu_path import DEDICATED_MIN_BYTES, RESULT_POOL_KEEP_BYTES, CpuPath
 from ._dlpack import check_supported, copy_into_bytes
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
@@ -150,7 +151,6 @@ __all__ = [
 _log = logging.getLogger("tzip")
 
 #: Codecs a compress call accepts.
-CODECS = ("auto", "fast", "max", "bytes", "raw")
 #: Protocol versions this client speaks (3: job info, stream tags, the job's settings in replies; 4: the submission
 #: ring, docs/ring.md).
 PROTOCOL_VERSIONS = [1, 2, 3, 4]
@@ -617,14 +617,16 @@ class Client(RingPath, CpuPath, GpuPath):
             copy_into_bytes(seg.u8[off : off + nbytes], t)
 
     # --- compress -----------------------------------------------------------------------------
-    def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str = "auto", *, sm_budget: int | None = None):
+    def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str | None = None, *, sm_budget: int | None = None):
         """Compresses one tensor (-> CompressedTensor) or a batch (-> list, one request per batch and device where it
         fits). A CUDA tensor's payload stays on its GPU.
 
         Args:
             tensors: a tensor or an iterable of tensors, any shape and dtype, on the CPU or a GPU; views keep their
                 storage offset, non-contiguous tensors are compressed as their contiguous values.
-            codec: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md).
+            codec: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md), or None (default): 'fast' for CUDA
+                tensors (the codec that keeps pace with a network link on the GPU), 'auto' for CPU tensors
+                (tzip._codec_choice says why, with the figures). A job's codec setting wins over both.
             sm_budget: SMs the daemon's GPU kernels may occupy for this call (0: all SMs of the device); None: the
                 daemon's budget (``tzip serve --sm-budget``, default 10). A job's own budget (``tzip set JOB
                 sm_budget=N``) wins over it (docs/protocol.md, "Jobs"). Protocol version 3; older daemons ignore it.
@@ -645,7 +647,7 @@ class Client(RingPath, CpuPath, GpuPath):
         items = [tensors] if single else list(tensors)
         return _with_sm_budget(budget, self._compress, items, single, codec, None)
 
-    def compress_async(self, tensors, codec: str = "auto", *, sm_budget: int | None = None) -> _ring.Handle:
+    def compress_async(self, tensors, codec: str | None = None, *, sm_budget: int | None = None) -> _ring.Handle:
         """:meth:`compress` without waiting: returns a :class:`tzip._ring.Handle`, a concurrent.futures.Future of
         what :meth:`compress` returns, with ``wait(stream=None)``.
 
@@ -671,7 +673,7 @@ class Client(RingPath, CpuPath, GpuPath):
         # the caller's stream tag (tagged()) goes with the call to the worker thread
         return self._pool_handle(streams, _with_sm_budget, budget, self._compress, items, single, codec, streams, False)
 
-    def _compress_start_call(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None) -> _ring.Handle | None:
+    def _compress_start_call(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None) -> _ring.Handle | None:
         """Checks the call's arguments and submits it through the ring when it can (else None)."""
         self._check_compress_args(items, codec)
         if not self._ring_caps or self._sid is None:
@@ -690,14 +692,13 @@ class Client(RingPath, CpuPath, GpuPath):
         return h
 
     @staticmethod
-    def _check_compress_args(items: list, codec: str) -> None:
-        if codec not in CODECS:
-            raise ValueError(f"unknown codec {codec!r}; one of {', '.join(CODECS)}")
+    def _check_compress_args(items: list, codec: str | None) -> None:
+        check_codec(codec)
         for t in items:
             check_supported(t)
             _device(t)
 
-    def _compress(self, items: list, single: bool, codec: str, streams: dict[int, Any] | None, use_ring: bool = True):
+    def _compress(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None, use_ring: bool = True):
         self._check_pid()
         self._check_compress_args(items, codec)
         if use_ring and self._ring_caps and self._sid is not None:
@@ -722,8 +723,9 @@ class Client(RingPath, CpuPath, GpuPath):
                 out = [_compress_raw(t) for t in items]
         return out[0] if single else out
 
-    def _compress_remote(self, tensors: list[torch.Tensor], codec: str, streams: dict[int, Any] | None) -> list[CompressedTensor]:
-        """One request per batch of CPU tensors and per batch of each GPU's tensors."""
+    def _compress_remote(self, tensors: list[torch.Tensor], codec: str | None, streams: dict[int, Any] | None) -> list[CompressedTensor]:
+        """One request per batch of CPU tensors and per batch of each GPU's tensors (``codec`` None: each device's
+        default, :func:`tzip._codec_choice.codec_for`)."""
         groups: dict[int | None, list[int]] = {}
         for i, t in enumerate(tensors):
             groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
@@ -731,9 +733,9 @@ class Client(RingPath, CpuPath, GpuPath):
         for key, idx in groups.items():
             part = [tensors[i] for i in idx]
             if key is None:
-                done = self._compress_cpu(part, codec)
+                done = self._compress_cpu(part, codec_for(codec, False))
             else:
-                done = self._compress_gpu(self._gpu(key), part, codec, _stream_for(streams, key))
+                done = self._compress_gpu(self._gpu(key), part, codec_for(codec, True), _stream_for(streams, key))
             for i, ct in zip(idx, done):
                 out[i] = ct
         return out
