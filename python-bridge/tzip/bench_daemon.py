@@ -12,6 +12,11 @@ Measures, on this machine:
   (nop) SQE round trip, compress/decompress of a 1-element tensor, and the bucket and the 200 parameters both ways;
   next to them a Unix socketpair ping-pong between this process and a forked child (1 byte each way, Python on both
   sides), measured in the same run: the CPU path's goal is a 1-element round trip within 6x of it (issue 12);
+* the client's CPU time per asynchronous submission (issue 12's goal: <= 20 us + 1 us per tensor): the thread CPU
+  time (``time.thread_time_ns``) of the ``compress_async`` / ``decompress_async`` call alone, not of ``result()``
+  (which reaps), median over many calls, for 1 tensor and for the 200 parameters; on the CPU also with the tensors
+  (frames) in the session's shared memory (``Client.empty``), where no staging copy is made, and for 1 tensor after
+  an idle millisecond (the daemon's ring thread asleep: the submission rings its futex doorbell);
 * throughput of a 25 MB bf16 bucket (real all-MiniLM-L6-v2 weights from data/demo when present, else
   synthetic weights) and of a batch of 200 parameters, through the daemon (a plain tensor: one copy
   into the shared-memory arena; a tensor made by ``Client.empty``: zero copy) and through the addon
@@ -196,6 +201,86 @@ def _ring_nop(client: Client):
         h.result()
 
     return once
+
+
+def _submit_cpu(submit, tensors: int, n: int, warmup: int = 20, idle_s: float = 0.0) -> dict:
+    """Thread CPU time of ``submit()`` (an asynchronous call returning a Handle) alone, median over ``n`` calls; each
+    handle's ``result()`` is taken outside the timed part (``idle_s``: seconds slept before each call). ``ring``:
+    whether the last call went through the submission ring (else ZeroMQ's worker threads: the figure is then not the
+    ring's)."""
+    from . import _ring
+
+    for _ in range(warmup):
+        submit().result()
+    samples = []
+    h = None
+    for _ in range(n):
+        if idle_s:
+            time.sleep(idle_s)
+        t = time.thread_time_ns()
+        h = submit()
+        samples.append(time.thread_time_ns() - t)
+        h.result()
+    us = median(samples) / 1e3
+    through_ring = h is not None and (getattr(h, "_ring", None) is not None or getattr(h, "_parts", None) is not None)
+    return {"us": us, "us_per_tensor": us / tensors, "tensors": tensors, "goal_us": 20.0 + tensors, "n": n,
+            "ring": bool(through_ring), "p90_us": sorted(samples)[int(len(samples) * 0.9)] / 1e3}
+
+
+def _in_shm(client: Client, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of ``tensors`` in ``client``'s shared memory (``Client.empty``: zero copy through the ring)."""
+    out = []
+    for t in tensors:
+        e = client.empty(t.shape, t.dtype)
+        e.copy_(t)
+        out.append(e)
+    return out
+
+
+def _submit_rows(client: Client, one: torch.Tensor, ct_one, params: list[torch.Tensor], cts: list, n: int,
+                 shm: bool) -> dict:
+    """The rows "client CPU time per async submission" (see the module docstring); ``shm``: CPU tensors, also
+    measured with the inputs in shared memory."""
+    from .compressed import CompressedTensor
+
+    few = max(10, n // 100)
+    rows = {
+        "compress_1": _submit_cpu(lambda: client.compress_async(one), 1, n),
+        "decompress_1": _submit_cpu(lambda: client.decompress_async(ct_one), 1, n),
+        "compress_batch": _submit_cpu(lambda: client.compress_async(params), len(params), few),
+        "decompress_batch": _submit_cpu(lambda: client.decompress_async(cts), len(cts), few),
+    }
+    if shm:
+        rows["compress_1_idle"] = _submit_cpu(lambda: client.compress_async(one), 1, max(200, n // 10), idle_s=1e-3)
+        shm_params = _in_shm(client, params)
+        shm_cts = [CompressedTensor(f, ct.dtype, ct.shape, ct.codec, ct.nbytes)
+                   for f, ct in zip(_in_shm(client, [ct.payload for ct in cts]), cts)]
+        rows["compress_batch_shm"] = _submit_cpu(lambda: client.compress_async(shm_params), len(params), few)
+        rows["decompress_batch_shm"] = _submit_cpu(lambda: client.decompress_async(shm_cts), len(cts), few)
+    return rows
+
+
+def _report_submit(r: dict) -> list[str]:
+    """The rows of :func:`_submit_rows`."""
+    if "submit_cpu" not in r:
+        return []
+    kind = r.get("one_kind", "bf16 tensor")
+    labels = [("compress_1", f"compress_async, 1-element {kind}"),
+              ("compress_1_idle", f"compress_async, 1-element {kind}, after 1 ms idle"),
+              ("decompress_1", f"decompress_async, 1-element {kind}"),
+              ("compress_batch", "compress_async, {k} params"),
+              ("compress_batch_shm", "compress_async, {k} params in shared memory"),
+              ("decompress_batch", "decompress_async, {k} params"),
+              ("decompress_batch_shm", "decompress_async, {k} params, frames in shared memory")]
+    lines = ["", "client CPU time per async submission (thread CPU time of the call alone, median)",
+             f"  {'':<60}{'us':>9} {'us/tensor':>10} {'goal us':>8}"]
+    for key, label in labels:
+        v = r["submit_cpu"].get(key)
+        if v is None:
+            continue
+        note = "" if v["ring"] else "  (not through the ring)"
+        lines.append(f"  {label.format(k=v['tensors']):<60}{v['us']:9.1f} {v['us_per_tensor']:10.2f} {v['goal_us']:8.0f}{note}")
+    return lines
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -383,6 +468,8 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
             result["ring_compress_1_element"] = _timed_cuda(lambda: ring.compress(one), n)
             result["ring_decompress_1_element"] = _timed_cuda(lambda: ring.decompress(ct_one), n)
             result["ring_gpu"] = ring.ring_info["rings"].get("cuda:0")
+            result["submit_cpu"] = _submit_rows(ring, one, ct_one, params, client.compress(params), n, shm=False)
+            torch.cuda.synchronize()
 
         ct = client.compress(bucket)
         out_bucket = torch.empty_like(bucket)
@@ -487,6 +574,7 @@ def run(socket: str | None, n: int, repeat: int) -> dict:
             result["ring_nop"] = _timed(_ring_nop(ring), n)
             result["ring_compress_1_element"] = _timed(lambda: ring.compress(one), n)
             result["ring_decompress_1_element"] = _timed(lambda: ring.decompress(ct_one), n)
+            result["submit_cpu"] = _submit_rows(ring, one, ct_one, params, client.compress(params), n, shm=True)
 
         gb = bucket.numel() * 2 / 1e9
         ct = client.compress(bucket)
@@ -574,6 +662,13 @@ def _report(r: dict) -> str:
     lines.append(f"  batch of {bt['tensors']} params ({bt['bytes'] / 1e6:.1f} MB), decompress      {rate(gb['batch'], bt['daemon_decompress_s']):7.2f}   {rate(gb['batch'], bt['direct_decompress_s']):7.2f}")
     lines.append(f"  bucket ratio {b['ratio']:.4f} ({b['codec']}); batch ratio {bt['frame_bytes'] / bt['bytes']:.4f}")
     lines.extend(_report_ring(r))
+    if "ring" in r:
+        lines.append("")
+        for key, src, dkey, label in [("bucket_compress_s", b, "direct_compress_s", "bucket compress"),
+                                      ("bucket_decompress_s", b, "direct_decompress_s", "bucket decompress"),
+                                      ("batch_compress_s", bt, "direct_compress_s", f"{bt['tensors']} params compress"),
+                                      ("batch_decompress_s", bt, "direct_decompress_s", f"{bt['tensors']} params decompress")]:
+            lines.append(f"  {label}: ring / direct addon time {r['ring'][key] / src[dkey]:.2f} (goal <= 1.10)")
     return "\n".join(lines)
 
 
@@ -601,7 +696,7 @@ def _report_ring(r: dict) -> list[str]:
                             ("batch_decompress_s", f"{r['batch']['tensors']} params, decompress", "batch")]:
         if key in rg:
             lines.append(f"  {label:<60}{g[gbk] / rg[key]:7.2f}")
-    return lines
+    return lines + _report_submit(r)
 
 
 def main(argv: list[str] | None = None) -> int:
