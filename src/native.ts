@@ -278,8 +278,29 @@ export interface NativeRing {
    * The header's state becomes 1 (closed) unless the ring was broken.
    */
   close(): Promise<void>;
+  /**
+   * Replaces what the thread applies to the SQEs (the daemon's job settings, docs/ring.md "Who applies the job's
+   * settings"): every batch whose checks start after this call returns runs with `settings`; a batch already running
+   * keeps those it started with. Never blocks on a batch (one mutex, held by the thread only while it checks one).
+   * @throws TzipError TZIP_INVALID_ARGUMENT (an unknown codec, smBudgetOverride outside 1..255, smBudget missing).
+   */
+  setSettings(settings: RingSettings): void;
   /** 'serving', 'closed' (close() was called or the object was dropped) or 'broken' (see docs/ring.md). */
   readonly state: 'serving' | 'closed' | 'broken';
+}
+
+/** What a ring applies to every SQE it runs ({@link NativeRing.setSettings}, {@link RingOpenOptions}). */
+export interface RingSettings {
+  /** SM budget of SQEs whose sm_budget is 0 (GPU batches), when {@link smBudgetOverride} is null. */
+  smBudget: number;
+  /**
+   * The codec of every compress SQE (the frame's codec byte follows it: `raw` writes raw frames), or null: each SQE's
+   * own. Never needs more room than the SQE's `dst`: the SQE's checks hold `dst` bytes to the frame bound, the size of
+   * a raw frame and the most any codec writes; an SQE below it fails TZIP_INVALID_ARGUMENT whatever the codec.
+   */
+  codec: Codec | null;
+  /** The SM budget of every SQE (1..255), which wins over the SQE's own, or null: the SQE's (0: {@link smBudget}). */
+  smBudgetOverride: number | null;
 }
 
 /** Options of {@link ringOpen}. */
@@ -291,6 +312,19 @@ export interface RingOpenOptions {
   device?: number | undefined;
   /** SM budget of SQEs whose sm_budget is 0 (GPU batches); default 10. */
   smBudget: number;
+  /** The codec of every compress SQE ({@link RingSettings.codec}); absent or null: each SQE's own. */
+  codec?: Codec | null | undefined;
+  /** The SM budget of every SQE ({@link RingSettings.smBudgetOverride}); absent or null: each SQE's own. */
+  smBudgetOverride?: number | null | undefined;
+  /**
+   * The session's tensor bytes in flight: an 8-byte, 8-aligned view of a SharedArrayBuffer whose BigInt64 word the
+   * daemon's JavaScript reserves in with Atomics too. Each compress/decompress batch adds its bytes (compress: the
+   * tensors', decompress: the destinations') while it runs, or, when that would pass {@link maxInflightBytes}, fails
+   * every SQE TZIP_LIMIT without running. Absent: not counted. The ring keeps the buffer alive while its thread runs.
+   */
+  inflightBytes?: Uint8Array | undefined;
+  /** The limit of {@link inflightBytes} (required with it). */
+  maxInflightBytes?: number | undefined;
   /** Threads of a CPU batch (1..1024). */
   cpuThreads: number;
   /** Microseconds the thread polls sq_head (and a GPU batch's event) before it sleeps (0..1000000). */
@@ -697,6 +731,7 @@ export function ringOpen(file: Buffer, opts: RingOpenOptions): NativeRing {
       }
     },
     close: () => r.close(),
+    setSettings: (settings) => mapped(() => r.setSettings(settings)),
     get state() {
       return r.state;
     },

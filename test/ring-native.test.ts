@@ -832,6 +832,178 @@ describe.skipIf(!addonAvailable())('ringOpen arguments', () => {
   });
 });
 
+// ------------------------------------------------------------------------------------------------ settings, bytes in flight
+
+describe.skipIf(!addonAvailable())('setSettings (the job settings) and the bytes in flight', () => {
+  const LIMIT = ERRORS.TZIP_LIMIT as number;
+
+  /** One BF16 compress SQE of `data` (shape [n]) from `src` at 0 into `dst` at 0, with `codec` and `smBudget`. */
+  const bf16Sqe = (userData: bigint, src: Region, dst: Region, n: number, codec: string, smBudget = 0): Sqe =>
+    compressSqe(userData, 'BF16', [n], at(src, 0, 2 * n), at(dst, 0, maxCompressedSize(2 * n, 1)), codec, { smBudget });
+
+  it('the next SQE after setSettings gets its codec (raw frames for a job\'s "off"); null gives each SQE its own', async () => {
+    const { client, ring } = openRing(64, { codec: 'bytes' });
+    const n = 4096;
+    const data = bf16Weights(n, 5);
+    const src = region(ring, data.length);
+    data.copy(src.mem);
+    const dst = region(ring, maxCompressedSize(data.length, 1));
+    const want = async (codec: 'raw' | 'fast' | 'max' | 'bytes') => compress(data, { dtype: 'BF16', shape: [n], codec });
+    const frameOf = (c: Cqe) => Buffer.from(dst.mem.subarray(0, Number(c.result)));
+    // ringOpen's codec applies from the first SQE on.
+    let [c] = await client.call([bf16Sqe(1n, src, dst, n, 'fast')]);
+    expect(c).toMatchObject({ status: OK, codec: CODEC.bytes });
+    expect(frameOf(c as Cqe).equals(await want('bytes'))).toBe(true);
+    for (const [codec, expected] of [['raw', 'raw'], ['max', 'max'], [null, 'fast'], ['auto', null]] as const) {
+      ring.setSettings({ smBudget: 10, codec, smBudgetOverride: null });
+      [c] = await client.call([bf16Sqe(2n, src, dst, n, 'fast')]);
+      expect(c?.status, `codec ${codec}: ${c?.message}`).toBe(OK);
+      if (expected === null) {
+        // auto on bf16 weights: the data picks fast or max; the frame says which, and decodes to the bytes.
+        expect([CODEC.fast, CODEC.max]).toContain(c?.codec);
+        expect(frameOf(c as Cqe)[7]).toBe(c?.codec);
+        continue;
+      }
+      expect(c?.codec, `codec ${codec}`).toBe(CODEC[expected]);
+      const frame = frameOf(c as Cqe);
+      expect(frame[7]).toBe(CODEC[expected]);
+      expect(frame.equals(await want(expected)), `codec ${codec}`).toBe(true);
+    }
+    // Decompress SQEs are not touched by a codec setting: the raw frame written above decodes as it is.
+    ring.setSettings({ smBudget: 10, codec: 'max', smBudgetOverride: null });
+    [c] = await client.call([bf16Sqe(3n, src, dst, n, 'raw')]);
+    expect(c).toMatchObject({ status: OK, codec: CODEC.max });
+    const out = region(ring, data.length, 0);
+    const [d] = await client.call([decompressSqe(4n, at(dst, 0, c?.result as bigint), at(out, 0, data.length))]);
+    expect(d?.status, d?.message).toBe(OK);
+    expect(out.mem.equals(data)).toBe(true);
+  });
+
+  it('a raw override fills the frame bound exactly and writes nothing past the SQE\'s dst; below the bound the CQE is an error whatever the codec', async () => {
+    const { client, ring } = openRing(64, { codec: 'raw' });
+    // Bytes that do not shrink: the raw frame is the largest a codec writes.
+    const n = 3 * 65536 + 77;
+    const data = Buffer.alloc(n);
+    const r = lcg(99);
+    for (let i = 0; i < n; i++) data[i] = r() & 0xff;
+    const bound = maxCompressedSize(n, 1);
+    const src = region(ring, n);
+    data.copy(src.mem);
+    const GUARD = 4096;
+    const dst = region(ring, bound + GUARD, 0x5c);
+    let [c] = await client.call([compressSqe(1n, 'U8', [n], at(src, 0, n), at(dst, 0, bound), 'fast')]);
+    expect(c).toMatchObject({ status: OK, codec: CODEC.raw, result: BigInt(bound) });
+    expect(Buffer.from(dst.mem.subarray(0, bound)).equals(await compress(data, { dtype: 'U8', shape: [n], codec: 'raw' }))).toBe(true);
+    expect(touched(dst.mem, 0x5c, bound)).toBe(0);
+    // One byte short of the bound: refused before anything runs, with the override as without it.
+    for (const codec of ['raw', null] as const) {
+      ring.setSettings({ smBudget: 10, codec, smBudgetOverride: null });
+      dst.mem.fill(0x5c);
+      [c] = await client.call([compressSqe(2n, 'U8', [n], at(src, 0, n), at(dst, 0, bound - 1), 'fast')]);
+      expect(c).toMatchObject({ status: INVALID, message: `dst bytes below the frame bound ${bound}` });
+      expect(touched(dst.mem, 0x5c)).toBe(0);
+    }
+  });
+
+  it('refuses settings it cannot apply (TZIP_INVALID_ARGUMENT) and keeps the ones it had', async () => {
+    const { client, ring } = openRing(64, { codec: 'raw' });
+    for (const bad of [
+      { smBudget: 10, codec: 'zstd', smBudgetOverride: null },
+      { smBudget: 10, codec: null, smBudgetOverride: 0 },
+      { smBudget: 10, codec: null, smBudgetOverride: 256 },
+      { codec: null, smBudgetOverride: null },
+    ]) {
+      expect(codeOf(() => ring.setSettings(bad as never)), JSON.stringify(bad)).toBe('TZIP_INVALID_ARGUMENT');
+    }
+    expect(codeOf(() => openRing(8, { codec: 'zstd' as never }))).toBe('TZIP_INVALID_ARGUMENT');
+    const n = 1024;
+    const src = region(ring, 2 * n);
+    bf16Weights(n, 2).copy(src.mem);
+    const dst = region(ring, maxCompressedSize(2 * n, 1));
+    const [c] = await client.call([bf16Sqe(1n, src, dst, n, 'fast')]);
+    expect(c).toMatchObject({ status: OK, codec: CODEC.raw });
+  });
+
+  it('the SM budget: the override wins over the SQE\'s, an SQE that gives 0 takes the default (TZIP_TRACE of a child process)', () => {
+    // A CPU batch does not use its SM budget; the thread's trace line says the one it was given.
+    const script = `
+      const a = require(process.argv[1]);
+      const fs = require('node:fs');
+      const base = process.argv[2];
+      const ringPath = base + '-trace-ring', regPath = base + '-trace-region';
+      const b = Buffer.alloc(${ringBytes(8)});
+      b.write('TZRING01', 0, 'latin1');
+      b.writeUInt32LE(8, 8);
+      fs.writeFileSync(ringPath, b);
+      fs.writeFileSync(regPath, Buffer.alloc(8192, 7));
+      const view = a.mapShared(ringPath, true);
+      const ring = a.ringOpen(a.mapShared(ringPath, true), { entries: 8, smBudget: 12, cpuThreads: 1, spinUs: 100000,
+        onStats() {}, onBroken() {} });
+      const r = ring.addHost(a.mapShared(regPath, true));
+      let head = 0;
+      // A 16-byte U8 compress SQE from offset 0 into offset 4096, with sm_budget \`sm\`; waits for its CQE.
+      const one = (sm) => {
+        const q = Buffer.alloc(128);
+        q[8] = 1; q[10] = 1; q[11] = 1; q[12] = 1; q[13] = sm;
+        q.writeUInt32LE(r.id, 16); q.writeUInt32LE(r.generation, 20); q.writeBigUInt64LE(16n, 32); q.writeBigUInt64LE(16n, 64);
+        q.writeUInt32LE(r.id, 40); q.writeUInt32LE(r.generation, 44); q.writeBigUInt64LE(4096n, 48); q.writeBigUInt64LE(4096n, 56);
+        q.copy(view, 4096 + (head % 8) * 128);
+        view.writeUInt32LE(++head, 64);
+        const t0 = Date.now();
+        while (view.readUInt32LE(256) < head) if (Date.now() - t0 > 10000) throw new Error('no CQE');
+        view.writeUInt32LE(head, 320);
+      };
+      one(0); one(5);
+      ring.setSettings({ smBudget: 20, codec: null, smBudgetOverride: 37 });
+      one(0); one(5);
+      ring.setSettings({ smBudget: 20, codec: null, smBudgetOverride: null });
+      one(0); one(5);
+      ring.close().then(() => { fs.rmSync(ringPath); fs.rmSync(regPath); });
+    `;
+    const r = spawnSync(process.execPath, ['-e', script, addonPath(), `/dev/shm/${TAG}-child`],
+      { encoding: 'utf8', timeout: 30_000, env: { ...process.env, TZIP_TRACE: '1' } });
+    expect(r.status, r.stderr).toBe(0);
+    const budgets = [...r.stderr.matchAll(/tzip ring trace: op 1, 1 SQEs, CPU, codec 1, SM budget (\d+):/g)].map((m) => Number(m[1]));
+    expect(budgets, r.stderr).toEqual([12, 5, 37, 37, 20, 5]);
+  });
+
+  it('a batch counts its bytes in the session\'s word while it runs; one that would pass the limit fails TZIP_LIMIT, nothing written', async () => {
+    const word = new BigInt64Array(new SharedArrayBuffer(8));
+    const n = 2048;
+    const { client, ring } = openRing(64, { inflightBytes: new Uint8Array(word.buffer), maxInflightBytes: 3 * 2 * n });
+    const data = bf16Weights(n, 8);
+    const src = region(ring, data.length);
+    data.copy(src.mem);
+    const cap = maxCompressedSize(data.length, 1);
+    const dst = region(ring, 3 * cap, 0x33);
+    const sqe = (u: bigint, k: number, link = false): Sqe =>
+      compressSqe(u, 'BF16', [n], at(src, 0, data.length), at(dst, k * cap, cap), 'fast', { flags: link ? FLAG.link : 0 });
+    // Three tensors in one batch: exactly the limit.
+    let cqes = await client.call([sqe(1n, 0, true), sqe(2n, 1, true), sqe(3n, 2)]);
+    expect(cqes.map((c) => c.status)).toEqual([OK, OK, OK]);
+    expect(Atomics.load(word, 0)).toBe(0n);
+    // A ZeroMQ request of the session holds one byte (as session.ts reserves): the same batch is over the limit.
+    Atomics.store(word, 0, 1n);
+    dst.mem.fill(0x33);
+    cqes = await client.call([sqe(4n, 0, true), sqe(5n, 1, true), sqe(6n, 2)]);
+    expect(cqes.map((c) => c.status)).toEqual([LIMIT, LIMIT, LIMIT]);
+    expect(cqes[0]?.message).toBe('bytes in flight over the session\'s limit');
+    expect(cqes[1]?.message).toBe('SQE 0 of the batch failed');
+    expect(touched(dst.mem, 0x33)).toBe(0);
+    expect(Atomics.load(word, 0)).toBe(1n);
+    // Decompress counts the destinations' bytes: a frame of the first batch decoded into 2n bytes fits under the 1 held.
+    const frame = await compress(data, { dtype: 'BF16', shape: [n], codec: 'fast' });
+    frame.copy(dst.mem);
+    const out = region(ring, data.length, 0);
+    const [d] = await client.call([decompressSqe(7n, at(dst, 0, frame.length), at(out, 0, data.length))]);
+    expect(d?.status, d?.message).toBe(OK);
+    expect(out.mem.equals(data)).toBe(true);
+    expect(Atomics.load(word, 0)).toBe(1n);
+    expect(codeOf(() => openRing(8, { inflightBytes: new Uint8Array(4) , maxInflightBytes: 1 }))).toBe('TZIP_INVALID_ARGUMENT');
+    expect(codeOf(() => openRing(8, { inflightBytes: new Uint8Array(word.buffer) }))).toBe('TZIP_INVALID_ARGUMENT');
+  });
+});
+
 // ------------------------------------------------------------------------------------------------ GPU
 
 describe.skipIf(!hasGpu)(`GPU rings: device regions, WAIT/SIGNAL on the header's produced/done words${hasGpu ? '' : ` (skipped: no GPU: ${probe.reason})`}`, () => {

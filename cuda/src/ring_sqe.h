@@ -59,6 +59,7 @@ enum Status : int32_t {
   kInternal = int32_t(ErrorCode::Internal),
   kSession = 43,         // TZIP_SESSION: the ring closed while a batch waited for its inputs
   kHandle = 44,          // TZIP_HANDLE: a region not registered, of another generation, released or faulted
+  kLimit = 46,           // TZIP_LIMIT: the batch would take the session's tensor bytes in flight above its limit
 };
 
 // ---- SQE (docs/ring.md, "Submission queue entry") -------------------------------------------------------------

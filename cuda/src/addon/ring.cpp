@@ -56,7 +56,7 @@ constexpr uint64_t kSmallItemBytes = 2ull * kDefaultChunkBytes;
 
 RingCore::RingCore(const Options& o, std::unique_ptr<RingGpu> gpu, std::function<void()> notify,
                    std::function<void()> finished)
-    : opt_(o), gpu_(std::move(gpu)), notify_(std::move(notify)), finished_(std::move(finished)) {
+    : opt_(o), gpu_(std::move(gpu)), notify_(std::move(notify)), finished_(std::move(finished)), settings_(o.settings) {
   // The thread owns sq_tail and cq_head from now on: it starts from the file's values (zeros in a new file) and never
   // reads them back.
   sq_tail_ = load_word(ring::kOffSqTail);
@@ -228,13 +228,29 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
   const ring::RingCaps caps{gpu_ ? gpu_->device() : -1};
   const uint8_t op = batch[0].op;
   bool marked = false;
+  Settings settings;
+  // The batch's tensor bytes (compress: the tensors; decompress: the destinations), as the session's ZeroMQ requests
+  // count theirs (src/daemon/session.ts, reserveBytes).
+  int64_t reserved = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    settings = settings_;
     for (size_t i = 0; i < n && c.ok(); ++i) {
       c = ring::check_sqe(batch[i], regions_, &res[i]);
       bad = i;
     }
     if (c.ok()) c = ring::check_batch(batch.data(), res.data(), n, caps, &bad);
+    if (c.ok() && op != ring::kNop) {
+      // Each SQE lies inside a registered region (checked above), so the sum cannot pass the address space.
+      uint64_t bytes = 0;
+      for (size_t i = 0; i < n; ++i) bytes += op == ring::kCompress ? batch[i].src_bytes : batch[i].dst_bytes;
+      if (bytes > uint64_t(INT64_MAX) || !reserve_inflight(int64_t(bytes))) {
+        c = Check{ring::kLimit, "bytes in flight over the session's limit"};
+        bad = 0;
+      } else {
+        reserved = int64_t(bytes);
+      }
+    }
     if (c.ok() && op != ring::kNop) {
       for (size_t i = 0; i < n; ++i) {
         ++busy_[res[i].src_id];
@@ -243,6 +259,18 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
       marked = true;
     }
   }
+  // The job's settings, on the thread's copy of the SQEs that passed their checks as the client wrote them. A codec
+  // replaced here can never need more room than the SQE's destination: check_sqe held dst_bytes to the frame bound
+  // max_frame_bytes(src bytes, ndim), which is the size of a raw frame (the header, the chunk table and the bytes as
+  // they are) and the most any codec writes (a chunk that would not shrink is stored raw: docs/format.md).
+  if (c.ok() && op == ring::kCompress && settings.codec >= 0) {
+    for (size_t i = 0; i < n; ++i) batch[i].codec = uint8_t(settings.codec);
+  }
+  // The SM budget of the batch (GPU batches run with it; the trace says it for every batch): the job's wins over the
+  // SQE's; an SQE that gives 0 takes the ring's default.
+  const int budget = settings.sm_override > 0 ? settings.sm_override
+                     : batch[0].sm_budget     ? int(batch[0].sm_budget)
+                                              : settings.sm_budget;
   const Clock::time_point t0 = Clock::now();
   Clock::time_point t_ready = t0;
   const bool on_gpu = c.ok() && op != ring::kNop && res[0].kind == ring::RegionKind::Device;
@@ -266,7 +294,6 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
     } else if (op == ring::kNop) {
       for (size_t i = 0; i < n; ++i) cqes[i].user_data = batch[i].user_data;
     } else if (on_gpu) {
-      const int budget = batch[0].sm_budget ? int(batch[0].sm_budget) : opt_.sm_budget;
       gpu_->run(batch.data(), res.data(), n, budget, cqes.data());
     } else {
       run_cpu(batch.data(), res.data(), n, cqes.data());
@@ -301,6 +328,8 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
     }
     if (notify) post([](Events& e) { e.regions_idle = true; });
   }
+  // Before the CQEs: a client that goes on at its CQE finds the bytes given back.
+  if (reserved > 0) unreserve_inflight(reserved);
   if (op == ring::kCompress || op == ring::kDecompress) {
     for (size_t i = 0; i < n; ++i) count(batch[i], cqes[i], on_gpu, i == 0 ? seconds : 0);
   }
@@ -311,9 +340,9 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
     auto us = [](Clock::time_point a, Clock::time_point b) {
       return std::chrono::duration<double, std::micro>(b - a).count();
     };
-    std::fprintf(stderr, "tzip ring trace: op %u, %zu SQEs, %s: waiting for produced %.1f us, running %.1f us, "
-                 "CQEs %.1f us\n", unsigned(op), n, on_gpu ? "GPU" : "CPU", us(t0, t_ready), us(t_ready, t_ran),
-                 us(t_ran, Clock::now()));
+    std::fprintf(stderr, "tzip ring trace: op %u, %zu SQEs, %s, codec %u, SM budget %d: waiting for produced %.1f us, "
+                 "running %.1f us, CQEs %.1f us\n", unsigned(op), n, on_gpu ? "GPU" : "CPU", unsigned(batch[0].codec),
+                 budget, us(t0, t_ready), us(t_ready, t_ran), us(t_ran, Clock::now()));
   }
   return ok;
 }
@@ -469,7 +498,28 @@ RingCore::Events RingCore::take_events() {
   return e;
 }
 
-// ---------------------------------------------------------------- regions (JavaScript thread)
+bool RingCore::reserve_inflight(int64_t bytes) {
+  if (opt_.inflight == nullptr || bytes == 0) return true;
+  // The daemon's JavaScript reserves in the same word (Atomics.compareExchange on a SharedArrayBuffer): both sides
+  // add only what keeps the sum within the limit.
+  int64_t cur = __atomic_load_n(opt_.inflight, __ATOMIC_ACQUIRE);
+  for (;;) {
+    if (cur < 0 || bytes > opt_.max_inflight - std::min(cur, opt_.max_inflight)) return false;
+    if (__atomic_compare_exchange_n(opt_.inflight, &cur, cur + bytes, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      return true;
+  }
+}
+
+void RingCore::unreserve_inflight(int64_t bytes) {
+  if (opt_.inflight != nullptr) __atomic_fetch_sub(opt_.inflight, bytes, __ATOMIC_ACQ_REL);
+}
+
+// ---------------------------------------------------------------- settings, regions (JavaScript thread)
+
+void RingCore::set_settings(const Settings& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  settings_ = s;
+}
 
 RingCore::RegionInfo RingCore::add_region(const ring::Region& r) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -10,6 +10,7 @@
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,13 +26,24 @@ namespace tzip::addon {
 
 class RingCore {
  public:
+  /// What the ring applies to every SQE it runs (the daemon's job settings, docs/ring.md "Who applies the job's
+  /// settings"): set at the start and by set_settings, read once per batch.
+  struct Settings {
+    int sm_budget = 10;       // SQEs with sm_budget 0 (when sm_override is 0)
+    int codec = -1;           // -1: each compress SQE's own codec; else the codec byte (0..3, 255 auto) of every one
+    int sm_override = 0;      // 0: each SQE's own sm_budget; else the SM budget of every SQE (1..255)
+  };
   struct Options {
     uint8_t* file = nullptr;  // the ring file's mapping (ring::ring_bytes(entries) bytes, 64-byte aligned)
     uint32_t entries = 0;
-    int sm_budget = 10;       // SQEs with sm_budget 0
+    Settings settings;
     uint32_t cpu_threads = 1;
     long spin_us = 0;         // the thread polls this long before it sleeps on sq_doorbell
     uint32_t sleep_ms = 10;   // futex timeout while asleep
+    // The session's tensor bytes in flight (a 64-bit word the daemon's JavaScript also reserves in, with Atomics),
+    // and its limit: a batch reserves its bytes there while it runs, or fails TZIP_LIMIT. Null: not counted.
+    int64_t* inflight = nullptr;
+    int64_t max_inflight = INT64_MAX;
   };
   /// Completions of one kind (op, stream tag, CPU or GPU) since the last hand-over.
   struct StatsEntry {
@@ -68,6 +80,9 @@ class RingCore {
 
   /// State: serving, closed (stop requested) or broken.
   ring::State state() const;
+
+  /// Replaces the settings (JavaScript thread): every batch whose checks start after this returns runs with them.
+  void set_settings(const Settings& s);
 
   /// Registers a region (JavaScript thread). Throws tzip::Error InvalidArgument when the table is full.
   RegionInfo add_region(const ring::Region& r);
@@ -122,8 +137,13 @@ class RingCore {
   uint64_t stats_cqes_ = 0;
   Clock::time_point last_flush_;
 
-  // Region table, under mu_.
+  /// Reserves `bytes` in the session's bytes in flight (Options::inflight); false when that would pass its limit.
+  bool reserve_inflight(int64_t bytes);
+  void unreserve_inflight(int64_t bytes);
+
+  // Region table and settings, under mu_.
   std::mutex mu_;
+  Settings settings_;
   ring::RegionTable regions_{1};  // entry 0 is never registered
   std::vector<uint32_t> busy_{0};   // batches using each region now
   uint32_t releasing_ = 0;          // regions released but not forgotten

@@ -10,6 +10,7 @@
 #include <napi.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include "addon/device.h"
 #include "addon/register.h"
 #include "addon/ring.h"
+#include "frame.h"
 
 namespace tzip::addon {
 
@@ -47,6 +49,7 @@ struct RingJs {
   bool hook = false;         // the environment cleanup hook is registered
   uint32_t holds = 0;        // pending promises keeping the event loop alive
   Napi::ObjectReference file;
+  Napi::ObjectReference inflight;  // the session's bytes-in-flight word (opts.inflightBytes), while the thread runs
   std::map<uint32_t, Napi::ObjectReference> host_refs;  // the Buffers of host regions, kept alive until removed
   std::vector<PendingRemoval> removals;
   std::vector<Napi::Promise::Deferred> closes;
@@ -138,12 +141,49 @@ void deliver(Napi::Env env, Napi::Function, RingJs* r, void*) {
   if (!ev.broken.empty() && !r->on_broken.IsEmpty()) call_back(r->on_broken, Napi::String::New(env, ev.broken));
   if (r->stopped) {
     r->file.Reset();
+    r->inflight.Reset();
     r->on_stats.Reset();
     r->on_broken.Reset();
   }
 }
 
 RingJs* ring_of(const Napi::CallbackInfo& info) { return static_cast<RingJs*>(info.Data()); }
+
+/// The settings of `o` (ringOpen's options or setSettings' argument; docs/addon.md "Ring"): smBudget, the default of
+/// SQEs that give 0 (`base`'s when absent); codec (a codec name, or null/absent: each SQE's own); smBudgetOverride
+/// (1..255, or null/absent: each SQE's own).
+RingCore::Settings settings_of(const Napi::Object& o, const RingCore::Settings& base, const std::string& who) {
+  RingCore::Settings st = base;
+  if (has_opt(o, "smBudget")) st.sm_budget = i32_of(o.Get("smBudget"), who + "smBudget");
+  st.codec = -1;
+  if (const Napi::Value cv = o.Get("codec"); present(cv)) {
+    if (!cv.IsString()) invalid(who + "codec must be a codec name or null");
+    const std::string name = cv.As<Napi::String>().Utf8Value();
+    Codec c = Codec::RAW;
+    bool is_auto = false;
+    if (!parse_codec_name(name, &c, &is_auto)) invalid(who + "unknown codec '" + name + "' (auto, fast, max, bytes, raw)");
+    st.codec = is_auto ? int(ring::kCodecAuto) : int(c);
+  }
+  st.sm_override = 0;
+  if (const Napi::Value v = o.Get("smBudgetOverride"); present(v)) {
+    const int32_t b = i32_of(v, who + "smBudgetOverride");
+    if (b < 1 || b > 255) invalid(who + "smBudgetOverride must be from 1 to 255 SMs, or null");
+    st.sm_override = b;
+  }
+  return st;
+}
+
+// setSettings({ smBudget, codec, smBudgetOverride }): what every SQE run from now on gets (RingCore::set_settings).
+Napi::Value SetSettings(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return guarded(env, [&]() -> Napi::Value {
+    RingJs* r = ring_of(info);
+    const Napi::Object o = options_of(info, 0);
+    if (!has_opt(o, "smBudget")) invalid("setSettings: smBudget is required");
+    r->core->set_settings(settings_of(o, RingCore::Settings{}, "setSettings: "));
+    return env.Undefined();
+  });
+}
 
 void require_open(RingJs* r) {
   if (r->stopped || r->core->stopping()) invalid("the ring is closed");
@@ -320,7 +360,17 @@ Napi::Value RingOpen(const Napi::CallbackInfo& info) {
     RingCore::Options opt;
     opt.file = const_cast<uint8_t*>(file.data);
     opt.entries = uint32_t(entries);
-    opt.sm_budget = has_opt(o, "smBudget") ? i32_of(o.Get("smBudget"), "ringOpen: opts.smBudget") : 10;
+    opt.settings = settings_of(o, RingCore::Settings{}, "ringOpen: opts.");
+    Napi::Value inflight = o.Get("inflightBytes");
+    if (present(inflight)) {
+      const Bytes w = bytes_of(inflight, "ringOpen: opts.inflightBytes");
+      if (w.size != 8 || reinterpret_cast<uintptr_t>(w.data) % 8)
+        invalid("ringOpen: opts.inflightBytes must be 8 bytes, 8-byte aligned (a SharedArrayBuffer's BigInt64 word)");
+      opt.inflight = reinterpret_cast<int64_t*>(const_cast<uint8_t*>(w.data));
+      if (!has_opt(o, "maxInflightBytes")) invalid("ringOpen: opts.maxInflightBytes is required with opts.inflightBytes");
+      const uint64_t m = u64_of(o.Get("maxInflightBytes"), "ringOpen: opts.maxInflightBytes");
+      opt.max_inflight = m > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(m);
+    }
     if (has_opt(o, "cpuThreads")) {
       const uint64_t t = u64_of(o.Get("cpuThreads"), "ringOpen: opts.cpuThreads");
       if (t < 1 || t > 1024) invalid("ringOpen: opts.cpuThreads must be between 1 and 1024");
@@ -346,6 +396,7 @@ Napi::Value RingOpen(const Napi::CallbackInfo& info) {
     r->core = std::make_unique<RingCore>(opt, std::move(gpu), [raw] { raw->tsfn.NonBlockingCall(); },
                                          [raw] { raw->tsfn.Release(); });
     r->file = Napi::Persistent(info[0].As<Napi::Object>());
+    if (opt.inflight != nullptr) r->inflight = Napi::Persistent(inflight.As<Napi::Object>());
     r->on_stats = Napi::Persistent(o.Get("onStats").As<Napi::Function>());
     r->on_broken = Napi::Persistent(o.Get("onBroken").As<Napi::Function>());
     r->tsfn = Tsfn::New(env, "tzip ring", 0, 1, raw,
@@ -368,6 +419,7 @@ Napi::Value RingOpen(const Napi::CallbackInfo& info) {
     obj.Set("addDevice", method(env, r, "addDevice", AddDevice));
     obj.Set("remove", method(env, r, "remove", Remove));
     obj.Set("close", method(env, r, "close", Close));
+    obj.Set("setSettings", method(env, r, "setSettings", SetSettings));
     obj.DefineProperty(Napi::PropertyDescriptor::Accessor<State>("state", napi_enumerable, raw));
     // A ring dropped without close() stops; its thread-safe function then finishes the clean-up.
     obj.AddFinalizer([](Napi::Env, std::shared_ptr<RingJs>* p) {
