@@ -823,6 +823,188 @@ describe.skipIf(!hasRing)(`hostile ring contents through the daemon${NO_RING}`, 
   });
 });
 
+// ---- the job's settings and the per-session limits, applied by the ring thread -----------------------------------
+
+/** One BF16 compress SQE of `n` elements from `src` at 0 into `frames` at 0, with `codec` and `smBudget`. */
+function bf16Sqe(userData: bigint, src: Region, frames: Region, n: number, codec: number, smBudget = 0): FullSqe {
+  return {
+    userData, op: OP.compress, codec, dtype: DTYPE.BF16 as number, shape: [n], smBudget,
+    src: { id: src.id, generation: src.generation, offset: 0, bytes: 2 * n },
+    dst: { id: frames.id, generation: frames.generation, offset: 0, bytes: maxCompressedSize(2 * n, 1) },
+  };
+}
+
+/** A `set` request from a connection of its own (as `tzip set` is); expects success. */
+async function setOp(endpoint: string, body: Record<string, unknown>): Promise<Record<string, any>> {
+  const q = new DaemonConn(endpoint);
+  try {
+    const r = await q.req({ op: 'set', ...body });
+    expect(r.ok, JSON.stringify(r)).toBe(true);
+    return r;
+  } finally {
+    q.close();
+  }
+}
+
+describe.skipIf(!hasRing)(`job settings and limits on the ring${NO_RING}`, () => {
+  it('after `set JOB codec=...` the very next SQE gets the job\'s codec (the frame\'s codec byte), with no heartbeat in between; also after the daemon\'s `set` and a `job` op', async () => {
+    const n = 4096;
+    const data = bf16Weights(n, 21);
+    const c = await v4('ring-settings-job');
+    const other = await v4('ring-settings-other');
+    try {
+      const { file, id } = await openRing(c, 'settings');
+      sharedFile(`${c.prefix}settings-src`, data.length).set(data);
+      const framesBuf = sharedFile(`${c.prefix}settings-frames`, maxCompressedSize(data.length, 1));
+      const [src, frames] = await register(c, id, [`${c.prefix}settings-src`, `${c.prefix}settings-frames`]) as [Region, Region];
+      const next = async (u: bigint): Promise<Done> => {
+        file.rc.submit([bf16Sqe(u, src, frames, n, CODEC.fast as number)]);
+        const [q] = await reap(file, 1);
+        expect(q?.status, q?.message).toBe(0);
+        return q as Done;
+      };
+      const expectFrame = async (q: Done, codec: 'raw' | 'fast' | 'max' | 'bytes') => {
+        expect(q.codec, codec).toBe(CODEC[codec]);
+        const frame = framesBuf.subarray(0, q.result);
+        expect(frame[7], `${codec}: the frame's codec byte`).toBe(CODEC[codec]);
+        expect(frame.equals(await compress(data, { dtype: 'BF16', shape: [n], codec })), `${codec}: the frame is the addon's`).toBe(true);
+      };
+      await expectFrame(await next(1n), 'fast');
+      const endpoint = daemon.endpoint;
+      // The job's "off": raw frames from the next SQE on (the set's reply came before it; nothing else was said).
+      await setOp(endpoint, { job: 'ring-settings-job', codec: 'off' });
+      await expectFrame(await next(2n), 'raw');
+      await setOp(endpoint, { job: 'ring-settings-job', codec: 'max' });
+      await expectFrame(await next(3n), 'max');
+      // The job's codec cleared: the daemon's applies (none: the SQE's own), then the daemon's own setting.
+      await setOp(endpoint, { job: 'ring-settings-job', codec: null });
+      await expectFrame(await next(4n), 'fast');
+      await setOp(endpoint, { codec: 'max' });
+      try {
+        await expectFrame(await next(5n), 'max');
+      } finally {
+        await setOp(endpoint, { codec: null });
+      }
+      await expectFrame(await next(6n), 'fast');
+      // The session moves into a job of other settings: its ring follows at once.
+      await setOp(endpoint, { job: 'ring-settings-other', codec: 'off' });
+      const moved = await c.call('job', { job: { name: 'ring-settings-other' }, attached: true });
+      expect(moved.ok, JSON.stringify(moved)).toBe(true);
+      await expectFrame(await next(7n), 'raw');
+      // A ring opened now starts with the job's settings.
+      const second = await openRing(c, 'settings-2');
+      const [src2, frames2] = await register(c, second.id, [`${c.prefix}settings-src`, `${c.prefix}settings-frames`]) as [Region, Region];
+      second.file.rc.submit([bf16Sqe(8n, src2, frames2, n, CODEC.fast as number)]);
+      const [q8] = await reap(second.file, 1);
+      expect(q8?.status, q8?.message).toBe(0);
+      await expectFrame(q8 as Done, 'raw');
+    } finally {
+      c.close();
+      other.close();
+    }
+  });
+
+  it('the ring thread applies the job\'s sm_budget over the SQE\'s at the next SQE, and ring_open\'s for SQEs that give none (TZIP_TRACE of a tzip serve child)', async () => {
+    const socket = join(tmp(), 'trace', 'tzip.sock');
+    const serve = await startServe(socket, { env: { TZIP_TRACE: '1' } });
+    const endpoint = `ipc://${socket}`;
+    const c = new DaemonConn(endpoint, 'ring-sm');
+    try {
+      const h = await c.req({ op: 'hello', versions: [1, 2, 3, 4], pid: c.pid, shm_prefix: c.prefix, name: 'ring-sm' });
+      expect(h.ok, JSON.stringify(h)).toBe(true);
+      c.sid = h.sid;
+      const { file, id } = await openRing(c, 'sm', 64, { sm_budget: 12 });
+      const n = 1024;
+      sharedFile(`${c.prefix}sm-src`, 2 * n).set(bf16Weights(n, 4));
+      sharedFile(`${c.prefix}sm-frames`, maxCompressedSize(2 * n, 1));
+      const [src, frames] = await register(c, id, [`${c.prefix}sm-src`, `${c.prefix}sm-frames`]) as [Region, Region];
+      const budgets: number[] = [];
+      // The budget the thread gave the batch of one SQE of sm_budget `sm` (its trace line, written after the CQE).
+      const budgetOf = async (u: bigint, sm: number): Promise<number> => {
+        file.rc.submit([bf16Sqe(u, src, frames, n, CODEC.fast as number, sm)]);
+        const [q] = await reap(file, 1);
+        expect(q?.status, q?.message).toBe(0);
+        const line = /tzip ring trace: op 1, 1 SQEs, CPU, codec \d+, SM budget (\d+):/g;
+        const deadline = Date.now() + 10_000;
+        for (;;) {
+          const seen = [...serve.stderr().matchAll(line)].map((m) => Number(m[1]));
+          if (seen.length > budgets.length) {
+            budgets.push(seen[budgets.length] as number);
+            return budgets[budgets.length - 1] as number;
+          }
+          if (Date.now() > deadline) throw new Error(`no trace line for SQE ${u}: ${serve.stderr()}`);
+          await new Promise((r) => setTimeout(r, 5));
+        }
+      };
+      expect(await budgetOf(1n, 0)).toBe(12);
+      expect(await budgetOf(2n, 5)).toBe(5);
+      await setOp(endpoint, { job: 'ring-sm', sm_budget: 37 });
+      expect(await budgetOf(3n, 5)).toBe(37);
+      expect(await budgetOf(4n, 0)).toBe(37);
+      await setOp(endpoint, { job: 'ring-sm', sm_budget: null });
+      expect(await budgetOf(5n, 5)).toBe(5);
+      // The daemon's budget is the default of requests that name none: ring_open named 12.
+      await setOp(endpoint, { sm_budget: 20 });
+      expect(await budgetOf(6n, 0)).toBe(12);
+    } finally {
+      c.close();
+      await serve.stop();
+    }
+  }, 60_000);
+
+  it('a ring batch above --max-inflight-bytes completes TZIP_LIMIT (nothing written) and the ring serves on; ZeroMQ requests and ring batches reserve in one word', async () => {
+    const n = 4096;
+    const limit = 3 * 2 * n;
+    const d2 = await Daemon.start({ socketPath: join(tmp(), 'lim', 'tzip.sock'), limits: { ...defaultLimits(), maxInflightBytesPerSession: limit }, log: () => undefined });
+    const c = new DaemonConn(d2.endpoint, 'ring-limit');
+    try {
+      const h = await c.req({ op: 'hello', versions: [1, 2, 3, 4], pid: c.pid, shm_prefix: c.prefix, name: 'ring-limit' });
+      expect(h.ok, JSON.stringify(h)).toBe(true);
+      c.sid = h.sid;
+      const { file, id } = await openRing(c, 'limit');
+      const data = bf16Weights(n, 30);
+      sharedFile(`${c.prefix}lim-src`, data.length).set(data);
+      const cap = maxCompressedSize(data.length, 1);
+      const framesBuf = sharedFile(`${c.prefix}lim-frames`, 4 * cap);
+      const [src, frames] = await register(c, id, [`${c.prefix}lim-src`, `${c.prefix}lim-frames`]) as [Region, Region];
+      const batch = (k: number, base: bigint): FullSqe[] => Array.from({ length: k }, (_, i) => ({
+        ...bf16Sqe(base + BigInt(i), src, frames, n, CODEC.fast as number),
+        flags: i < k - 1 ? FLAG.link : 0,
+        dst: { id: frames.id, generation: frames.generation, offset: i * cap, bytes: cap },
+      }));
+      framesBuf.fill(0x77);
+      file.rc.submit(batch(4, 10n));
+      const over = await reap(file, 4);
+      expect(over.map((q) => q.status)).toEqual([46, 46, 46, 46]);
+      expect(over[0]?.message).toBe('bytes in flight over the session\'s limit');
+      expect(framesBuf.every((b) => b === 0x77), 'nothing written').toBe(true);
+      file.rc.submit(batch(3, 20n));
+      const fits = await reap(file, 3);
+      expect(fits.map((q) => q.status)).toEqual([0, 0, 0]);
+      const want = await compress(data, { dtype: 'BF16', shape: [n], codec: 'fast' });
+      for (let i = 0; i < 3; i++) expect(framesBuf.subarray(i * cap, i * cap + (fits[i] as Done).result).equals(want)).toBe(true);
+      // The session's stats say nothing is held after the batches.
+      const st = await c.req({ op: 'stats', sid: c.sid });
+      expect(st.session.inflight_bytes).toBe(0);
+    } finally {
+      c.close();
+      await d2.stop('test done');
+    }
+    // The word the ring threads reserve in is the session's own counter (session.ts): one side's bytes count for the other.
+    const { Session } = await import('../src/daemon/session.js');
+    const s = new Session(process.pid, 'tzip-x-', 'x', 4, { ...defaultLimits(), maxInflightBytesPerSession: 1000 });
+    const word = new BigInt64Array(s.inflightShared.buffer, s.inflightShared.byteOffset, 1);
+    const give = s.reserveBytes(600);
+    expect(Atomics.load(word, 0)).toBe(600n);
+    Atomics.add(word, 0, 300n); // a ring batch of 300 bytes, as the thread reserves
+    expect(s.inflightBytes).toBe(900);
+    expect(() => s.reserveBytes(101)).toThrow(/maxInflightBytesPerSession/);
+    give();
+    Atomics.sub(word, 0, 300n);
+    expect(s.inflightBytes).toBe(0);
+  });
+});
+
 // ---- CUDA regions: a `tzip serve` child process opens this process's CUDA IPC handles -----------------------------
 
 const probe = addonAvailable() ? gpu() : { available: false, reason: 'the native addon is not built', devices: [] };

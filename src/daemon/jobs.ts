@@ -9,10 +9,12 @@
  *
  * Settings: a job's codec (`fast`/`max`/`auto`/`off`) replaces the codec of every tensor its sessions compress
  * (`off`: `raw` frames); the daemon's codec does so for jobs with no codec of their own. A job's SM budget replaces
- * what its requests ask; the daemon's is the budget of requests that name none. Each takes effect at the next request.
+ * what its requests ask; the daemon's is the budget of requests that name none. Each takes effect at the next request:
+ * a ZeroMQ request reads them when it arrives ({@link JobRegistry.apply}), a ring's thread from the moment the daemon
+ * hands them over ({@link JobRegistry.ringSettings}; server.ts does so when they change and when a ring opens).
  */
 import { userInfo } from 'node:os';
-import type { Codec } from '../native.js';
+import type { Codec, RingSettings } from '../native.js';
 import { ReplyError } from './reply-error.js';
 import { STREAMS, type JobInfo, type SettingCodec, type StreamName } from './schema.js';
 import type { Session } from './session.js';
@@ -259,6 +261,21 @@ export class JobRegistry {
     const codec = job?.settings.codec ?? this.daemonSettings.codec;
     const smBudget = job?.settings.smBudget ?? requestSmBudget ?? this.daemonSettings.smBudget ?? undefined;
     return { codec: codec === null ? undefined : codec === 'off' ? 'raw' : codec, smBudget };
+  }
+
+  /**
+   * What the rings of `session` apply to every SQE (docs/ring.md, "Who applies the job's settings"), as
+   * {@link apply} for its ZeroMQ requests: the codec its job (or the daemon) sets, for every compress SQE (`off`:
+   * `raw`); the job's SM budget over every SQE's; for SQEs that give none, `ringSmBudget` (their ring_open's), else
+   * the daemon's, else the addon's.
+   */
+  ringSettings(session: Session, ringSmBudget: number | undefined): RingSettings {
+    const job = this.ofSession.get(session);
+    return {
+      codec: this.apply(session, undefined).codec ?? null,
+      smBudgetOverride: job?.settings.smBudget ?? null,
+      smBudget: ringSmBudget ?? this.daemonSettings.smBudget ?? ADDON_SM_BUDGET,
+    };
   }
 
   /**

@@ -22,8 +22,9 @@
  */
 import { lstatSync } from 'node:fs';
 import * as native from '../native.js';
-import type { NativeRing, RingCompletionStats, RingOpenOptions, RingRegion as NativeRingRegion } from '../native.js';
+import type { NativeRing, RingCompletionStats, RingOpenOptions, RingRegion as NativeRingRegion, RingSettings } from '../native.js';
 import { gpuInventory, noteGpuUsed } from './gpu.js';
+import type { GpuSession } from './gpu-map.js';
 import { EXPANDABLE_SEGMENTS_REFUSED } from './gpu-regions.js';
 import { limitError, type DaemonLimits } from './limits.js';
 import { REPLY_ERROR_CODES, ReplyError, type ReplyErrorCode } from './reply-error.js';
@@ -31,8 +32,7 @@ import {
   SHAREABLE_CUDA_EXPANDABLE_SEGMENT, STREAMS, type RingCloseRequest, type RingOpenRequest, type RingRegion,
   type RingRegisterRequest, type RingReleaseRequest, type StreamName,
 } from './schema.js';
-import { shmPath, ShmMappings } from './shm-map.js';
-import type { Session } from './session.js';
+import { shmPath, ShmMappings, type FileOwners } from './shm-map.js';
 
 /** Rings one session may have open at once. */
 export const MAX_RINGS_PER_SESSION = 8;
@@ -83,13 +83,43 @@ export function ringCapability(limits: Pick<DaemonLimits, 'maxRegionsPerSession'
 
 // --- a session's rings ----------------------------------------------------------------------------------------------
 
-/** What the daemon does with what its rings report (server.ts). */
-export interface RingEvents {
-  /** A batch of the thread's completion counts of `session`'s ring. */
-  onStats(session: Session, batch: readonly RingCompletionStats[]): void;
-  /** `session`'s ring `ring` broke (its indices were out of range): `why`. */
-  onBroken(session: Session, ring: number, why: string): void;
+/** What a session's rings need of the session (session.ts's Session is one). */
+export interface RingOwner {
+  /** The client's pid (PyTorch's files of its process are `torch_<pid>_...`). */
+  readonly pid: number;
+  /** The start of the names of the session's own files: its ring files must have it. */
+  readonly shmPrefix: string;
+  /** Whether /dev/shm/`name` is the session's to hand over. */
+  owns(name: string): boolean;
+  /** The daemon's owners of mapped files (a file another session has mapped is refused). */
+  readonly fileOwners: FileOwners;
+  /** The mappings of the session's ZeroMQ requests: those in use count against maxRegionsPerSession with the rings'. */
+  readonly mappings: Pick<ShmMappings, 'inUseCount'>;
+  /**
+   * The session's tensor bytes in flight, as the 8 bytes of a SharedArrayBuffer's BigInt64 word: its ZeroMQ requests
+   * reserve in it from JavaScript, its rings' threads from theirs (maxInflightBytesPerSession, docs/ring.md "Limits").
+   */
+  readonly inflightShared: Uint8Array;
+  /** A number no earlier request or registration of the session got (the epoch that pins a mapping). */
+  nextEpoch(): number;
+  /** The session's CUDA IPC allocations (made on first use), and the same if it ever made them. */
+  gpu(): GpuSession;
+  readonly gpuIfAny: GpuSession | undefined;
 }
+
+/** What the daemon does with what one session's rings report (server.ts). */
+export interface RingEvents {
+  /** A batch of the thread's completion counts of one of the session's rings. */
+  onStats(batch: readonly RingCompletionStats[]): void;
+  /** The session's ring `ring` broke (its indices were out of range): `why`. */
+  onBroken(ring: number, why: string): void;
+}
+
+/**
+ * The settings a ring of the session applies to its SQEs, from `ringSmBudget`, the `sm_budget` its `ring_open` asked
+ * (jobs.ts, JobRegistry.ringSettings).
+ */
+export type RingSettingsOf = (ringSmBudget: number | undefined) => RingSettings;
 
 /** Daemon-wide counters of the rings (`stats`'s `ring`). */
 export class RingCounters {
@@ -136,6 +166,8 @@ interface Region {
 interface Ring {
   id: number;
   device: number | undefined;
+  /** ring_open's `sm_budget`: the default of its SQEs that give none, unless the job's settings say otherwise. */
+  smBudget: number | undefined;
   native: NativeRing;
   file: HeldFile;
   regions: Map<number, Region>;
@@ -162,9 +194,9 @@ export class SessionRings {
   private ended = false;
 
   constructor(
-    private readonly session: Session,
+    private readonly session: RingOwner,
     private readonly counters: RingCounters,
-    private readonly limits: Pick<DaemonLimits, 'maxRegionsPerSession' | 'maxMappedBytesPerSession' | 'threads'>,
+    private readonly limits: Pick<DaemonLimits, 'maxRegionsPerSession' | 'maxMappedBytesPerSession' | 'maxInflightBytesPerSession' | 'threads'>,
     ownerOf: (name: string) => string,
   ) {
     // Every mapping here is pinned while held; its caps only bound what ShmMappings would keep idle (nothing).
@@ -204,8 +236,11 @@ export class SessionRings {
     return new ReplyError('TZIP_PROTOCOL', `ring broken: ring ${first.ring} of this session stopped serving (${first.why}); close it (ring_close) and open a new one`);
   }
 
-  /** `ring_open`: maps and checks the ring file, starts the addon's thread on it. */
-  open(req: RingOpenRequest, smBudget: number, events: RingEvents, opener: RingOpen): { ring: number } {
+  /**
+   * `ring_open`: maps and checks the ring file, starts the addon's thread on it with the session's job settings
+   * (`settingsOf`; later changes come through {@link applySettings}).
+   */
+  open(req: RingOpenRequest, settingsOf: RingSettingsOf, events: RingEvents, opener: RingOpen): { ring: number } {
     this.checkLive();
     if (this.rings.size >= MAX_RINGS_PER_SESSION) {
       throw new ReplyError('TZIP_LIMIT', `this session has ${this.rings.size} rings open, the most a session may have (${MAX_RINGS_PER_SESSION}, docs/ring.md); close one first`);
@@ -236,11 +271,13 @@ export class SessionRings {
       const id = this.nextId++;
       const opts: RingOpenOptions = {
         entries: req.entries,
-        smBudget,
+        ...settingsOf(req.sm_budget),
         cpuThreads: this.limits.threads ?? native.defaultThreads(),
         spinUs: RING_SPIN_US,
+        inflightBytes: this.session.inflightShared,
+        maxInflightBytes: this.limits.maxInflightBytesPerSession,
         // Counted even after the session ended: the work was done (jobs.ts counts it under the job's name).
-        onStats: (batch) => events.onStats(this.session, batch),
+        onStats: (batch) => events.onStats(batch),
         onBroken: (why) => this.onBroken(id, why, events),
       };
       if (device !== undefined) opts.device = device;
@@ -252,13 +289,24 @@ export class SessionRings {
       }
       // The ring's stream holds a CUDA context of the daemon on its GPU: `jobs` may ask that GPU's memory now.
       if (device !== undefined) noteGpuUsed(device);
-      ring = { id, device, native: nativeRing, file, regions: new Map(), allocations: new Map(), tracked: new Set(), tracking: false, closing: undefined, broken: null };
+      ring = { id, device, smBudget: req.sm_budget, native: nativeRing, file, regions: new Map(), allocations: new Map(), tracked: new Set(), tracking: false, closing: undefined, broken: null };
       this.rings.set(id, ring);
       this.counters.opened++;
       this.counters.open++;
       return { ring: id };
     } finally {
       if (ring === undefined) this.unhold(file);
+    }
+  }
+
+  /**
+   * Hands the session's job settings to each of its open rings (the job's or the daemon's settings changed, or the
+   * session moved to another job): every SQE a ring checks from then on runs with them (docs/ring.md, "Who applies
+   * the job's settings").
+   */
+  applySettings(settingsOf: RingSettingsOf): void {
+    for (const ring of this.rings.values()) {
+      if (ring.closing === undefined) ring.native.setSettings(settingsOf(ring.smBudget));
     }
   }
 
@@ -398,7 +446,7 @@ export class SessionRings {
     this.counters.broken++;
     if (!this.ended) {
       this.unreported.push({ ring: id, why });
-      events.onBroken(this.session, id, why);
+      events.onBroken(id, why);
     }
   }
 

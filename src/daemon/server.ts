@@ -489,21 +489,33 @@ export class Daemon {
   }
 
   private ringOpen(request: RingOpenRequest, session: Session, opener: NonNullable<ReturnType<typeof ringOpener>>): object {
-    // The SQEs' default SM budget: the job's, else ring_open's, else the daemon's, else the addon's (as for requests).
-    const smBudget = this.jobs.apply(session, request.sm_budget).smBudget ?? ADDON_SM_BUDGET;
-    const opened = session.rings.open(request, smBudget, this.ringEvents, opener);
+    // The thread starts with the job's settings (jobs.ts, ringSettings), as a ZeroMQ request of the session would.
+    const opened = session.rings.open(request, (smBudget) => this.jobs.ringSettings(session, smBudget), this.ringEventsOf(session), opener);
     this.sessionLog(`session ${session.sid} of pid ${session.pid}: ring ${opened.ring} opened on /dev/shm/${request.name.replace(/^\//, '')} (${request.entries} entries${request.device !== undefined ? `, GPU ${request.device.id}` : ', CPU'})`);
     return opened;
   }
 
-  /** What the sessions' rings report: completions counted as requests are, broken rings logged. */
-  private readonly ringEvents: RingEvents = {
-    onStats: (session, batch) => this.countRingCompletions(session, batch),
-    onBroken: (session, ring, why) => {
-      this.logger.warn(`session ${session.sid} of pid ${session.pid}: ring ${ring} broken (${why}); its ZeroMQ requests and the other sessions are served as before`,
-        { ring, pid: session.pid, why });
-    },
-  };
+  /** What the rings of `session` report: completions counted as requests are, broken rings logged. */
+  private ringEventsOf(session: Session): RingEvents {
+    return {
+      onStats: (batch) => this.countRingCompletions(session, batch),
+      onBroken: (ring, why) => {
+        this.logger.warn(`session ${session.sid} of pid ${session.pid}: ring ${ring} broken (${why}); its ZeroMQ requests and the other sessions are served as before`,
+          { ring, pid: session.pid, why });
+      },
+    };
+  }
+
+  /**
+   * Hands the job settings of each of `sessions` to its rings, which apply them to every SQE they check from then on
+   * (docs/ring.md, "Who applies the job's settings"): called whenever the settings that apply to a session may have
+   * changed, before the reply that says so.
+   */
+  private applyRingSettings(sessions: Iterable<Session>): void {
+    for (const session of sessions) {
+      if (session.rings.count > 0) session.rings.applySettings((smBudget) => this.jobs.ringSettings(session, smBudget));
+    }
+  }
 
   /**
    * A batch of a ring's completions, counted as ZeroMQ requests are (observe): into the session's job per stream and
@@ -570,6 +582,8 @@ export class Daemon {
     const wasAttached = session.attached;
     session.setJob(request.job, request.attached);
     const job = this.jobs.join(session);
+    // The session may have moved to a job of other settings.
+    this.applyRingSettings([session]);
     this.warnIfMpsNotShared(session, job.name);
     // At info only when the job or its attachment changed: a client repeating its job (a rank, devices) at every
     // step would otherwise write a line each time.
@@ -583,6 +597,8 @@ export class Daemon {
   /** The `set` op: a job's settings or the daemon's. */
   private setReply(request: SetRequest): object {
     const { job, settings } = this.jobs.set(request.job, { codec: request.codec, sm_budget: request.sm_budget });
+    // A job's settings are its sessions'; the daemon's apply to every job without settings of its own.
+    this.applyRingSettings(job !== null ? (this.jobs.get(job) as Job).sessions : this.sessions.all());
     const changed = [request.codec !== undefined ? `codec=${request.codec ?? 'default'}` : '', request.sm_budget !== undefined ? `sm_budget=${request.sm_budget ?? 'default'}` : '']
       .filter((x) => x !== '').join(' ');
     if (changed !== '') this.logger.info(`settings of ${job === null ? 'the daemon' : `job ${JSON.stringify(job)}`}: ${changed}`, { job, ...wireSettings(settings) });

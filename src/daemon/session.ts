@@ -17,22 +17,31 @@ import { randomBytes } from 'node:crypto';
 import { DEFAULT_GPU_CAPS, GpuSession } from './gpu-map.js';
 import { processStartTime } from './lock.js';
 import { limitError, type DaemonLimits } from './limits.js';
+import type { GpuOwner } from './gpu-regions.js';
+import type { ShmOwner } from './regions.js';
 import { ReplyError } from './reply-error.js';
-import { RingCounters, SessionRings } from './ring-ops.js';
+import { RingCounters, SessionRings, type RingOwner } from './ring-ops.js';
 import type { JobInfo } from './schema.js';
 import { FileOwners, ShmMappings } from './shm-map.js';
 
 /** Why a session ended. */
 export type EndReason = 'goodbye' | 'lease' | 'disconnect' | 'replaced' | 'shutdown';
 
-/** One client's session. */
-export class Session {
+/** One client's session: the memory checks of CPU and GPU requests and its rings take it as what they need of it. */
+export class Session implements ShmOwner, GpuOwner, RingOwner {
   readonly sid = randomBytes(16).toString('hex');
   readonly createdAt = Date.now();
   lastSeen = Date.now();
+  /** ZeroMQ compress/decompress requests in flight (ring batches are bounded by the rings: docs/ring.md "Limits"). */
   inflight = 0;
-  /** Tensor bytes of this session's requests in flight (see {@link DaemonLimits.maxInflightBytesPerSession}). */
-  inflightBytes = 0;
+  /**
+   * Tensor bytes in flight of the session's ZeroMQ requests and ring batches together (see
+   * {@link DaemonLimits.maxInflightBytesPerSession}): one BigInt64 word of a SharedArrayBuffer, which {@link reserveBytes}
+   * changes with Atomics here and the rings' native threads with atomics of their own.
+   */
+  private readonly inflightWord = new BigInt64Array(new SharedArrayBuffer(8));
+  /** The same word as bytes, for the ring threads (src/native.ts, RingOpenOptions.inflightBytes). */
+  readonly inflightShared = new Uint8Array(this.inflightWord.buffer);
   requests = 0;
   /** Protocol version 3: the job the client said it belongs to (hello's `job`, the `job` op), or null. */
   job: JobInfo | null = null;
@@ -118,23 +127,33 @@ export class Session {
     return this.gpuState;
   }
 
+  /** Tensor bytes the session's ZeroMQ requests and ring batches hold in flight now. */
+  get inflightBytes(): number {
+    return Number(Atomics.load(this.inflightWord, 0));
+  }
+
   /**
    * Counts `bytes` (a request's tensor bytes) in flight until the returned function is called.
-   * @throws ReplyError TZIP_LIMIT when the session's requests in flight would hold more than
+   * @throws ReplyError TZIP_LIMIT when the session's requests and ring batches in flight would hold more than
    *   {@link DaemonLimits.maxInflightBytesPerSession}.
    */
   reserveBytes(bytes: number): () => void {
-    const limit = this.limits.maxInflightBytesPerSession;
-    if (this.inflightBytes + bytes > limit) {
-      throw limitError('maxInflightBytesPerSession', limit,
-        `this request's tensors are ${bytes} bytes and this session's requests in flight hold ${this.inflightBytes} bytes`);
+    const limit = BigInt(this.limits.maxInflightBytesPerSession);
+    const n = BigInt(bytes);
+    // A ring thread may reserve between the load and the exchange: the exchange then fails and the loop looks again.
+    for (;;) {
+      const held = Atomics.load(this.inflightWord, 0);
+      if (held + n > limit) {
+        throw limitError('maxInflightBytesPerSession', this.limits.maxInflightBytesPerSession,
+          `this request's tensors are ${bytes} bytes and this session's requests and ring batches in flight hold ${held} bytes`);
+      }
+      if (Atomics.compareExchange(this.inflightWord, 0, held, held + n) === held) break;
     }
-    this.inflightBytes += bytes;
     let done = false;
     return () => {
       if (done) return;
       done = true;
-      this.inflightBytes -= bytes;
+      Atomics.sub(this.inflightWord, 0, n);
     };
   }
 

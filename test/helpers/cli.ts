@@ -32,16 +32,19 @@ export function ensureBuilt(): void {
 export interface ServeChild {
   /** SIGTERM, then resolves when it has exited. */
   stop(): Promise<void>;
+  /** What it wrote to stderr so far (its log, and the addon's TZIP_TRACE lines). */
+  stderr(): string;
 }
 
 /**
  * Starts `tzip serve --socket socket` in a child process (compiling first, as {@link ensureBuilt}) and resolves once
  * its socket exists (within 15 s). Tests whose daemon must be another process (one that opens this process's CUDA
- * IPC handles) use it. @throws Error with the child's stderr when the socket did not appear.
+ * IPC handles, or one started with `opts.env`) use it. @throws Error with the child's stderr when the socket did not
+ * appear.
  */
-export async function startServe(socket: string): Promise<ServeChild> {
+export async function startServe(socket: string, opts: { env?: NodeJS.ProcessEnv } = {}): Promise<ServeChild> {
   ensureBuilt();
-  const child = spawn(process.execPath, [MAIN, 'serve', '--socket', socket], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, [MAIN, 'serve', '--socket', socket], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...opts.env } });
   let stderr = '';
   child.stderr?.on('data', (b: Buffer) => { stderr += b.toString(); });
   const stop = async (): Promise<void> => {
@@ -55,7 +58,7 @@ export async function startServe(socket: string): Promise<ServeChild> {
     await stop();
     throw new Error(`tzip serve did not start: ${stderr}`);
   }
-  return { stop };
+  return { stop, stderr: () => stderr };
 }
 
 /** What a CLI run produced. */
