@@ -17,7 +17,6 @@ import type { GpuSession } from './gpu-map.js';
 import { MIXED_REQUEST, tensorLayout, type Extent } from './regions.js';
 import { ReplyError } from './reply-error.js';
 import { SHAREABLE_CUDA_EXPANDABLE_SEGMENT, type CudaIpcHandle, type MemoryHandle, type Tensor } from './schema.js';
-import type { Session } from './session.js';
 
 /** The refusal of a PyTorch expandable-segment handle, with the ways to share such tensors. */
 export const EXPANDABLE_SEGMENTS_REFUSED =
@@ -82,6 +81,16 @@ function sameBytes(a: Uint8Array | null, b: Uint8Array | null): boolean {
   return Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(b);
 }
 
+/** What a GPU request's checks need of its session (session.ts's Session is one). */
+export interface GpuOwner {
+  /** The client's pid: CUDA memory it names must be shared by its own process. */
+  readonly pid: number;
+  /** Whether a PyTorch CUDA IPC ref-counter file name ("/torch_<pid>_...") is the session's process's. */
+  ownsRefCounter(name: string): boolean;
+  /** The session's CUDA IPC allocations and events (made on first use). */
+  gpu(): GpuSession;
+}
+
 /** The handles of one GPU request, resolved against one session's GPU state. */
 export class GpuRequest {
   /** The daemon's ordinal of the request's GPU (set by the first handle). */
@@ -92,7 +101,7 @@ export class GpuRequest {
   /** The last handle resolved (see {@link resolve}). */
   private previous: { uuid: string; handle: Uint8Array; refCounter: Uint8Array | null; resolved: Resolved } | undefined;
 
-  constructor(private readonly session: Session) {
+  constructor(private readonly session: GpuOwner) {
     this.state = session.gpu();
     this.state.track(this.keys);
   }

@@ -7,7 +7,22 @@
 import { DL_DEVICE, frameLayout, isCompactCOrder, type FrameLayout } from './dtype-map.js';
 import { ReplyError } from './reply-error.js';
 import type { MemoryHandle, Tensor } from './schema.js';
-import type { Session } from './session.js';
+import type { ShmMappings } from './shm-map.js';
+
+/**
+ * What the checks of a CPU request's memory need of its session (session.ts's Session is one): whose files it may
+ * name, and the mappings of its requests.
+ */
+export interface ShmOwner {
+  /** The client's pid (PyTorch's files of its process are `torch_<pid>_...`). */
+  readonly pid: number;
+  /** The start of the names of the session's own files. */
+  readonly shmPrefix: string;
+  /** Whether /dev/shm/`name` is the session's to hand over. */
+  owns(name: string): boolean;
+  /** The shared-memory files mapped for the session's requests. */
+  readonly mappings: Pick<ShmMappings, 'map' | 'idOf' | 'takeFault'>;
+}
 
 /** The message of a CPU request (shm handles) that names GPU memory too. */
 export const MIXED_REQUEST =
@@ -47,7 +62,7 @@ export interface ResolvedRegion {
  * @throws ReplyError TZIP_INVALID_ARGUMENT for GPU handles (this is the CPU path); TZIP_HANDLE for
  *   files that are not the session's, missing, not writable when `writable`, or smaller than the region.
  */
-export function resolveHandle(session: Session, handle: MemoryHandle, writable: boolean, what: string, index: number, epoch = -1): ResolvedRegion {
+export function resolveHandle(session: ShmOwner, handle: MemoryHandle, writable: boolean, what: string, index: number, epoch = -1): ResolvedRegion {
   if (handle.kind === 'cuda_ipc') throw new ReplyError('TZIP_INVALID_ARGUMENT', `${what}: ${MIXED_REQUEST}`, { index });
   const name = handle.name.replace(/^\//, '');
   if (!session.owns(name)) {
@@ -80,7 +95,7 @@ export interface ResolvedTensor {
  *   strided layouts; TZIP_UNSUPPORTED for other devices and element types that are not whole
  *   bytes; TZIP_HANDLE as {@link resolveHandle} and when the tensor does not fit its region.
  */
-export function resolveTensor(session: Session, tensor: Tensor, writable: boolean, what: string, index: number, epoch = -1): ResolvedTensor {
+export function resolveTensor(session: ShmOwner, tensor: Tensor, writable: boolean, what: string, index: number, epoch = -1): ResolvedTensor {
   if (tensor.data.kind === 'cuda_ipc' || tensor.device.type === DL_DEVICE.CUDA || tensor.device.type === DL_DEVICE.CUDAManaged) {
     throw new ReplyError('TZIP_INVALID_ARGUMENT', `${what}: ${MIXED_REQUEST}`, { index });
   }
@@ -123,7 +138,7 @@ function extentOf(r: ResolvedRegion | Extent): Extent {
  * the client's), dropping those mappings.
  * @throws ReplyError TZIP_HANDLE naming the first such region.
  */
-export function checkNotShrunk(session: Session, regions: readonly ResolvedRegion[]): void {
+export function checkNotShrunk(session: ShmOwner, regions: readonly ResolvedRegion[]): void {
   let first: ResolvedRegion | undefined;
   const seen = new Set<string>();
   for (const r of regions) {
