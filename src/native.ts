@@ -282,7 +282,7 @@ export interface NativeRing {
    * Replaces what the thread applies to the SQEs (the daemon's job settings, docs/ring.md "Who applies the job's
    * settings"): every batch whose checks start after this call returns runs with `settings`; a batch already running
    * keeps those it started with. Never blocks on a batch (one mutex, held by the thread only while it checks one).
-   * @throws TzipError TZIP_INVALID_ARGUMENT (an unknown codec, smBudgetOverride outside 1..255, smBudget missing).
+   * @throws TzipError TZIP_INVALID_ARGUMENT (an unknown codec, a negative smBudgetOverride, smBudget missing).
    */
   setSettings(settings: RingSettings): void;
   /** 'serving', 'closed' (close() was called or the object was dropped) or 'broken' (see docs/ring.md). */
@@ -299,7 +299,10 @@ export interface RingSettings {
    * a raw frame and the most any codec writes; an SQE below it fails TZIP_INVALID_ARGUMENT whatever the codec.
    */
   codec: Codec | null;
-  /** The SM budget of every SQE (1..255), which wins over the SQE's own, or null: the SQE's (0: {@link smBudget}). */
+  /**
+   * The SM budget of every SQE, which wins over the SQE's own (0: all SMs; any count, as a job's budget may be more
+   * than an SQE's byte holds), or null: the SQE's (0: {@link smBudget}).
+   */
   smBudgetOverride: number | null;
 }
 

@@ -941,6 +941,11 @@ describe.skipIf(!hasRing)(`job settings and limits on the ring${NO_RING}`, () =>
       await setOp(endpoint, { job: 'ring-sm', sm_budget: 37 });
       expect(await budgetOf(3n, 5)).toBe(37);
       expect(await budgetOf(4n, 0)).toBe(37);
+      // 0 (all SMs) and budgets beyond an SQE's byte are a job's too.
+      await setOp(endpoint, { job: 'ring-sm', sm_budget: 0 });
+      expect(await budgetOf(40n, 5)).toBe(0);
+      await setOp(endpoint, { job: 'ring-sm', sm_budget: 300 });
+      expect(await budgetOf(41n, 5)).toBe(300);
       await setOp(endpoint, { job: 'ring-sm', sm_budget: null });
       expect(await budgetOf(5n, 5)).toBe(5);
       // The daemon's budget is the default of requests that name none: ring_open named 12.

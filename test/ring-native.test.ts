@@ -909,8 +909,8 @@ describe.skipIf(!addonAvailable())('setSettings (the job settings) and the bytes
     const { client, ring } = openRing(64, { codec: 'raw' });
     for (const bad of [
       { smBudget: 10, codec: 'zstd', smBudgetOverride: null },
-      { smBudget: 10, codec: null, smBudgetOverride: 0 },
-      { smBudget: 10, codec: null, smBudgetOverride: 256 },
+      { smBudget: 10, codec: null, smBudgetOverride: -1 },
+      { smBudget: 10, codec: null, smBudgetOverride: 1.5 },
       { codec: null, smBudgetOverride: null },
     ]) {
       expect(codeOf(() => ring.setSettings(bad as never)), JSON.stringify(bad)).toBe('TZIP_INVALID_ARGUMENT');
@@ -958,13 +958,18 @@ describe.skipIf(!addonAvailable())('setSettings (the job settings) and the bytes
       one(0); one(5);
       ring.setSettings({ smBudget: 20, codec: null, smBudgetOverride: null });
       one(0); one(5);
+      // A job's budget beyond an SQE's byte, and 0 (all SMs), are overrides too.
+      ring.setSettings({ smBudget: 20, codec: null, smBudgetOverride: 300 });
+      one(5);
+      ring.setSettings({ smBudget: 20, codec: null, smBudgetOverride: 0 });
+      one(5);
       ring.close().then(() => { fs.rmSync(ringPath); fs.rmSync(regPath); });
     `;
     const r = spawnSync(process.execPath, ['-e', script, addonPath(), `/dev/shm/${TAG}-child`],
       { encoding: 'utf8', timeout: 30_000, env: { ...process.env, TZIP_TRACE: '1' } });
     expect(r.status, r.stderr).toBe(0);
     const budgets = [...r.stderr.matchAll(/tzip ring trace: op 1, 1 SQEs, CPU, codec 1, SM budget (\d+):/g)].map((m) => Number(m[1]));
-    expect(budgets, r.stderr).toEqual([12, 5, 37, 37, 20, 5]);
+    expect(budgets, r.stderr).toEqual([12, 5, 37, 37, 20, 5, 300, 0]);
   });
 
   it('a batch counts its bytes in the session\'s word while it runs; one that would pass the limit fails TZIP_LIMIT, nothing written', async () => {

@@ -268,7 +268,7 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
   }
   // The SM budget of the batch (GPU batches run with it; the trace says it for every batch): the job's wins over the
   // SQE's; an SQE that gives 0 takes the ring's default.
-  const int budget = settings.sm_override > 0 ? settings.sm_override
+  const int budget = settings.sm_override >= 0 ? settings.sm_override
                      : batch[0].sm_budget     ? int(batch[0].sm_budget)
                                               : settings.sm_budget;
   const Clock::time_point t0 = Clock::now();

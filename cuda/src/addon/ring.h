@@ -31,7 +31,7 @@ class RingCore {
   struct Settings {
     int sm_budget = 10;       // SQEs with sm_budget 0 (when sm_override is 0)
     int codec = -1;           // -1: each compress SQE's own codec; else the codec byte (0..3, 255 auto) of every one
-    int sm_override = 0;      // 0: each SQE's own sm_budget; else the SM budget of every SQE (1..255)
+    int sm_override = -1;     // -1: each SQE's own sm_budget; else the SM budget of every SQE (0: all SMs)
   };
   struct Options {
     uint8_t* file = nullptr;  // the ring file's mapping (ring::ring_bytes(entries) bytes, 64-byte aligned)

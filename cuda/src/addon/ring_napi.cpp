@@ -151,7 +151,7 @@ RingJs* ring_of(const Napi::CallbackInfo& info) { return static_cast<RingJs*>(in
 
 /// The settings of `o` (ringOpen's options or setSettings' argument; docs/addon.md "Ring"): smBudget, the default of
 /// SQEs that give 0 (`base`'s when absent); codec (a codec name, or null/absent: each SQE's own); smBudgetOverride
-/// (1..255, or null/absent: each SQE's own).
+/// (an SM count, 0: all SMs, as a job's budget may be beyond what an SQE's byte holds; null/absent: each SQE's own).
 RingCore::Settings settings_of(const Napi::Object& o, const RingCore::Settings& base, const std::string& who) {
   RingCore::Settings st = base;
   if (has_opt(o, "smBudget")) st.sm_budget = i32_of(o.Get("smBudget"), who + "smBudget");
@@ -164,10 +164,10 @@ RingCore::Settings settings_of(const Napi::Object& o, const RingCore::Settings& 
     if (!parse_codec_name(name, &c, &is_auto)) invalid(who + "unknown codec '" + name + "' (auto, fast, max, bytes, raw)");
     st.codec = is_auto ? int(ring::kCodecAuto) : int(c);
   }
-  st.sm_override = 0;
+  st.sm_override = -1;
   if (const Napi::Value v = o.Get("smBudgetOverride"); present(v)) {
     const int32_t b = i32_of(v, who + "smBudgetOverride");
-    if (b < 1 || b > 255) invalid(who + "smBudgetOverride must be from 1 to 255 SMs, or null");
+    if (b < 0) invalid(who + "smBudgetOverride must be a number of SMs (0: all), or null");
     st.sm_override = b;
   }
   return st;
