@@ -17,7 +17,11 @@ export interface DaemonLimits {
   maxBatch: number;
   /** Most dimensions of a tensor description. */
   maxNdim: number;
-  /** Most requests of one session in flight at once. */
+  /**
+   * Most ZeroMQ compress/decompress requests of one session in flight at once (TZIP_BUSY beyond). Ring SQEs are not
+   * counted: a ring's thread runs one batch at a time and a session has at most 8 rings, so at most 8 of its batches
+   * are in flight; SQEs queued behind them wait in the client's ring file, not in the daemon (docs/ring.md, "Limits").
+   */
   maxInflightPerSession: number;
   /** Most live sessions. */
   maxSessions: number;
@@ -46,8 +50,10 @@ export interface DaemonLimits {
   maxIpcHandlesPerSession: number;
   /**
    * Tensor bytes of a session's requests in flight at most (compress: the tensors' bytes;
-   * decompress: the destinations' bytes); a request that would go beyond gets TZIP_LIMIT (one
-   * request larger than the limit can never be served: split it). `tzip serve --max-inflight-bytes`.
+   * decompress: the destinations' bytes), its ZeroMQ requests and its ring batches together; a
+   * request that would go beyond gets TZIP_LIMIT, a ring batch an error CQE TZIP_LIMIT for each of its
+   * SQEs (one request or batch larger than the limit can never be served: split it).
+   * `tzip serve --max-inflight-bytes`.
    */
   maxInflightBytesPerSession: number;
   /** Codec worker threads per tensor (the addon's default: all cores). */
@@ -113,7 +119,7 @@ export function runsInline(limits: DaemonLimits, items: number, bytes: number): 
 export const SESSION_LIMITS = {
   maxRegionsPerSession: { flag: '--max-regions', option: 'maxRegions', what: 'shared-memory files mapped per session' },
   maxIpcHandlesPerSession: { flag: '--max-ipc-handles', option: 'maxIpcHandles', what: 'CUDA IPC allocations open per session' },
-  maxInflightBytesPerSession: { flag: '--max-inflight-bytes', option: 'maxInflightBytes', what: 'tensor bytes of requests in flight per session' },
+  maxInflightBytesPerSession: { flag: '--max-inflight-bytes', option: 'maxInflightBytes', what: 'tensor bytes of requests and ring batches in flight per session' },
 } as const;
 
 /** A per-session limit's name. */
