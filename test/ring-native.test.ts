@@ -1175,4 +1175,130 @@ describe.skipIf(!hasGpu)(`GPU rings: device regions, WAIT/SIGNAL on the header's
     expect(codeOf(() => ring.addDevice(p, 4097, DEV))).toBe('TZIP_INVALID_ARGUMENT');
     expect(codeOf(() => ring.addDevice(4096n, 16, DEV))).toBe('TZIP_INVALID_ARGUMENT');
   });
+
+  it('setSettings on a GPU ring: the next device batch gets the codec; a raw frame fills the bound exactly and nothing past dst is written', async () => {
+    const { client, ring, dev } = gpuRing();
+    const n = 50_000;
+    const data = dataOf('BF16', n, 9);
+    const cap = maxCompressedSize(data.length, 1);
+    const GUARD = 4096;
+    const src = dev(alloc(data.length, data), data.length);
+    const frameP = alloc(cap + GUARD);
+    const frames = dev(frameP, cap + GUARD);
+    const one = async (u: bigint, codec: string) => {
+      gpuCopyToDevice(frameP, Buffer.alloc(cap + GUARD, 0x5c), DEV);
+      const [c] = await client.call([compressSqe(u, 'BF16', [n], { ...src, offset: 0, bytes: data.length }, { ...frames, offset: 0, bytes: cap }, codec)]);
+      expect(c?.status, c?.message).toBe(OK);
+      const mem = gpuCopyFromDevice(frameP, cap + GUARD, DEV);
+      expect(touched(mem, 0x5c, cap), 'nothing past the SQE\'s dst').toBe(0);
+      return { c: c as Cqe, frame: mem.subarray(0, Number((c as Cqe).result)) };
+    };
+    for (const [codec, expected] of [['raw', 'raw'], ['max', 'max'], [null, 'fast']] as const) {
+      ring.setSettings({ smBudget: 10, codec, smBudgetOverride: null });
+      const { c, frame } = await one(1n, 'fast');
+      expect(c.codec, `codec ${codec}`).toBe(CODEC[expected]);
+      expect(frame[7]).toBe(CODEC[expected]);
+      expect(frame.equals(await compress(data, { dtype: 'BF16', shape: [n], codec: expected })), `codec ${codec}`).toBe(true);
+    }
+    // auto set over an SQE's raw: the device picks fast or max, as compress() does on the same bytes.
+    ring.setSettings({ smBudget: 10, codec: 'auto', smBudgetOverride: null });
+    const { c, frame } = await one(2n, 'raw');
+    const auto = await compress(data, { dtype: 'BF16', shape: [n], codec: 'auto' });
+    expect(c.codec).toBe(auto[7]);
+    expect(frame.equals(auto)).toBe(true);
+    // Incompressible bytes with raw set: the frame is exactly the bound.
+    const bytes = Buffer.alloc(3 * 65536 + 77);
+    const r = lcg(5);
+    for (let i = 0; i < bytes.length; i++) bytes[i] = r() & 0xff;
+    const bound = maxCompressedSize(bytes.length, 1);
+    const bsrc = dev(alloc(bytes.length, bytes), bytes.length);
+    const bdstP = alloc(bound + GUARD, Buffer.alloc(bound + GUARD, 0x5c));
+    const bdst = dev(bdstP, bound + GUARD);
+    ring.setSettings({ smBudget: 10, codec: 'raw', smBudgetOverride: null });
+    const [q] = await client.call([compressSqe(3n, 'U8', [bytes.length], { ...bsrc, offset: 0, bytes: bytes.length }, { ...bdst, offset: 0, bytes: bound }, 'fast')]);
+    expect(q).toMatchObject({ status: OK, codec: CODEC.raw, result: BigInt(bound) });
+    const mem = gpuCopyFromDevice(bdstP, bound + GUARD, DEV);
+    expect(mem.subarray(0, bound).equals(await compress(bytes, { dtype: 'U8', shape: [bytes.length], codec: 'raw' }))).toBe(true);
+    expect(touched(mem, 0x5c, bound)).toBe(0);
+  });
+
+  it('a GPU batch holds its bytes in the session\'s word while it waits for `produced`; one over the limit fails TZIP_LIMIT, writes nothing and still SIGNALs', async () => {
+    const word = new BigInt64Array(new SharedArrayBuffer(8));
+    const n = 50_000;
+    const data = dataOf('BF16', n, 3);
+    const r = openRing(64, { device: DEV, spinUs: 2000, inflightBytes: new Uint8Array(word.buffer), maxInflightBytes: data.length });
+    const dev = (ptr: bigint, bytes: number) => {
+      const x = r.ring.addDevice(ptr, bytes, DEV);
+      return { id: x.id, generation: x.generation };
+    };
+    const cap = maxCompressedSize(data.length, 1);
+    const src = dev(alloc(data.length, data), data.length);
+    const frameP = alloc(cap, Buffer.alloc(cap, 0x5c));
+    const frames = dev(frameP, cap);
+    const sqe = (u: bigint, v: bigint) => compressSqe(u, 'BF16', [n], { ...src, offset: 0, bytes: data.length }, { ...frames, offset: 0, bytes: cap }, 'fast',
+      { flags: FLAG.wait | FLAG.signal, waitValue: v, signalValue: 100n + v });
+    r.client.submit([sqe(1n, 1n)]);
+    await until(() => Atomics.load(word, 0) === BigInt(data.length), 'the batch\'s bytes held');
+    await sleep(40);
+    expect(r.client.ready()).toBe(0);
+    expect(Atomics.load(word, 0)).toBe(BigInt(data.length));
+    produce(r.client, 1n);
+    const [c] = await r.client.reap(1);
+    expect(c?.status, c?.message).toBe(OK);
+    expect(Atomics.load(word, 0)).toBe(0n);
+    // `done` is stored after the CQEs are written.
+    await until(() => done(r.client) === 101n, '`done` after the batch');
+    // One byte held elsewhere (a ZeroMQ request of the session): the same batch no longer fits.
+    Atomics.store(word, 0, 1n);
+    gpuCopyToDevice(frameP, Buffer.alloc(cap, 0x5c), DEV);
+    produce(r.client, 2n);
+    const [d] = await r.client.call([sqe(2n, 2n)]);
+    expect(d).toMatchObject({ status: ERRORS.TZIP_LIMIT, message: 'bytes in flight over the session\'s limit' });
+    expect(touched(gpuCopyFromDevice(frameP, cap, DEV), 0x5c)).toBe(0);
+    await until(() => done(r.client) === 102n, '`done` after the failed batch');
+    expect(Atomics.load(word, 0)).toBe(1n);
+  });
+
+  it('the SM budget of a GPU batch: the override wins over the SQE\'s, an SQE that gives 0 takes the default (TZIP_TRACE of a child process)', () => {
+    const script = `
+      const a = require(process.argv[1]);
+      const fs = require('node:fs');
+      const ringPath = process.argv[2] + '-gputrace-ring';
+      const b = Buffer.alloc(${ringBytes(8)});
+      b.write('TZRING01', 0, 'latin1');
+      b.writeUInt32LE(8, 8);
+      fs.writeFileSync(ringPath, b);
+      const view = a.mapShared(ringPath, true);
+      const ring = a.ringOpen(a.mapShared(ringPath, true), { entries: 8, device: 0, smBudget: 12, cpuThreads: 1, spinUs: 100000,
+        onStats() {}, onBroken() {} });
+      const p = a.gpuAlloc(0, 8192);
+      a.gpuCopyToDevice(p, Buffer.alloc(8192, 7), 0);
+      const r = ring.addDevice(p, 8192, 0);
+      let head = 0;
+      const one = (sm) => {
+        const q = Buffer.alloc(128);
+        q[8] = 1; q[10] = 1; q[11] = 8; q[12] = 1; q[13] = sm;
+        q.writeUInt32LE(r.id, 16); q.writeUInt32LE(r.generation, 20); q.writeBigUInt64LE(2048n, 32); q.writeBigUInt64LE(1024n, 64);
+        q.writeUInt32LE(r.id, 40); q.writeUInt32LE(r.generation, 44); q.writeBigUInt64LE(4096n, 48); q.writeBigUInt64LE(4096n, 56);
+        q.copy(view, 4096 + (head % 8) * 128);
+        view.writeUInt32LE(++head, 64);
+        const t0 = Date.now();
+        while (view.readUInt32LE(256) < head) if (Date.now() - t0 > 20000) throw new Error('no CQE');
+        const status = view.readInt32LE(4096 + 8 * 128 + ((head - 1) % 8) * 64 + 8);
+        if (status !== 0) throw new Error('CQE status ' + status);
+        view.writeUInt32LE(head, 320);
+      };
+      one(0); one(5);
+      ring.setSettings({ smBudget: 20, codec: null, smBudgetOverride: 37 });
+      one(0); one(5);
+      ring.setSettings({ smBudget: 20, codec: null, smBudgetOverride: null });
+      one(0); one(5);
+      ring.close().then(() => { a.gpuFree(p, 0); fs.rmSync(ringPath); });
+    `;
+    const r = spawnSync(process.execPath, ['-e', script, addonPath(), `/dev/shm/${TAG}-child`],
+      { encoding: 'utf8', timeout: 60_000, env: { ...process.env, TZIP_TRACE: '1' } });
+    expect(r.status, r.stderr).toBe(0);
+    const budgets = [...r.stderr.matchAll(/tzip ring trace: op 1, 1 SQEs, GPU, codec 1, SM budget (\d+):/g)].map((m) => Number(m[1]));
+    expect(budgets, r.stderr).toEqual([12, 5, 37, 37, 20, 5]);
+  });
 });
