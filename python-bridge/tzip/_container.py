@@ -724,7 +724,7 @@ class TensorItem:
 
 
 def write_tensors(path: str | os.PathLike, items: Sequence[TensorItem], metadata: dict[str, str] | None = None,
-                  codec: str = "auto", client: "Client | None" = None, strict: bool = False) -> list[Entry]:
+                  codec: str | None = None, client: "Client | None" = None, strict: bool = False) -> list[Entry]:
     """Writes ``items`` as the ``.tzip`` file ``path`` (atomically, :func:`atomic_file`): a safetensors file of these
     tensors (largest elements first, then in the given order; ``metadata`` as its ``__metadata__``), each tensor one
     frame compressed by the daemon with its own dtype (a CUDA tensor on its GPU; its frame is then copied to the

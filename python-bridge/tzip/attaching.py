@@ -20,7 +20,8 @@ What :func:`attach` switches on, for the rest of the run (until :func:`detach`):
 * ``optimizer`` (a ``torch.optim.Optimizer``): its state is offloaded compressed between steps
   (:class:`tzip.optim.AttachedOffload`: hooks on the optimizer; the job keeps calling its own ``step()``).
   :func:`detach` brings the state back uncompressed.
-* the checkpoint helpers (``tzip.save``, ``tzip.checkpoint.Writer``) called without a ``codec`` compress ("auto");
+* the checkpoint helpers (``tzip.save``, ``tzip.checkpoint.Writer``) called without a ``codec`` compress (the
+  Client's default: "fast" for CUDA tensors, "auto" for CPU tensors);
   after :func:`detach` they write raw frames (still ``.tzip`` files that ``tzip.load`` reads).
 * the daemon hears the job (:func:`tzip.client.job_info`: name, user, rank, world size, devices, MPS) with
   ``attached`` true (``tzip jobs`` lists it) and counts its requests by stream: gradients, optimizer, checkpoint.
@@ -107,12 +108,13 @@ def attached() -> bool:
     return _reg.state is True
 
 
-def checkpoint_codec(codec: str | None) -> str:
+def checkpoint_codec(codec: str | None) -> str | None:
     """The codec of a checkpoint helper called with ``codec`` (None: not given): ``codec`` when given; else "raw"
-    after :func:`detach`, and "auto" otherwise (attached, or never attached: the helpers' default)."""
+    after :func:`detach`, and None otherwise (attached, or never attached: the Client's default by device, "fast"
+    for CUDA tensors and "auto" for CPU tensors, tzip._codec_choice)."""
     if codec is not None:
         return codec
-    return "raw" if _reg.state is False else "auto"
+    return "raw" if _reg.state is False else None
 
 
 def _find_ddp(model):
@@ -124,7 +126,7 @@ def _find_ddp(model):
                     "(FSDP2: tzip.fsdp.use_lossless_collectives; a model without DDP has no gradients to send)")
 
 
-def _attach_ddp(ddp, process_group, client, strict: bool, codec: str):
+def _attach_ddp(ddp, process_group, client, strict: bool, codec: str | None):
     """The model's LosslessState, switched on; the hook is registered the first time."""
     from .ddp import LosslessState, lossless_allreduce_hook
 
@@ -146,7 +148,7 @@ def _attach_ddp(ddp, process_group, client, strict: bool, codec: str):
     return state
 
 
-def _attach_optimizer(opt, client, strict: bool, codec: str):
+def _attach_optimizer(opt, client, strict: bool, codec: str | None):
     import torch
 
     from .optim import AttachedOffload, CompressedOffload
@@ -167,7 +169,7 @@ def _offloads() -> list:
     return [o for o in (getattr(opt, "_tzip_offload", None) for opt in list(_reg.optimizers)) if o is not None]
 
 
-def attach(model=None, optimizer=None, process_group=None, job: str | None = None, *, codec: str = "auto",
+def attach(model=None, optimizer=None, process_group=None, job: str | None = None, *, codec: str | None = None,
            client=None, strict: bool = False) -> Attachment:
     """Switches tzip on for the rest of the run (see the module docstring); callable at any step, on every rank at
     the same one. ``attach()`` with neither ``model`` nor ``optimizer`` after :func:`detach` switches on again the
@@ -179,7 +181,8 @@ def attach(model=None, optimizer=None, process_group=None, job: str | None = Non
         process_group: the group the hook all-reduces over (default: the model's).
         job: the job's name, shared by its ranks (default: $TZIP_JOB, torchrun's $TORCHELASTIC_RUN_ID, else
             ``<script>-<pid>``).
-        codec: codec of the gradients and the optimizer state: "auto", "fast", "max", "bytes" or "raw".
+        codec: codec of the gradients and the optimizer state: "auto", "fast", "max", "bytes" or "raw"; None
+            (default): "fast" on a GPU, "auto" on the CPU (tzip._codec_choice).
         client: a :class:`tzip.Client` (default: the process-wide one, tzip._default).
         strict: raise DaemonUnavailableError instead of sending raw frames while the daemon is away.
 
@@ -187,11 +190,10 @@ def attach(model=None, optimizer=None, process_group=None, job: str | None = Non
     torch.optim.Optimizer), RuntimeError (the model has another comm hook), ValueError (unknown codec) and, with
     ``strict``, DaemonUnavailableError.
     """
+    from ._codec_choice import check_codec
     from ._default import resolve_client
-    from .client import CODECS
 
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; one of {', '.join(CODECS)}")
+    check_codec(codec)
     ddp = _find_ddp(model) if model is not None else None
     if optimizer is not None:
         import torch

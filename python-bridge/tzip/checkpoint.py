@@ -126,7 +126,8 @@ class Writer(StorageWriter):
     Args:
         path: the checkpoint folder (``checkpoint_id`` of ``dcp.save`` replaces it when given).
         codec: codec of tensor items: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md); None (default):
-            'auto', or 'raw' after ``tzip.detach()`` (tzip.attaching), decided at each save.
+            'fast' for CUDA tensors and 'auto' for CPU tensors (tzip._codec_choice), or 'raw' after
+            ``tzip.detach()`` (tzip.attaching), decided at each save.
         client: the daemon client (None: this process's default client). Its requests count as the job's
             checkpoint stream.
         strict: with the default client, raise DaemonUnavailableError when the daemon is away instead of writing

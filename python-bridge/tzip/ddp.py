@@ -51,8 +51,9 @@ class LosslessState:
 
     Args:
         process_group: the group to all-reduce over (default: the world).
-        codec: the tzip codec of the shards: "auto" (default), "fast", "max", "bytes", or "raw" (uncompressed, the
-            reference the others are bit-identical to).
+        codec: the tzip codec of the shards: "auto", "fast", "max", "bytes", or "raw" (uncompressed, the reference
+            the others are bit-identical to); None (default): "fast" for CUDA buckets, "auto" for CPU buckets
+            (tzip._codec_choice).
         client: the daemon client (default: the process-wide one of :mod:`tzip._default`).
         strict: for the default client: raise DaemonUnavailableError instead of sending raw frames (one warning) when
             the daemon is away.
@@ -69,7 +70,7 @@ class LosslessState:
     __slots__ = ["process_group", "codec", "client", "strict", "enabled", "bytes_raw", "bytes_sent", "buckets",
                  "_lock", "_executor"]
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, codec: str = "auto",
+    def __init__(self, process_group: dist.ProcessGroup | None = None, codec: str | None = None,
                  client: Client | None = None, strict: bool = False, enabled: bool = True):
         self.process_group = process_group
         self.codec = codec
@@ -137,7 +138,7 @@ def lossless_allreduce_hook(state: LosslessState, bucket: dist.GradBucket) -> to
 
     Example::
         >>> # xdoctest: +SKIP
-        >>> state = LosslessState(process_group, codec="auto")
+        >>> state = LosslessState(process_group, codec="fast")
         >>> ddp_model.register_comm_hook(state, lossless_allreduce_hook)
     """
     group = state.process_group if state.process_group is not None else dist.group.WORLD

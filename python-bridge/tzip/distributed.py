@@ -75,7 +75,8 @@ import torch.distributed as dist
 
 from ._default import resolve_client
 from ._dlpack import int_alias
-from .client import CODECS, Client, _stream_tag, tagged
+from ._codec_choice import check_codec
+from .client import Client, _stream_tag, tagged
 from .compressed import CompressedTensor
 
 __all__ = [
@@ -369,7 +370,7 @@ def _wire_device(group, data: torch.device) -> torch.device:
 class _Call:
     """The state of one call: group, ranks, wire device, codec, client (resolved when first needed), traffic."""
 
-    def __init__(self, kind: str, group, like, codec: str, client: Client | None, strict: bool):
+    def __init__(self, kind: str, group, like, codec: str | None, client: Client | None, strict: bool):
         """``like``: the call's tensor (its device is where results go; anything else: the CPU, and the call's
         preparation raises TypeError on every rank)."""
         if not dist.is_initialized():
@@ -395,8 +396,7 @@ class _Call:
 
     def check_codec(self) -> None:
         """ValueError for an unknown codec (called while preparing, so the other ranks hear of it)."""
-        if self.codec not in CODECS:
-            raise ValueError(f"unknown codec {self.codec!r}; one of {', '.join(CODECS)}")
+        check_codec(self.codec)
 
     def resolve_codec(self) -> None:
         """The codec the job's settings ask for, on a rank about to encode: "raw" (plain bytes, no daemon) once
@@ -617,7 +617,7 @@ def _p2p_mismatch(s_rank: int, s_desc, r_rank: int, r_desc) -> MismatchError:
                          f"into {_show(r_desc)}; nothing was copied")
 
 
-def _p2p(kind: str, tensor, peer: int, group, codec: str, client: Client | None, strict: bool, body) -> Work:
+def _p2p(kind: str, tensor, peer: int, group, codec: str | None, client: Client | None, strict: bool, body) -> Work:
     """A :class:`Work` running ``body(call, seq)`` off the caller's thread, with this message's sequence number."""
     call = _Call(kind, group, tensor, codec, client, strict)
     if not call.member:  # as torch.distributed: a rank outside the group takes no part
@@ -649,7 +649,7 @@ def _handshake(call: _Call, peer: int, seq: int, row: list[int], err: BaseExcept
     return got
 
 
-def isend(tensor: torch.Tensor, dst: int, group=None, codec: str = "auto", client: Client | None = None,
+def isend(tensor: torch.Tensor, dst: int, group=None, codec: str | None = None, client: Client | None = None,
           strict: bool = False) -> Work:
     """Sends ``tensor`` (any shape, a dtype of the module docstring, CPU or CUDA) to global rank ``dst``,
     compressed with ``codec``; returns a :class:`Work` (``wait()`` -> None).
@@ -712,7 +712,7 @@ def _recv(call: _Call, tensor: torch.Tensor, src: int, seq: int) -> torch.Tensor
     return tensor
 
 
-def send(tensor: torch.Tensor, dst: int, group=None, codec: str = "auto", client: Client | None = None,
+def send(tensor: torch.Tensor, dst: int, group=None, codec: str | None = None, client: Client | None = None,
          strict: bool = False) -> None:
     """:func:`isend` and wait: returns once the receiver has the data. Raises as isend."""
     isend(tensor, dst, group, codec, client, strict).wait()
@@ -726,7 +726,7 @@ def recv(tensor: torch.Tensor, src: int, group=None, client: Client | None = Non
 # --- collectives ------------------------------------------------------------------------------------
 
 
-def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str = "auto", client: Client | None = None,
+def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str | None = None, client: Client | None = None,
               strict: bool = False) -> torch.Tensor:
     """Copies ``tensor`` of global rank ``src`` into ``tensor`` of every rank of ``group`` (compressed once, at
     ``src``); returns ``tensor``.
@@ -796,7 +796,7 @@ def _gather_frames(call: _Call, w: _Wire, sizes: list[int]) -> list[torch.Tensor
     return parts
 
 
-def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None, codec: str = "auto",
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None, codec: str | None = None,
                client: Client | None = None, strict: bool = False) -> list[torch.Tensor]:
     """Gathers every rank's ``tensor`` into ``tensor_list`` (entry r: rank r's tensor, of its dtype and shape; the
     ranks' tensors may differ in shape); returns ``tensor_list``. Each rank's tensor is compressed once.
@@ -864,7 +864,7 @@ def _reduce_in_rank_order(code: int, parts: list[torch.Tensor], owned: list[bool
 
 
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op=ReduceOp.SUM, group=None,
-                   codec: str = "auto", client: Client | None = None, strict: bool = False) -> torch.Tensor:
+                   codec: str | None = None, client: Client | None = None, strict: bool = False) -> torch.Tensor:
     """Rank j's ``output`` = input_list[j] of rank 0 op ... op input_list[j] of rank n-1, reduced in rank order (the
     module docstring defines the ops); returns ``output``. Every input_list[j] must have rank j's output dtype and
     shape, else :class:`MismatchError` on every rank. Each rank compresses its n-1 outgoing entries in one request.
@@ -922,7 +922,7 @@ def _check_ops(call: _Call, heads: list[_Head]) -> None:
                             ", ".join(f"rank {r}: {_OP_NAMES.get(h.aux0, h.aux0)}" for r, h in enumerate(heads)))
 
 
-def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, codec: str = "auto", client: Client | None = None,
+def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, codec: str | None = None, client: Client | None = None,
                strict: bool = False) -> torch.Tensor:
     """Reduces ``tensor`` across the ranks of ``group``, in place (the algorithm, ops and guarantees are in the module
     docstring); returns ``tensor``.
@@ -932,7 +932,8 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, codec: str = "
         op: ReduceOp.SUM, AVG, PRODUCT, MIN or MAX.
         group: the process group (default: the world).
         codec: "auto" | "fast" | "max" | "bytes" (frames through the daemon) or "raw" (the tensor's own bytes, the
-            uncompressed reference; no daemon).
+            uncompressed reference; no daemon); None (default): "fast" for frames coded on a GPU, "auto" on the CPU
+            (tzip._codec_choice).
         client: the daemon client (default: the process-wide one, :mod:`tzip._default`).
         strict: for the default client: raise DaemonUnavailableError instead of sending raw frames when the daemon
             is away.
@@ -945,7 +946,7 @@ def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, codec: str = "
     return tensor
 
 
-def _all_reduce(tensor: torch.Tensor, op, group, codec: str, client: Client | None, strict: bool) -> Traffic:
+def _all_reduce(tensor: torch.Tensor, op, group, codec: str | None, client: Client | None, strict: bool) -> Traffic:
     """all_reduce's work; returns this call's traffic (also added to counters())."""
     call = _Call("all_reduce", group, tensor, codec, client, strict)
     if not call.member:

@@ -10,7 +10,7 @@ compressed ``ReduceScatter`` (gradients) on an FSDP2 module and its FSDP submodu
     for layer in model.layers:
         fully_shard(layer)
     fully_shard(model)
-    comms = tzip.fsdp.use_lossless_collectives(model)     # codec="auto"
+    comms = tzip.fsdp.use_lossless_collectives(model)     # codec=None: fast on a GPU
     ...                                                   # train as usual
     print(comms.bytes_sent / comms.bytes_raw)
 
@@ -46,7 +46,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from . import distributed as tzd
-from .client import CODECS, Client, tagged
+from ._codec_choice import check_codec
+from .client import Client, tagged
 
 __all__ = ["LosslessCollectives", "LosslessAllGather", "LosslessReduceScatter", "use_lossless_collectives"]
 
@@ -69,7 +70,7 @@ class LosslessCollectives:
         all_gathers, reduce_scatters: calls made.
     """
 
-    def __init__(self, codec: str, client: Client | None, strict: bool):
+    def __init__(self, codec: str | None, client: Client | None, strict: bool):
         self.codec = codec
         self.client = client
         self.strict = strict
@@ -172,7 +173,7 @@ class LosslessReduceScatter(ReduceScatter):
         return _done_work() if async_op else None
 
 
-def use_lossless_collectives(module: torch.nn.Module, codec: str = "auto", client: Client | None = None,
+def use_lossless_collectives(module: torch.nn.Module, codec: str | None = None, client: Client | None = None,
                              strict: bool = False) -> LosslessCollectives:
     """Installs lossless compressed all-gather and reduce-scatter on ``module`` (an FSDP2 module, or a module that
     contains some) and on every FSDP2 module inside it; returns their :class:`LosslessCollectives` (bytes counters).
@@ -181,8 +182,8 @@ def use_lossless_collectives(module: torch.nn.Module, codec: str = "auto", clien
 
     Args:
         module: a module made by ``fully_shard``, or one containing such modules.
-        codec: "auto" (default), "fast", "max", "bytes", or "raw" (uncompressed, no daemon: the reference every
-            codec is bit-identical to).
+        codec: "auto", "fast", "max", "bytes", or "raw" (uncompressed, no daemon: the reference every codec is
+            bit-identical to); None (default): "fast" for CUDA shards, "auto" for CPU shards (tzip._codec_choice).
         client: the daemon client (default: the process-wide one of :mod:`tzip._default`).
         strict: for the default client: raise DaemonUnavailableError instead of sending uncompressed (one warning)
             when the daemon is away.
@@ -191,8 +192,7 @@ def use_lossless_collectives(module: torch.nn.Module, codec: str = "auto", clien
         TypeError: no FSDP2 module in ``module``.
         ValueError: an unknown codec.
     """
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; one of {', '.join(CODECS)}")
+    check_codec(codec)
     state = LosslessCollectives(codec, client, strict)
     for m in module.modules():
         if isinstance(m, FSDPModule):

@@ -77,7 +77,8 @@ import torch
 
 from ._default import resolve_client
 from ._dlpack import int_alias
-from .client import CODECS, Client, tagged
+from ._codec_choice import check_codec
+from .client import Client, tagged
 from .compressed import CompressedTensor
 
 __all__ = ["CompressedOffload", "OffloadedTensor", "AttachedOffload", "DEFAULT_CHUNK_BYTES", "DEFAULT_MIN_BYTES"]
@@ -221,7 +222,8 @@ class CompressedOffload(torch.optim.Optimizer):
         optimizer: a constructed ``torch.optim.Optimizer`` (Adam, AdamW, SGD, ... or your own), not yet stepped or
             already stepped (its state is offloaded now).
         codec: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (README, "Codecs"); 'raw' runs the same offload without
-            compression (a baseline).
+            compression (a baseline). None (default): 'fast' for state on a GPU, 'auto' for state on the CPU
+            (tzip._codec_choice).
         client: a :class:`~tzip.Client`; None: the process-wide default (tzip._default), strict or lenient as
             ``strict`` says.
         strict: raise DaemonUnavailableError instead of storing uncompressed frames when the daemon is away. With a
@@ -236,15 +238,14 @@ class CompressedOffload(torch.optim.Optimizer):
         DaemonUnavailableError: ``strict=True``, ``client=None`` and no daemon can be reached or started.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, codec: str = "auto", client: Client | None = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, codec: str | None = None, client: Client | None = None,
                  strict: bool = False, *, min_bytes: int = DEFAULT_MIN_BYTES,
                  chunk_bytes: int | None = DEFAULT_CHUNK_BYTES):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"CompressedOffload wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, CompressedOffload):
             raise TypeError("this optimizer is already a CompressedOffload")
-        if codec not in CODECS:
-            raise ValueError(f"unknown codec {codec!r}; one of {', '.join(CODECS)}")
+        check_codec(codec)
         if min_bytes < 1 or (chunk_bytes is not None and chunk_bytes < 1):
             raise ValueError(f"min_bytes ({min_bytes}) and chunk_bytes ({chunk_bytes}) must be positive")
         if client is not None and strict and not client.strict:
@@ -546,7 +547,7 @@ class CompressedOffload(torch.optim.Optimizer):
             s = slabs[k] = _HostSlab((cap + _SLAB_GRAIN - 1) // _SLAB_GRAIN * _SLAB_GRAIN)
         return s
 
-    def _offload_gpu(self, index: int, planned: list, codec: str) -> None:
+    def _offload_gpu(self, index: int, planned: list, codec: str | None) -> None:
         """Per chunk: the daemon encodes the flat buffer on the GPU (in the current stream's order), then the frame is
         copied into the chunk's pinned slab on the side stream while the next chunk is encoded. Returns when the
         copies are done."""
@@ -709,7 +710,7 @@ class AttachedOffload:
         ValueError, DaemonUnavailableError: as :class:`CompressedOffload`.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, codec: str = "auto", client: Client | None = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, codec: str | None = None, client: Client | None = None,
                  strict: bool = False, *, min_bytes: int = DEFAULT_MIN_BYTES,
                  chunk_bytes: int | None = DEFAULT_CHUNK_BYTES):
         self.optimizer = optimizer

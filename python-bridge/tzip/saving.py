@@ -204,7 +204,8 @@ def save(obj: Any, path: str | os.PathLike, codec: str | None = None, client: Cl
             any dtype.
         path: the file to create or replace (its folder must exist).
         codec: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md); non-float tensors get 'bytes' under
-            'fast' and 'max'. None (default): 'auto', or 'raw' after ``tzip.detach()`` (tzip.attaching).
+            'fast' and 'max'. None (default): 'fast' for CUDA tensors and 'auto' for CPU tensors
+            (tzip._codec_choice), or 'raw' after ``tzip.detach()`` (tzip.attaching).
         client: the daemon client; None: the process's default client (``tzip._default``). Its requests count as
             the job's checkpoint stream.
         strict: with the default client, raise DaemonUnavailableError when the daemon is away instead of storing
