@@ -42,6 +42,8 @@ class FakeGpu {
   alterHeaders: ((h: FrameHeader[]) => FrameHeader[]) | null = null;
   /** gpuCompress / gpuDecompress calls, with their item counts. */
   readonly batches: { op: 'compress' | 'decompress'; items: number }[] = [];
+  /** The codec of every item gpuCompress was given, in order. */
+  readonly asked: string[] = [];
 
   alloc(bytes: Buffer | number): bigint {
     const base = this.nextBase;
@@ -115,6 +117,7 @@ class FakeGpu {
         if (this.hold !== null) await this.hold;
         const written: GpuCompressed[] = [];
         for (const it of items) {
+          this.asked.push(it.codec);
           const input = this.resolve(it.data, Number(it.nbytes));
           const frame = await compress(input, { dtype: it.dtype, shape: it.shape.map(Number), codec: it.codec, chunkSize: opts.chunkSize });
           frame.copy(this.resolve(it.frame, Number(it.frameCapacity)));
@@ -258,7 +261,7 @@ describe('GPU requests (fake GPU)', () => {
         { tensor: bf16(ref(0, a.length + 64), [3000], 64), out: ref(32768, cap), codec: 'raw' },
       ] });
       expect(r.ok).toBe(true);
-      const want = await compress(a, { dtype: 'BF16', shape: [3000] });
+      const want = await compress(a, { dtype: 'BF16', shape: [3000], codec: 'fast' }); // a GPU request's default codec
       expect(mem.subarray(storage + 16384, storage + 16384 + r.frames[0].bytes).equals(want)).toBe(true);
       const d = await c.call('decompress', { handles, frames: [{ frame: ref(16384, r.frames[0].bytes), out: bf16(ref(65536, a.length), [3000]) }] });
       expect(d.ok).toBe(true);
@@ -311,6 +314,37 @@ describe('GPU requests (fake GPU)', () => {
         old.close();
       }
       expect((await c.call('heartbeat')).ok).toBe(true);
+    } finally {
+      c.close();
+    }
+  });
+
+  it('a tensor whose request names no codec is coded fast on the GPU; a named codec is kept', async () => {
+    const c = new DaemonConn(daemon.endpoint);
+    try {
+      await c.hello();
+      const base = gpu.alloc(4 << 20);
+      const w = bf16Weights(50_000, 11);
+      w.copy(gpu.memory.get(base) as Buffer, 0);
+      const cap = maxCompressedSize(w.length, 1);
+      const tensor = (i: number, codec?: string) => ({
+        tensor: bf16(ipc(c, base, 0, w.length), [50_000]), out: ipc(c, base, (1 << 20) + i * (1 << 19), cap), ...(codec !== undefined ? { codec } : {}),
+      });
+      const cases: { body: Record<string, unknown>; asked: string[] }[] = [
+        { body: { tensors: [tensor(0), tensor(1, 'max')] }, asked: ['fast', 'max'] },
+        { body: { codec: 'auto', tensors: [tensor(0), tensor(1, 'raw')] }, asked: ['auto', 'raw'] },
+      ];
+      for (const { body, asked } of cases) {
+        const before = gpu.asked.length;
+        const r = await c.call('compress', body);
+        expect(r.ok).toBe(true);
+        expect(gpu.asked.slice(before)).toEqual(asked);
+        const want = await Promise.all(asked.map((codec) => compress(w, { dtype: 'BF16', shape: [50_000], codec: codec as 'auto' })));
+        asked.forEach((_, i) => {
+          expect(r.frames[i].codec).toBe(readHeader(want[i]!).codec);
+          expect(r.frames[i].bytes).toBe(want[i]!.length);
+        });
+      }
     } finally {
       c.close();
     }

@@ -236,7 +236,7 @@ function compressSchema<H extends z.ZodType, T extends z.ZodType>(handle: H, ten
     id: RequestId,
     op: z.literal('compress'),
     sid: SessionId,
-    /** Default codec of the batch (auto). */
+    /** Default codec of the batch (auto for CPU tensors, fast for GPU tensors: op-gpu.ts GPU_DEFAULT_CODEC). */
     codec: CodecName.optional(),
     /** Protocol version 3: what the tensors are, for the job's counters. */
     stream: Stream.optional(),
