@@ -136,6 +136,31 @@ def test_frames_match_the_cpu_path_byte_for_byte(client):
 
 
 @needs_cuda
+@pytest.mark.parametrize("ring_entries", [0, None], ids=["zeromq", "ring"])
+def test_a_cuda_tensor_without_a_codec_gets_fast_and_a_cpu_tensor_auto(shared_daemon, ring_entries):
+    """codec=None (the default; tzip._codec_choice): CUDA tensors are coded `fast` (bf16 weights, where `auto` picks
+    `max`), CPU tensors `auto`, in one call as in two; the frames equal the CPU path's of the named codec byte for
+    byte. A named codec wins."""
+    kw = {} if ring_entries is None else {"ring_entries": ring_entries}
+    c = tz.connect(shared_daemon.socket, spawn=False, strict=True, **kw)
+    try:
+        w = bf16_weights(200_000, seed=5)
+        cpu_auto, cpu_fast = c.compress(w.cpu(), codec="auto"), c.compress(w.cpu(), codec="fast")
+        assert cpu_auto.codec == "max" and cpu_fast.codec == "fast"  # the test means something only if auto picks max
+        mixed = c.compress([w, w.cpu()])
+        assert [x.codec for x in mixed] == ["fast", "max"]
+        assert mixed[0].payload.device.type == "cuda" and torch.equal(mixed[0].payload.cpu(), cpu_fast.payload)
+        assert torch.equal(mixed[1].payload, cpu_auto.payload)
+        alone = c.compress_async(w).result(timeout=60)
+        assert alone.codec == "fast" and torch.equal(alone.payload.cpu(), cpu_fast.payload)
+        named = c.compress(w, codec="auto")
+        assert named.codec == "max" and torch.equal(named.payload.cpu(), cpu_auto.payload)
+        assert same_bits(c.decompress(mixed[0]), w) and same_bits(c.decompress(named), w)
+    finally:
+        c.close()
+
+
+@needs_cuda
 def test_a_batch_reports_each_frames_own_codec_as_the_cpu_path(client, sharing_client):
     """One request with `auto` picking differently per tensor (max, fast, bytes; an empty float tensor): the codecs
     the daemon reports (the addon's per-item report, one copy for the batch) and the frames equal the CPU path's,
@@ -144,10 +169,10 @@ def test_a_batch_reports_each_frames_own_codec_as_the_cpu_path(client, sharing_c
           (torch.randn(5_000) * 0.02).cuda(), random_cuda(torch.int32, (7, 1000), seed=3),
           torch.empty((0, 4), dtype=torch.bfloat16, device="cuda"), (torch.randn(64, 64) * 0.02).to(torch.float16).cuda(),
           bf16_weights(1, seed=4)]
-    cpu = client.compress([t.cpu() for t in ts])
+    cpu = client.compress([t.cpu() for t in ts], codec="auto")
     assert {c.codec for c in cpu[:2]} == {"fast", "max"}, [c.codec for c in cpu]
     for c in (client, sharing_client):
-        g = c.compress(ts)
+        g = c.compress(ts, codec="auto")
         assert [x.codec for x in g] == [x.codec for x in cpu]
         for i, (x, y) in enumerate(zip(g, cpu)):
             assert torch.equal(x.payload.cpu(), y.payload), i

@@ -96,6 +96,40 @@ def test_codecs_and_ratio_on_weights(client):
         client.compress(w, codec="zip")
 
 
+@pytest.mark.parametrize("ring_entries", [0, None], ids=["zeromq", "ring"])
+def test_a_cpu_tensor_without_a_codec_is_coded_auto(shared_daemon, ring_entries):
+    """codec=None (the default; tzip._codec_choice): a CPU tensor gets `auto`, the same frame byte for byte, through
+    the ring and through ZeroMQ, blocking and async; the job's codec setting still wins (tzip set JOB codec=fast)."""
+    kw = {} if ring_entries is None else {"ring_entries": ring_entries}
+    job = f"codec-default-{ring_entries}"  # a job of its own: its setting must not reach the other case
+    c = tz.connect(shared_daemon.socket, spawn=False, strict=True, job=job, **kw)
+    try:
+        w = (torch.randn(256, 512, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
+        auto = c.compress(w, codec="auto")
+        assert auto.codec == "max"  # the default differs from fast here, so the test tells them apart
+        for got in (c.compress(w), c.compress([w])[0], c.compress_async(w).result(timeout=30)):
+            assert got.codec == auto.codec
+            assert got.payload.numpy().tobytes() == auto.payload.numpy().tobytes()
+        operator = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+        try:
+            operator._call("set", {"job": job, "codec": "fast"})
+        finally:
+            operator.close()
+        c._call("heartbeat", {})  # the client hears the job's settings (a ring SQE names its codec)
+        assert c.compress(w).codec == "fast"
+    finally:
+        c.close()
+
+
+def test_unknown_codecs_are_refused_before_any_request(client):
+    w = torch.ones(8, dtype=torch.bfloat16)
+    for bad in ("zip", "", "AUTO", 1):
+        with pytest.raises(ValueError, match="unknown codec"):
+            client.compress(w, codec=bad)
+        with pytest.raises(ValueError, match="unknown codec"):
+            client.compress_async(w, codec=bad).result(timeout=10)
+
+
 def test_raw_codec_equals_the_python_fallback_frame(client):
     t = random_tensor(torch.bfloat16, (300, 301), seed=5)
     ct = client.compress(t, codec="raw")
