@@ -5,8 +5,10 @@
  * The data plane is the addon's ring thread (src/native.ts `ringOpen`): it reads SQEs from the ring file, checks them
  * against the regions registered here and writes CQEs; no JavaScript runs per request. What the daemon does is what
  * the thread cannot: decide which memory is the session's (the same checks as for ZeroMQ requests), map it or open it
- * (shm-map.ts, gpu-map.ts), hold it while a region names it, and count the thread's completions in the session's job
- * (handed over in batches, {@link RingEvents.onStats}).
+ * (shm-map.ts, gpu-map.ts), hold it while a region names it, count the thread's completions in the session's job
+ * (handed over in batches, {@link RingEvents.onStats}), hand the thread the job's settings whenever they change
+ * ({@link SessionRings.applySettings}; docs/ring.md "Who applies the job's settings") and the session's word of tensor
+ * bytes in flight, which its batches reserve in as the session's ZeroMQ requests do (docs/ring.md "Limits").
  *
  * Memory held by rings:
  * - Shared-memory files (ring files and `shm` regions) are mapped through a {@link ShmMappings} of the session's rings
