@@ -231,7 +231,17 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
   Settings settings;
   // The batch's tensor bytes (compress: the tensors; decompress: the destinations), as the session's ZeroMQ requests
   // count theirs (src/daemon/session.ts, reserveBytes).
-  int64_t reserved = 0;
+  // Given back before the CQEs, or by the destructor when the batch throws (the ring then breaks; the session's
+  // ZeroMQ requests must not find its bytes still held).
+  struct Reservation {
+    RingCore* ring;
+    int64_t bytes = 0;
+    void give_back() {
+      if (bytes > 0) ring->unreserve_inflight(bytes);
+      bytes = 0;
+    }
+    ~Reservation() { give_back(); }
+  } reserved{this};
   {
     std::lock_guard<std::mutex> lock(mu_);
     settings = settings_;
@@ -248,7 +258,7 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
         c = Check{ring::kLimit, "bytes in flight over the session's limit"};
         bad = 0;
       } else {
-        reserved = int64_t(bytes);
+        reserved.bytes = int64_t(bytes);
       }
     }
     if (c.ok() && op != ring::kNop) {
@@ -329,7 +339,7 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
     if (notify) post([](Events& e) { e.regions_idle = true; });
   }
   // Before the CQEs: a client that goes on at its CQE finds the bytes given back.
-  if (reserved > 0) unreserve_inflight(reserved);
+  reserved.give_back();
   if (op == ring::kCompress || op == ring::kDecompress) {
     for (size_t i = 0; i < n; ++i) count(batch[i], cqes[i], on_gpu, i == 0 ? seconds : 0);
   }
