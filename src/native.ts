@@ -281,7 +281,8 @@ export interface NativeRing {
   /**
    * Replaces what the thread applies to the SQEs (the daemon's job settings, docs/ring.md "Who applies the job's
    * settings"): every batch whose checks start after this call returns runs with `settings`; a batch already running
-   * keeps those it started with. Never blocks on a batch (one mutex, held by the thread only while it checks one).
+   * keeps those it started with. Never waits for a batch to run (one mutex, which the thread holds only while it
+   * checks a batch or marks one finished).
    * @throws TzipError TZIP_INVALID_ARGUMENT (an unknown codec, a negative smBudgetOverride, smBudget missing).
    */
   setSettings(settings: RingSettings): void;
