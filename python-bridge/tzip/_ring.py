@@ -6,9 +6,11 @@ nothing crosses the socket: the client packs 128-byte submission entries (SQEs) 
 ``(id, generation, offset, bytes)`` into the file, publishes them by storing ``sq_head``, rings the doorbell when the
 thread sleeps, and reaps 64-byte completion entries (CQEs) after ``cq_head``.
 
-* :class:`Ring` -- the file, its header words (ctypes views into the mapping), SQE packing with precompiled
-  :class:`struct.Struct` objects straight into the mapping, the doorbell futexes, and reaping: any thread that waits
-  reaps for every pending request of the ring and dispatches completions by ``user_data``. One lock per ring.
+* :class:`Ring` -- the file, its header words (ctypes views into the mapping), publishing SQEs packed by the caller
+  (:meth:`Ring.submit_packed`: one copy into the mapping per batch; :meth:`Ring.submit` packs :func:`sqe` tuples
+  first), the doorbell futexes, and reaping: any thread that waits reaps for every pending request of the ring and
+  dispatches completions by ``user_data`` (a request's id in the high 32 bits, the SQE's index in it in the low 32:
+  one dictionary entry per request, not per SQE). One lock per ring.
 * :class:`Handle` -- what ``compress_async`` / ``decompress_async`` return: a :class:`concurrent.futures.Future`
   (existing callers keep working) with ``wait(stream=None)`` (a GPU-side wait where there is one) and ``result()``.
 * :func:`sqe` -- the field tuple of one SQE; :data:`SQE` / :data:`CQE` -- their layouts.
@@ -27,8 +29,10 @@ would cost a delay, never a hang.
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures._base as _futures_base
 import ctypes
 import errno
+import itertools
 import mmap
 import os
 import platform
@@ -74,6 +78,9 @@ STREAM_TAGS = {None: 0, "other": 0, "gradients": 1, "optimizer": 2, "checkpoint"
 #: user_data u64, op flags codec dtype ndim sm_budget stream (u8 each), reserved u8, src (id u32, generation u32,
 #: offset u64, bytes u64), dst (the same), shape u64[6], wait_value u64, signal_value u64: 128 bytes.
 SQE = struct.Struct("<QBBBBBBBxIIQQIIQQ6QQQ")
+#: Byte offsets in an SQE of the fields patched after packing (flags; wait_value, signal_value).
+SQE_OFF_FLAGS, SQE_OFF_WAIT, SQE_OFF_SIGNAL = 9, 112, 120
+_U64 = struct.Struct("<Q")
 #: user_data u64, status i32, codec u8, reserved u8[3], result u64, message char[40]: 64 bytes.
 CQE = struct.Struct("<QiB3xQ40s")
 assert SQE.size == SQE_BYTES and CQE.size == CQE_BYTES
@@ -198,7 +205,9 @@ class Handle(concurrent.futures.Future):
     def __init__(self, ring: "Ring | None" = None, n: int = 0, finish: Callable[[list], Any] | None = None,
                  on_wait: Callable[[Any], None] | None = None):
         super().__init__()
-        self.set_running_or_notify_cancel()
+        # What set_running_or_notify_cancel() does to a new Future (nobody waits on it yet, it cannot be cancelled),
+        # without taking its condition's lock.
+        self._state = _futures_base.RUNNING
         self._ring = ring
         self._n = n
         self._left = n
@@ -206,6 +215,8 @@ class Handle(concurrent.futures.Future):
         self._finish = finish
         self._on_wait = on_wait
         self._ran = False
+        #: The request's id on its ring (``user_data`` of its k-th SQE: ``ud + k``; 0 without a ring).
+        self.ud = ring.new_ud() if ring is not None else 0
 
     # The completion records of this request, in submission order: (status, codec, result, message) each.
     @property
@@ -241,13 +252,6 @@ class Handle(concurrent.futures.Future):
             self._on_wait(stream)
             return
         concurrent.futures.wait([self])
-
-    def _record(self, k: int, cqe: tuple) -> bool:
-        """(Ring lock held) stores the ``k``-th completion; True when it was the last one."""
-        if self._cqes[k] is None:
-            self._cqes[k] = cqe
-            self._left -= 1
-        return self._left == 0
 
     def _complete(self, error: BaseException | None = None) -> None:
         """Runs the request's finishing step (outside the ring's lock) and settles the Future, once."""
@@ -375,8 +379,10 @@ class Ring:
         self._cq_doorbell_addr = ctypes.addressof(self._cq_doorbell)
         self._head = 0  # sq_head as published (free-running)
         self._tail = 0  # cq_tail as published
-        self._next_ud = 1
-        self._pending: dict[int, tuple[Handle, int]] = {}
+        self._ids = itertools.count(1)  # request ids (the high 32 bits of user_data)
+        self._pending: dict[int, Handle] = {}  # request id -> its handle, while any of its SQEs is unreaped
+        self._unreaped = 0  # SQEs published whose CQE was not reaped
+        self._reaper_idle = False  # the background reaper waits on the condition with nothing to do
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._reaping = False  # a thread holds the reaper role (sleeps on cq_doorbell, advances cq_tail)
@@ -403,7 +409,7 @@ class Ring:
     def in_flight(self) -> int:
         """SQEs submitted whose completions were not reaped yet."""
         with self._lock:
-            return len(self._pending)
+            return self._unreaped
 
     def words(self) -> dict[str, int]:
         """The header's words as they are now (diagnostics, tests)."""
@@ -413,42 +419,67 @@ class Ring:
                 "cq_doorbell": self._cq_doorbell.value, "produced": self._produced.value, "done": self._done.value}
 
     # --- submission --------------------------------------------------------------------------------------------
+    def new_ud(self) -> int:
+        """The ``user_data`` of a new request's first SQE (its k-th SQE: + k): a request id in the high 32 bits."""
+        return (next(self._ids) & _M32) << 32
+
     def submit(self, batches: Sequence[Sequence[tuple]], handle: Handle) -> None:
         """Publishes ``batches`` (each a list of :func:`sqe` tuples, LINKed into one batch of the ring thread;
-        longer ones are split at ``max_batch``) for ``handle`` (made with ``n`` = the number of SQEs), then rings the
-        doorbell if the thread sleeps. Waits (reaping) while the ring has no room for a batch.
+        longer ones are split at ``max_batch``) for ``handle`` (made with this ring and ``n`` = the number of SQEs),
+        then rings the doorbell if the thread sleeps. Waits (reaping) while the ring has no room for a batch.
 
         Raises RingClosed when the ring no longer serves."""
-        chains: list[Sequence[tuple]] = []
+        n = sum(len(b) for b in batches)
+        buf = bytearray(n * SQE_BYTES)
+        pack, ud, k = SQE.pack_into, handle.ud, 0
         for b in batches:
-            for i in range(0, len(b), self.max_batch):
-                chains.append(b[i:i + self.max_batch])
-        k = 0
-        for chain in chains:
-            self._publish(chain, handle, k)
-            k += len(chain)
+            last = len(b) - 1
+            for j, fields in enumerate(b):
+                if j < last:
+                    fields = (fields[0], fields[1] | F_LINK, *fields[2:])
+                pack(buf, k * SQE_BYTES, ud + k, *fields)
+                k += 1
+        self.submit_packed(buf, n, handle)
+
+    def submit_packed(self, buf: bytearray, n: int, handle: Handle) -> None:
+        """Publishes the ``n`` SQEs packed in ``buf`` (:data:`SQE` each; the k-th with ``user_data`` ``handle.ud +
+        k``, and ``LINK`` on every one that continues its batch) for ``handle`` (made with this ring and ``n``
+        SQEs), then rings the doorbell if the thread sleeps. A batch longer than ``max_batch`` is split there (the
+        last SQE of each part loses its ``LINK``, as does the last of all). Waits (reaping) while the ring has no room
+        for a part. Raises RingClosed when the ring no longer serves."""
+        if n == 0:
+            return
+        step = self.max_batch
+        for e in (*range(step - 1, n - 1, step), n - 1):
+            buf[e * SQE_BYTES + SQE_OFF_FLAGS] &= ~F_LINK & 0xFF
+        mv = memoryview(buf)
+        for k in range(0, n, step):
+            self._publish(mv, k, min(step, n - k), handle)
         self.ring_doorbell()
 
-    def _publish(self, chain: Sequence[tuple], handle: Handle, k0: int) -> None:
-        n = len(chain)
-        mm, pack, mask, base = self._mm, SQE.pack_into, self._mask, self._sq_base
+    def _publish(self, mv: memoryview, k0: int, n: int, handle: Handle) -> None:
+        """Copies SQEs ``k0 .. k0 + n`` of ``mv`` (one chain) into the SQ and publishes them."""
+        mm, mask, base, entries = self._mm, self._mask, self._sq_base, self.entries
         while True:
             with self._lock:
                 if self._dead is not None:
                     raise RingClosed(str(self._dead))
                 # Every SQE gets one CQE: with at most `entries` unreaped SQEs, neither queue can overflow.
-                if len(self._pending) + n <= self.entries:
-                    ud = self._next_ud
-                    self._next_ud += n
+                if self._unreaped + n <= entries:
+                    self._pending[handle.ud >> 32] = handle
                     head = self._head
-                    last = n - 1
-                    for j, fields in enumerate(chain):
-                        self._pending[ud + j] = (handle, k0 + j)
-                        if j < last:
-                            fields = (fields[0], fields[1] | F_LINK, *fields[2:])
-                        pack(mm, base + ((head + j) & mask) * SQE_BYTES, ud + j, *fields)
+                    pos = head & mask
+                    first = min(n, entries - pos)  # up to the SQ's end, the rest from its start
+                    a = base + pos * SQE_BYTES
+                    mm[a:a + first * SQE_BYTES] = mv[k0 * SQE_BYTES:(k0 + first) * SQE_BYTES]
+                    if first < n:
+                        mm[base:base + (n - first) * SQE_BYTES] = mv[(k0 + first) * SQE_BYTES:(k0 + n) * SQE_BYTES]
+                    self._unreaped += n
                     self._head = (head + n) & _M32
-                    self._sq_head.value = self._head  # the SQEs' bytes are stored before the index (x86 store order)
+                    # The SQEs' bytes are stored before the index: x86 keeps ordinary stores in order, and the barrier
+                    # drains the non-temporal stores a large memcpy may use.
+                    full_barrier()
+                    self._sq_head.value = self._head
                     return
             # No room: the doorbell for what is queued, then reap something (or wait for whoever reaps).
             self.ring_doorbell()
@@ -534,15 +565,19 @@ class Ring:
                                              f"(of {self.entries}); the ring is not usable"))
                 done = []
             else:
-                mm, unpack, mask, base = self._mm, CQE.unpack_from, self._mask, self._cq_base
+                mm, unpack, mask, base, pending = self._mm, CQE.unpack_from, self._mask, self._cq_base, self._pending
                 for i in range(n):
                     ud, status, codec, result, msg = unpack(mm, base + ((tail + i) & mask) * CQE_BYTES)
-                    entry = self._pending.pop(ud, None)
-                    if entry is None:
+                    rid = ud >> 32
+                    h = pending.get(rid)
+                    k = ud & _M32
+                    if h is None or k >= h._n or h._cqes[k] is not None:
                         continue  # not ours to know (a duplicate or a torn entry): nothing waits for it
-                    h, k = entry
-                    text = msg.split(b"\0", 1)[0].decode("ascii", "replace") if status else ""
-                    if h._record(k, (status, codec, result, text)):
+                    h._cqes[k] = (status, codec, result, msg.split(b"\0", 1)[0].decode("ascii", "replace") if status else "")
+                    self._unreaped -= 1
+                    h._left -= 1
+                    if h._left == 0:
+                        del pending[rid]
                         done.append(h)
                 self._tail = (tail + n) & _M32
                 self._cq_tail.value = self._tail
@@ -582,10 +617,11 @@ class Ring:
 
     def _fail_pending(self) -> None:
         with self._lock:
-            handles = {id(h): h for h, _ in self._pending.values()}
+            handles = list(self._pending.values())
             self._pending.clear()
+            self._unreaped = 0
             err = self._dead
-        for h in handles.values():
+        for h in handles:
             h._complete(err)
 
     # --- the background reaper ---------------------------------------------------------------------------------
@@ -598,14 +634,19 @@ class Ring:
                 if self._reaper is None and self._dead is None:
                     self._reaper = threading.Thread(target=self._reaper_loop, name=f"tzip-ring-{self.name[-12:]}", daemon=True)
                     self._reaper.start()
-        with self._cv:
-            self._cv.notify_all()
+        # Only a reaper that waits with nothing pending needs the nudge: it set _reaper_idle under the lock the
+        # submission took to add its request, so a request added before that was seen by its check.
+        if self._reaper_idle:
+            with self._cv:
+                self._cv.notify_all()
 
     def _reaper_loop(self) -> None:
         while True:
             with self._cv:
                 while self._dead is None and (not self._pending or self._reaping):
+                    self._reaper_idle = not self._pending
                     self._cv.wait(0.5)
+                    self._reaper_idle = False
                 if self._dead is not None:
                     return
                 self._reaping = True
