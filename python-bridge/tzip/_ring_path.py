@@ -24,7 +24,7 @@ from ._dlpack import copy_from_bytes, from_bytes, int_alias
 from ._errors import DaemonUnavailableError, TzipDaemonError
 from ._gpu_path import _Gpu, _NoDevice, _stream_for
 from ._job import _sm_budget, _stream_tag
-from ._wire import MAX_STAGE_BYTES, _align, _sqe_layout, cuda_device, cuda_region, shm_region
+from ._wire import _ALIGN, MAX_STAGE_BYTES, _align, _sqe_layout, cuda_device, cuda_region, shm_region
 from .compressed import CompressedTensor
 
 _log = logging.getLogger("tzip")
@@ -38,9 +38,35 @@ RING_ENTRIES = 1024
 RING_SPIN_S = _ring.DEFAULT_SPIN_S
 
 
-def _stage_cpu(plan: list[tuple]) -> int:
-    """Staging bytes of a CPU compress plan: the inputs not in registered shared memory, and every frame's bound."""
-    return sum((0 if p[5] else _align(p[1])) + _align(p[4]) for p in plan)
+#: SQE packing: the layout (tzip._ring.SQE) packed straight into a request's bytes, one call per SQE.
+_PACK = _ring.SQE.pack_into
+_U64 = _ring._U64.pack_into
+_SQE_BYTES = _ring.SQE_BYTES
+_OP_COMPRESS, _OP_DECOMPRESS, _LINK = _ring.OP_COMPRESS, _ring.OP_DECOMPRESS, _ring.F_LINK
+_ZERO8 = (0,) * 8  # a decompress SQE's shape (6 dimensions), wait_value and signal_value
+_A = _ALIGN - 1  # (n + _A) & ~_A: n rounded up to the alignment of the regions in a staging buffer (tzip._wire._align)
+#: Dtypes whose tensors torch.empty makes as whole bytes (numel * itemsize): decompressed results of these are made in
+#: their dtype and shape at once; the others are bytes seen as their dtype (tzip._dlpack.from_bytes).
+_WHOLE_BYTE_DTYPES = frozenset(d for d in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                                           torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+                                           torch.complex128))
+_new_compressed = CompressedTensor.__new__
+
+
+def _ct(payload: torch.Tensor, dtype: torch.dtype, shape: torch.Size, codec: str, nbytes: int) -> CompressedTensor:
+    """CompressedTensor(payload, dtype, shape, codec, nbytes) without its argument checks: for the frames made here
+    (a new 1-D uint8 payload, the tensor's own torch.Size and int byte count)."""
+    ct = _new_compressed(CompressedTensor)
+    ct.payload, ct.dtype, ct.shape, ct.codec, ct.nbytes = payload, dtype, shape, codec, nbytes
+    return ct
+
+
+def _first(values: list):
+    return values[0]
+
+
+def _same(values: list):
+    return values
 
 
 def _u8_of(t: torch.Tensor) -> torch.Tensor:
@@ -228,9 +254,15 @@ class RingPath:
         return got  # type: ignore[return-value]
 
     def _ring_shm(self, ring: _ring.Ring, names: list[str]) -> dict[str, _ring.Region]:
-        """The regions of the session's shared-memory files ``names`` (whole files) on ``ring``."""
-        regs = self._ring_regions(ring, [(("shm", n), shm_region(n)) for n in names])
-        return dict(zip(names, regs))
+        """The regions of the session's shared-memory files ``names`` (whole files) on ``ring`` (the cached ones looked
+        up here; the others registered by :meth:`_ring_regions`)."""
+        cached = ring.regions
+        with self._release_lock:
+            got = {n: cached.get(("shm", n)) for n in names}
+        missing = [n for n, r in got.items() if r is None]
+        if missing:
+            got.update(zip(missing, self._ring_regions(ring, [(("shm", n), shm_region(n)) for n in missing])))
+        return got
 
     def _flush_ring_releases(self, timeout: float = 10.0) -> None:
         """Sends the queued ``ring_release``s (regions of dropped segments and staging buffers), one per ring."""
@@ -304,66 +336,76 @@ class RingPath:
         if self._ring_caps is None or self._sid is None or (codec is not None and codec not in _ring.CODEC_CODES) or not items:
             return None
         groups: dict[int | None, list[int]] = {}
-        for i, t in enumerate(items):
-            groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
+        for i, t in enumerate(items):  # (is_cuda: the checks of the call let only CPU and CUDA tensors through)
+            groups.setdefault((t.device.index or 0) if t.is_cuda else None, []).append(i)
         tag = _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
         starters = []
         for key, idx in groups.items():
-            part = [items[i] for i in idx]
+            part = items if len(groups) == 1 else [items[i] for i in idx]
             if key is None:
-                plan = self._ring_plan_compress_cpu(part)
-                if plan is None or (len(plan) > 1 and _stage_cpu(plan) > MAX_STAGE_BYTES):
+                planned = self._ring_plan_compress_cpu(part)
+                if planned is None or (len(part) > 1 and planned[1] > MAX_STAGE_BYTES):
                     return None  # (ZeroMQ splits such batches into requests of their own)
-                starters.append((idx, key, plan, None))
+                starters.append((idx, key, planned, None))
             else:
                 g = self._gpu(key)
                 budget = self._ring_sm_budget()
                 if budget is None or not self._gpu_reachable(g):
                     return None
-                plan = self._ring_plan_compress_gpu(part)
-                if plan is None or sum(_align(p[1]) + _align(p[4]) for p in plan) > MAX_STAGE_BYTES:
+                planned = self._ring_plan_compress_gpu(part)
+                if planned is None or planned[1] > MAX_STAGE_BYTES:
                     return None  # everything is staged through the ring: large tensors are handed over through ZeroMQ
-                starters.append((idx, key, plan, (_stream_for(streams, key), budget)))
+                starters.append((idx, key, planned, (_stream_for(streams, key), budget)))
         try:
             for _, key, _, _ in starters:
                 if self._ring(key) is None:
                     return None
         except DaemonUnavailableError:
             return None  # the ZeroMQ path notices it too, and retries (spawn) or falls back
-        return [(idx, key, plan, extra, tag, self._ring_codec(codec_for(codec, key is not None)))
-                for idx, key, plan, extra in starters]
+        return [(idx, key, planned, extra, tag, self._ring_codec(codec_for(codec, key is not None)))
+                for idx, key, planned, extra in starters]
 
     @staticmethod
-    def _ring_plan_compress_cpu(tensors: list[torch.Tensor]) -> list[tuple] | None:
-        """Per tensor: (tensor, nbytes, frame dtype code, frame shape, capacity, zero-copy (file, offset) or None);
-        None when an SQE cannot describe one (no bytes, a frame of more than 6 dimensions, PyTorch's shared memory)."""
+    def _ring_plan_compress_cpu(tensors: list[torch.Tensor]) -> tuple[list[tuple], int] | None:
+        """(plan, staging bytes): per tensor (tensor, dtype, shape, its :func:`tzip._wire._sqe_layout`, zero-copy (file,
+        offset) or None); the staging bytes are the inputs not in registered shared memory and every frame's bound.
+        None when an SQE cannot describe a tensor (no bytes, a frame of more than 6 dimensions, PyTorch's shared
+        memory)."""
         plans = []
+        stage = 0
+        # PyTorch's shared memory can only be file_system's (tzip._shm.torch_shm_handle): asked once per call.
+        torch_files = torch.multiprocessing.get_sharing_strategy() == "file_system"
+        find, sqe_layout = _shm.find, _sqe_layout
         for t in tensors:
-            layout = _sqe_layout(t.dtype, tuple(t.shape))
-            if layout is None:
+            dtype, shape = t.dtype, t.shape
+            lay = sqe_layout(dtype, shape)
+            if lay is None:
                 return None
-            nbytes, dcode, fshape, cap = layout
             zc = None
             if t.is_contiguous():
-                found = _shm.find(t.data_ptr(), nbytes)
+                found = find(t.data_ptr(), lay[0])
                 if found is not None:
                     zc = (found[0], found[2])
-                elif _shm.torch_shm_handle(t) is not None:
+                elif torch_files and _shm.torch_shm_handle(t) is not None:
                     return None  # zero copy through ZeroMQ (its files are PyTorch's, not registered here)
-            plans.append((t, nbytes, dcode, fshape, cap, zc))
-        return plans
+            plans.append((t, dtype, shape, lay, zc))
+            stage += (0 if zc else (lay[0] + _A) & ~_A) + ((lay[4] + _A) & ~_A)
+        return plans, stage
 
     @staticmethod
-    def _ring_plan_compress_gpu(tensors: list[torch.Tensor]) -> list[tuple] | None:
+    def _ring_plan_compress_gpu(tensors: list[torch.Tensor]) -> tuple[list[tuple], int] | None:
         """As the CPU plan, without zero copy: GPU tensors are copied into the registered staging arena (one copy on
         the GPU, no registration per tensor)."""
         plans = []
+        stage = 0
         for t in tensors:
-            layout = _sqe_layout(t.dtype, tuple(t.shape))
-            if layout is None:
+            dtype, shape = t.dtype, t.shape
+            lay = _sqe_layout(dtype, shape)
+            if lay is None:
                 return None
-            plans.append((t, *layout, None))
-        return plans
+            plans.append((t, dtype, shape, lay, None))
+            stage += ((lay[0] + _A) & ~_A) + ((lay[4] + _A) & ~_A)
+        return plans, stage
 
     def _compress_submit(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None) -> _ring.Handle | None:
         """The call as ring requests, submitted now (a Handle of the call's return value), or None: not for the ring."""
@@ -371,23 +413,15 @@ class RingPath:
         if starters is None:
             return None
         n = len(items)
-
-        def combine_one(idx):
-            def post(cts):
-                if single:
-                    return cts[0]
-                return cts
-            return post
-
-        if len(starters) == 1 and starters[0][0] == list(range(n)):
-            idx, key, plan, extra, tag, codec = starters[0]
-            return self._compress_start(key, plan, codec, extra, tag, combine_one(idx))
-        parts = [(idx, self._compress_start(key, plan, codec, extra, tag, lambda cts: cts))
-                 for idx, key, plan, extra, tag, codec in starters]
+        if len(starters) == 1:  # one device: its request's handle is the call's
+            _idx, key, planned, extra, tag, codec = starters[0]
+            return self._compress_start(key, planned, codec, extra, tag, _first if single else _same)
+        parts = [(idx, self._compress_start(key, planned, codec, extra, tag, _same))
+                 for idx, key, planned, extra, tag, codec in starters]
         return _gather(parts, n, single)
 
-    def _compress_start(self, key: int | None, plan: list[tuple], codec: str, extra, tag: int, post) -> _ring.Handle:
-        tensors = [p[0] for p in plan]
+    def _compress_start(self, key: int | None, planned: tuple[list[tuple], int], codec: str, extra, tag: int, post) -> _ring.Handle:
+        plan, stage = planned
         streams = None if key is None else {key: extra[0]}
         ctx = contextvars.copy_context()  # the fallback runs with the caller's stream tag and SM budget
 
@@ -396,39 +430,46 @@ class RingPath:
             # the ZeroMQ path with its retry and raw fallback.
             if err is not None and not isinstance(err, (DaemonUnavailableError, TzipDaemonError)):
                 raise err
-            return post(ctx.run(self._compress, tensors, False, codec, streams, False))
+            return post(ctx.run(self._compress, [p[0] for p in plan], False, codec, streams, False))
 
         ring = self._ring(key)
         if ring is None:
             return _done_handle(fallback, None)
         try:
             if key is None:
-                return self._compress_start_cpu(ring, plan, codec, tag, post, fallback)
-            return self._compress_start_gpu(ring, self._gpu(key), plan, codec, extra[0], extra[1], tag, post, fallback)
+                return self._compress_start_cpu(ring, plan, stage, codec, tag, post, fallback)
+            return self._compress_start_gpu(ring, self._gpu(key), plan, stage, codec, extra[0], extra[1], tag, post, fallback)
         except (DaemonUnavailableError, TzipDaemonError) as e:
             return _done_handle(fallback, e)
 
-    def _compress_start_cpu(self, ring: _ring.Ring, plan: list[tuple], codec: str, tag: int, post, fallback) -> _ring.Handle:
-        stage = _stage_cpu(plan)
+    def _compress_start_cpu(self, ring: _ring.Ring, plan: list[tuple], stage: int, codec: str, tag: int, post,
+                            fallback) -> _ring.Handle:
+        n = len(plan)
+        h = _ring.Handle(ring, n)
         seg = self._arena.take(max(1, stage))
         try:
-            regions = self._ring_shm(ring, list(dict.fromkeys([seg.name] + [p[5][0] for p in plan if p[5]])))
+            files = [p[4][0] for p in plan if p[4] is not None]
+            regions = self._ring_shm(ring, list(dict.fromkeys([seg.name, *files])) if files else [seg.name])
             here = regions[seg.name]
+            hid, hgen = here.id, here.generation
             ccode = _ring.CODEC_CODES[codec]
-            sqes = []
+            sq = bytearray(n * _SQE_BYTES)
+            ud = h.ud
             outs = []
             off = 0
-            for t, nbytes, dcode, fshape, cap, zc in plan:
+            copy_in = self._copy_in
+            for k, (t, _dtype, _shape, (nbytes, dcode, ndim, dims, cap), zc) in enumerate(plan):
                 if zc is not None:
-                    src = (regions[zc[0]], zc[1], nbytes)
+                    r = regions[zc[0]]
+                    sid, sgen, soff = r.id, r.generation, zc[1]
                 else:
-                    self._copy_in(seg, off, t, nbytes)
-                    src = (here, off, nbytes)
-                    off += _align(nbytes)
+                    copy_in(seg, off, t, nbytes)
+                    sid, sgen, soff = hid, hgen, off
+                    off += (nbytes + _A) & ~_A
                 outs.append(off)
-                sqes.append(_ring.sqe(_ring.OP_COMPRESS, 0, codec=ccode, dtype=dcode, shape=fshape, stream=tag, src=src,
-                                      dst=(here, off, cap)))
-                off += _align(cap)
+                _PACK(sq, k * _SQE_BYTES, ud + k, _OP_COMPRESS, _LINK, ccode, dcode, ndim, 0, tag, sid, sgen, soff, nbytes,
+                      hid, hgen, off, cap, *dims, 0, 0)
+                off += (cap + _A) & ~_A
         except BaseException:
             self._arena.give(seg)
             raise
@@ -442,22 +483,25 @@ class RingPath:
                 if err is not None:
                     raise err
                 cts = []
-                for (t, nbytes, _d, _s, cap, _z), o, (_st, c, n, _m) in zip(plan, outs, res):
-                    if not 0 < n <= cap:
-                        raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {n} bytes (capacity {cap})")
-                    payload = torch.empty(n, dtype=torch.uint8)
-                    ctypes.memmove(payload.data_ptr(), seg.base + o, n)
-                    cts.append(CompressedTensor(payload, t.dtype, t.shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes))
+                base, empty, memmove, names = seg.base, torch.empty, ctypes.memmove, _ring.CODEC_NAMES
+                for (_t, dtype, shape, lay, _z), o, (_st, c, m, _msg) in zip(plan, outs, res):
+                    if not 0 < m <= lay[4]:
+                        raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {m} bytes (capacity {lay[4]})")
+                    payload = empty(m, dtype=torch.uint8)
+                    memmove(payload.data_ptr(), base + o, m)
+                    cts.append(_ct(payload, dtype, shape, names.get(c, "raw"), lay[0]))
             finally:
                 self._arena.give(seg)
             return post(cts)
 
-        return self._ring_submit(ring, sqes, finish)
+        h._finish = finish
+        return self._ring_submit(ring, h, sq, n)
 
-    def _ring_submit(self, ring: _ring.Ring, sqes: list[tuple], finish, on_wait=None) -> _ring.Handle:
-        h = _ring.Handle(ring, len(sqes), finish, on_wait)
+    @staticmethod
+    def _ring_submit(ring: _ring.Ring, h: _ring.Handle, sq: bytearray, n: int) -> _ring.Handle:
+        """Publishes the ``n`` SQEs packed in ``sq`` for ``h`` (its finishing step set); ``h``."""
         try:
-            ring.submit([sqes], h)
+            ring.submit_packed(sq, n, h)
         except _ring.RingClosed as e:
             h._complete(e)  # nothing (or not all) of it was taken: its fallback runs now
         return h
@@ -473,10 +517,11 @@ class RingPath:
         spec = cuda_region(ordinal, buf.share.handle, buf.share.offset, buf.size)
         return self._ring_regions(ring, [(("gpubuf", buf), spec)])[0]
 
-    def _gpu_submit(self, ring: _ring.Ring, g: "_Gpu", stream, sqes: list[tuple], finish, on_wait, vbox: list) -> _ring.Handle:
-        """Submits a GPU batch ordered after the work queued so far on ``stream`` (its inputs): ``produced = v`` is
-        written once that work is done, the batch is marked WAIT (first SQE) / SIGNAL (last) with ``v`` (put in
-        ``vbox``, read by ``finish``/``on_wait``), and published.
+    def _gpu_submit(self, ring: _ring.Ring, g: "_Gpu", stream, h: _ring.Handle, sq: bytearray, n: int, vbox: list) -> _ring.Handle:
+        """Submits a GPU batch (``n`` SQEs packed in ``sq`` for ``h``, whose finishing step and GPU wait are set)
+        ordered after the work queued so far on ``stream`` (its inputs): ``produced = v`` is written once that work is
+        done, the batch is marked WAIT (first SQE) / SIGNAL (last) with ``v`` (put in ``vbox``, read by the finishing
+        step and the GPU wait), and published.
 
         One ``produced`` word serves every stream of the ring, so its writes must happen in ``v`` order and each only
         after its own producer work: they are queued on the ring's own stream (``ring.order_stream``), which first waits
@@ -493,11 +538,12 @@ class RingPath:
                 ev.record(stream)
                 ring.order_stream.wait_event(ev)  # type: ignore[attr-defined]
                 write_value64(ring.order_stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
-            first = sqes[0]
-            sqes[0] = (first[0], first[1] | _ring.F_WAIT, *first[2:-2], v, first[-1])
-            last = sqes[-1]
-            sqes[-1] = (last[0], last[1] | _ring.F_SIGNAL, *last[2:-1], v)
-            return self._ring_submit(ring, sqes, finish, on_wait)
+            last = (n - 1) * _SQE_BYTES
+            sq[_ring.SQE_OFF_FLAGS] |= _ring.F_WAIT
+            _U64(sq, _ring.SQE_OFF_WAIT, v)
+            sq[last + _ring.SQE_OFF_FLAGS] |= _ring.F_SIGNAL
+            _U64(sq, last + _ring.SQE_OFF_SIGNAL, v)
+            return self._ring_submit(ring, h, sq, n)
 
     @staticmethod
     def _gpu_wait_done(ring: _ring.Ring, stream, v: int) -> None:
@@ -506,30 +552,33 @@ class RingPath:
 
         wait_value64(stream, ring.done_dptr, v)  # type: ignore[attr-defined]
 
-    def _compress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", plan: list[tuple], codec: str, stream, budget: int, tag: int,
-                            post, fallback) -> _ring.Handle:
+    def _compress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", plan: list[tuple], stage: int, codec: str, stream, budget: int,
+                            tag: int, post, fallback) -> _ring.Handle:
         from ._cuda import gpu_bytes_of, gpu_copy_many, regions_of
 
-        stage = sum(_align(p[1]) + _align(p[4]) for p in plan)
+        n = len(plan)
+        h = _ring.Handle(ring, n)
         with torch.cuda.device(g.index), torch.cuda.stream(stream):
             buf = self._staging_take(g, stage, stream)
             try:
                 region = self._ring_gpu_buffer(ring, g, buf)
+                rid, rgen = region.id, region.generation
                 ccode = _ring.CODEC_CODES[codec]
-                sqes = []
+                sq = bytearray(n * _SQE_BYTES)
+                ud = h.ud
                 outs = []
                 staged: list[tuple[int, int]] = []
                 srcs: list[torch.Tensor] = []
                 off = 0
-                for t, nbytes, dcode, fshape, cap, _z in plan:
+                for k, (t, _dtype, _shape, (nbytes, dcode, ndim, dims, cap), _z) in enumerate(plan):
                     staged.append((off, nbytes))
                     srcs.append(gpu_bytes_of(t))
-                    src = (region, off, nbytes)
-                    off += _align(nbytes)
+                    soff = off
+                    off += (nbytes + _A) & ~_A
                     outs.append(off)
-                    sqes.append(_ring.sqe(_ring.OP_COMPRESS, 0, codec=ccode, dtype=dcode, shape=fshape, sm_budget=budget,
-                                          stream=tag, src=src, dst=(region, off, cap)))
-                    off += _align(cap)
+                    _PACK(sq, k * _SQE_BYTES, ud + k, _OP_COMPRESS, _LINK, ccode, dcode, ndim, budget, tag, rid, rgen, soff,
+                          nbytes, rid, rgen, off, cap, *dims, 0, 0)
+                    off += (cap + _A) & ~_A
                 gpu_copy_many(regions_of(buf.u8, staged), srcs)
             except BaseException:
                 g.arena.give(buf, stream)
@@ -548,24 +597,26 @@ class RingPath:
                     if err is not None:
                         raise err
                     sizes = []
-                    for (t, nbytes, _d, _s, cap, _z), (_st, c, n, _m) in zip(plan, res):
-                        if not 0 < n <= cap:
-                            raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {n} bytes (capacity {cap})")
-                        sizes.append(n)
+                    for (_t, _dtype, _shape, lay, _z), (_st, _c, m, _msg) in zip(plan, res):
+                        if not 0 < m <= lay[4]:
+                            raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {m} bytes (capacity {lay[4]})")
+                        sizes.append(m)
                     self._gpu_wait_done(ring, stream, v)
                     # Each payload an allocation of its own (a view of a shared one would make torch.save write them all).
-                    payloads = [torch.empty(n, dtype=torch.uint8, device=g.device) for n in sizes]
-                    gpu_copy_many(payloads, regions_of(buf.u8, [(o, n) for o, n in zip(outs, sizes)]))
+                    payloads = [torch.empty(m, dtype=torch.uint8, device=g.device) for m in sizes]
+                    gpu_copy_many(payloads, regions_of(buf.u8, [(o, m) for o, m in zip(outs, sizes)]))
                 finally:
                     _give_staging(g, buf, stream)
-            return post([CompressedTensor(p, t.dtype, t.shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes)
-                         for p, (t, nbytes, *_r), (_st, c, _n, _m) in zip(payloads, plan, res)])
+            names = _ring.CODEC_NAMES
+            return post([_ct(p, dtype, shape, names.get(c, "raw"), lay[0])
+                         for p, (_t, dtype, shape, lay, _z), (_st, c, _m, _msg) in zip(payloads, plan, res)])
 
         def on_wait(s):
             self._gpu_wait_done(ring, s if s is not None else torch.cuda.current_stream(g.index), vbox[0])
 
+        h._finish, h._on_wait = finish, on_wait
         try:
-            return self._gpu_submit(ring, g, stream, sqes, finish, on_wait, vbox)
+            return self._gpu_submit(ring, g, stream, h, sq, n, vbox)
         except BaseException:
             if not vbox:
                 _give_staging(g, buf, stream)
@@ -607,10 +658,9 @@ class RingPath:
         n = len(items)
         if len(groups) == 1:
             key, idx = next(iter(groups.items()))
-            return self._decompress_start(key, [items[i] for i in idx], [outs[i] for i in idx], verify, streams, tag,
-                                          (lambda r: r[0]) if single else (lambda r: r))
+            return self._decompress_start(key, items, outs, verify, streams, tag, _first if single else _same)
         parts = [(idx, self._decompress_start(key, [items[i] for i in idx], [outs[i] for i in idx], verify, streams, tag,
-                                              lambda r: r)) for key, idx in groups.items()]
+                                              _same)) for key, idx in groups.items()]
         return _gather(parts, n, single)
 
     def _decompress_start(self, key: int | None, cts: list[CompressedTensor], outs: list, verify: bool,
@@ -638,50 +688,59 @@ class RingPath:
         plans = []
         lent: list[_shm.Segment] = []
         stage = 0
+        find = _shm.find
         for ct, o in zip(cts, outs):
-            frame = ct.payload.detach()
-            if frame.device.type != "cpu":
+            frame = ct.payload  # (uint8: never part of an autograd graph)
+            if frame.is_cuda:
                 frame = frame.cpu()
             if not frame.is_contiguous():
                 frame = frame.contiguous()
-            found = _shm.find(frame.data_ptr(), frame.numel())
+            fbytes, nbytes = frame.numel(), ct.nbytes
+            found = find(frame.data_ptr(), fbytes)
             fzc = None if found is None else (found[0], found[2])
             dest = result = None
             if o is not None:
                 if o.is_contiguous():
-                    found = _shm.find(o.data_ptr(), ct.nbytes)
+                    found = find(o.data_ptr(), nbytes)
                     dest = None if found is None else (found[0], found[2])
-            elif ct.nbytes >= DEDICATED_MIN_BYTES:
-                seg, u8 = self._results.lend(ct.nbytes)
+            elif nbytes >= DEDICATED_MIN_BYTES:
+                seg, u8 = self._results.lend(nbytes)
                 lent.append(seg)
                 result = from_bytes(u8, ct.dtype, tuple(ct.shape))
                 dest = (seg.name, 0)
-            plans.append([ct, o, frame, fzc, dest, result, 0, 0])
-            stage += (0 if fzc else _align(frame.numel())) + (0 if dest else _align(ct.nbytes))
+            plans.append((ct, o, frame, fbytes, nbytes, fzc, dest, result))
+            stage += (0 if fzc else (fbytes + _A) & ~_A) + (0 if dest else (nbytes + _A) & ~_A)
+        n = len(plans)
+        h = _ring.Handle(ring, n)
         seg = self._arena.take(max(1, stage))
         try:
-            names = [seg.name] + [p[3][0] for p in plans if p[3]] + [p[4][0] for p in plans if p[4]]
-            regions = self._ring_shm(ring, list(dict.fromkeys(names)))
+            files = [p[5][0] for p in plans if p[5]] + [p[6][0] for p in plans if p[6]]
+            regions = self._ring_shm(ring, list(dict.fromkeys([seg.name, *files])) if files else [seg.name])
             here = regions[seg.name]
-            flags = _ring.F_VERIFY if verify else 0
-            sqes = []
+            hid, hgen = here.id, here.generation
+            flags = _LINK | (_ring.F_VERIFY if verify else 0)
+            sq = bytearray(n * _SQE_BYTES)
+            ud, base, memmove = h.ud, seg.base, ctypes.memmove
+            out_offs = []
             off = 0
-            for p in plans:
-                ct, o, frame, fzc, dest = p[0], p[1], p[2], p[3], p[4]
-                n = frame.numel()
+            for k, (_ct_, _o, frame, fbytes, nbytes, fzc, dest, _r) in enumerate(plans):
                 if fzc is not None:
-                    src = (regions[fzc[0]], fzc[1], n)
+                    r = regions[fzc[0]]
+                    sid, sgen, soff = r.id, r.generation, fzc[1]
                 else:
-                    ctypes.memmove(seg.base + off, frame.data_ptr(), n)  # contiguous uint8
-                    src = (here, off, n)
-                    off += _align(n)
+                    memmove(base + off, frame.data_ptr(), fbytes)  # contiguous uint8
+                    sid, sgen, soff = hid, hgen, off
+                    off += (fbytes + _A) & ~_A
                 if dest is not None:
-                    dst = (regions[dest[0]], dest[1], ct.nbytes)
+                    r = regions[dest[0]]
+                    did, dgen, doff = r.id, r.generation, dest[1]
+                    out_offs.append(0)
                 else:
-                    p[7] = off
-                    dst = (here, off, ct.nbytes)
-                    off += _align(ct.nbytes)
-                sqes.append(_ring.sqe(_ring.OP_DECOMPRESS, flags, stream=tag, src=src, dst=dst))
+                    did, dgen, doff = hid, hgen, off
+                    out_offs.append(off)
+                    off += (nbytes + _A) & ~_A
+                _PACK(sq, k * _SQE_BYTES, ud + k, _OP_DECOMPRESS, flags, 0, 0, 0, 0, tag, sid, sgen, soff, fbytes, did, dgen,
+                      doff, nbytes, *_ZERO8)
         except BaseException:
             self._arena.give(seg)
             raise
@@ -697,33 +756,45 @@ class RingPath:
                 if err is not None:
                     raise err
                 results = []
-                for (ct, o, _f, _fz, dest, result, _x, out_off), (_st, _c, n, _m) in zip(plans, res):
-                    if n != ct.nbytes:
-                        raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {n} bytes, the CompressedTensor says {ct.nbytes}")
+                base, empty, memmove = seg.base, torch.empty, ctypes.memmove
+                for (ct, o, _f, _fb, nbytes, _fz, dest, result), out_off, (_st, _c, m, _msg) in zip(plans, out_offs, res):
+                    if m != nbytes:
+                        raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {m} bytes, the CompressedTensor says {nbytes}")
                     if o is not None:
                         if dest is None:
                             if o.is_contiguous():
-                                ctypes.memmove(o.data_ptr(), seg.base + out_off, ct.nbytes)
+                                memmove(o.data_ptr(), base + out_off, nbytes)
                             else:
-                                copy_from_bytes(o, seg.u8[out_off : out_off + ct.nbytes])
+                                copy_from_bytes(o, seg.u8[out_off : out_off + nbytes])
                         results.append(o)
                     elif result is not None:
                         results.append(result)
                     else:
-                        flat = torch.empty(ct.nbytes, dtype=torch.uint8)
-                        ctypes.memmove(flat.data_ptr(), seg.base + out_off, ct.nbytes)
-                        results.append(from_bytes(flat, ct.dtype, ct.shape))
+                        dtype = ct.dtype
+                        t = empty(ct.shape, dtype=dtype) if dtype in _WHOLE_BYTE_DTYPES else None
+                        if t is None or t.nbytes != nbytes:
+                            # Bytes seen as the dtype (every dtype, the sub-byte ones too; a shape that does not hold
+                            # nbytes raises here, as it did).
+                            t = empty(nbytes, dtype=torch.uint8)
+                            memmove(t.data_ptr(), base + out_off, nbytes)
+                            t = from_bytes(t, dtype, ct.shape)
+                        else:
+                            memmove(t.data_ptr(), base + out_off, nbytes)
+                        results.append(t)
             finally:
                 self._arena.give(seg)
             return post(results)
 
-        return self._ring_submit(ring, sqes, finish)
+        h._finish = finish
+        return self._ring_submit(ring, h, sq, n)
 
     def _decompress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", cts: list[CompressedTensor], outs: list, verify: bool,
                               stream, tag: int, post, fallback) -> _ring.Handle:
         from ._cuda import gpu_copy_from_bytes, gpu_copy_many, regions_of
 
         budget = self._ring_sm_budget() or 0
+        n = len(cts)
+        h = _ring.Handle(ring, n)
         with torch.cuda.device(g.index), torch.cuda.stream(stream):
             frames = []
             for ct in cts:
@@ -735,20 +806,22 @@ class RingPath:
             buf = self._staging_take(g, stage, stream)
             try:
                 region = self._ring_gpu_buffer(ring, g, buf)
-                flags = _ring.F_VERIFY if verify else 0
-                sqes = []
+                rid, rgen = region.id, region.generation
+                flags = _LINK | (_ring.F_VERIFY if verify else 0)
+                sq = bytearray(n * _SQE_BYTES)
+                ud = h.ud
                 staged: list[tuple[int, int]] = []
                 out_offs: list[int] = []
                 off = 0
-                for f, ct in zip(frames, cts):
-                    n = f.numel()
-                    staged.append((off, n))
-                    src = (region, off, n)
-                    off += _align(n)
+                for k, (f, ct) in enumerate(zip(frames, cts)):
+                    fbytes, nbytes = f.numel(), ct.nbytes
+                    staged.append((off, fbytes))
+                    soff = off
+                    off += (fbytes + _A) & ~_A
                     out_offs.append(off)
-                    sqes.append(_ring.sqe(_ring.OP_DECOMPRESS, flags, sm_budget=budget, stream=tag, src=src,
-                                          dst=(region, off, ct.nbytes)))
-                    off += _align(ct.nbytes)
+                    _PACK(sq, k * _SQE_BYTES, ud + k, _OP_DECOMPRESS, flags, 0, 0, 0, budget, tag, rid, rgen, soff, fbytes,
+                          rid, rgen, off, nbytes, *_ZERO8)
+                    off += (nbytes + _A) & ~_A
                 gpu_copy_many(regions_of(buf.u8, staged), frames)
                 # The results exist now (written in stream order once the daemon is done: see queue_copies); new ones
                 # as bytes seen as their dtype (every dtype, the sub-byte ones too).
@@ -812,8 +885,9 @@ class RingPath:
         def on_wait(s):
             queue_copies(s if s is not None else torch.cuda.current_stream(g.index))
 
+        h._finish, h._on_wait = finish, on_wait
         try:
-            return self._gpu_submit(ring, g, stream, sqes, finish, on_wait, vbox)
+            return self._gpu_submit(ring, g, stream, h, sq, n, vbox)
         except BaseException:
             if not vbox:
                 _give_staging(g, buf, stream)

@@ -53,13 +53,15 @@ def layout(dtype: torch.dtype, shape: tuple[int, ...]) -> Layout:
 
 
 @functools.lru_cache(maxsize=4096)
-def _sqe_layout(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int, tuple[int, ...], int] | None:
-    """(nbytes, frame dtype code, frame shape, frame bound) of a compress SQE for a tensor of ``dtype`` and ``shape``,
-    or None when an SQE cannot describe it (no bytes; a frame of more than 6 dimensions)."""
-    lay = layout(dtype, shape)
-    if lay.nbytes == 0 or len(lay.fshape) > _ring.MAX_NDIM:
+def _sqe_layout(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...], int] | None:
+    """(nbytes, frame dtype code, frame ndim, frame shape padded with zeros to the SQE's 6 dimensions, frame bound) of
+    a compress SQE for a tensor of ``dtype`` and ``shape`` (a tuple or torch.Size: equal keys), or None when an SQE
+    cannot describe it (no bytes; a frame of more than 6 dimensions)."""
+    lay = layout(dtype, tuple(shape))
+    ndim = len(lay.fshape)
+    if lay.nbytes == 0 or ndim > _ring.MAX_NDIM:
         return None
-    return lay.nbytes, DTYPE_CODES[lay.fdtype], lay.fshape, lay.capacity
+    return lay.nbytes, DTYPE_CODES[lay.fdtype], ndim, (*lay.fshape, *(0,) * (_ring.MAX_NDIM - ndim)), lay.capacity
 
 
 def _device(t: torch.Tensor) -> dict[str, int]:
