@@ -629,24 +629,27 @@ class RingPath:
         if self._ring_caps is None or self._sid is None or not items:
             return None
         groups: dict[int | None, list[int]] = {}
+        stages: dict[int | None, int] = {}
+        torch_files = torch.multiprocessing.get_sharing_strategy() == "file_system"  # (see _ring_plan_compress_cpu)
         for i, (ct, o) in enumerate(zip(items, outs)):
-            if ct.nbytes == 0 or ct.payload.numel() == 0:
+            payload, nbytes = ct.payload, ct.nbytes
+            fbytes = payload.numel()
+            if nbytes == 0 or fbytes == 0:
                 return None
-            target = o.device if o is not None else ct.payload.device
-            key = None if target.type == "cpu" else (target.index or 0)
+            target = o if o is not None else payload
+            key = (target.device.index or 0) if target.is_cuda else None
             if key is None:
-                if o is not None and o.is_contiguous() and _shm.find(o.data_ptr(), ct.nbytes) is None \
+                if o is not None and torch_files and o.is_contiguous() and _shm.find(o.data_ptr(), nbytes) is None \
                         and _shm.torch_shm_handle(o) is not None:
                     return None  # PyTorch's shared memory: zero copy through ZeroMQ
-            else:
-                if self._ring_sm_budget() is None or not self._gpu_reachable(self._gpu(key)):
-                    return None
+            elif key not in groups and (self._ring_sm_budget() is None or not self._gpu_reachable(self._gpu(key))):
+                return None
             groups.setdefault(key, []).append(i)
-        for key, idx in groups.items():
             # Staging bytes of the ring request (GPU: frames and results; CPU: frames and the small results).
-            stage = sum(_align(items[i].payload.numel()) + (_align(items[i].nbytes) if key is not None or
-                        items[i].nbytes < DEDICATED_MIN_BYTES else 0) for i in idx)
-            if stage > MAX_STAGE_BYTES and (key is not None or len(idx) > 1):
+            stages[key] = stages.get(key, 0) + ((fbytes + _A) & ~_A) + (
+                ((nbytes + _A) & ~_A) if key is not None or nbytes < DEDICATED_MIN_BYTES else 0)
+        for key, idx in groups.items():
+            if stages[key] > MAX_STAGE_BYTES and (key is not None or len(idx) > 1):
                 return None
         try:
             for key in groups:
@@ -896,8 +899,7 @@ class RingPath:
     def _ring_worth(self, items: list, outs: list) -> bool:
         """Whether every frame needs the daemon (raw frames for the CPU are decoded here, as without the ring)."""
         for ct, o in zip(items, outs):
-            target = o.device if o is not None else ct.payload.device
-            if ct.codec == "raw" and target.type == "cpu":
+            if ct.codec == "raw" and not (o if o is not None else ct.payload).is_cuda:
                 return False
         return True
 
