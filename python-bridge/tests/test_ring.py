@@ -161,6 +161,38 @@ def test_the_ring_file_is_made_as_the_contract_says():
         _ring.Ring(name, 48)
 
 
+def test_packed_sqes_are_published_as_linked_chains_of_at_most_max_batch():
+    """submit_packed (no daemon: the file's SQ read back): user_data is the request's id + the SQE's index, LINK is on
+    every SQE but the last of each chain of max_batch and the last of all (whatever the caller set), sq_head counts
+    them, and the SQ wraps at its end; submit() of sqe() tuples gives the same bytes."""
+    name = f"tzip-{os.getpid()}-{os.urandom(8).hex()}-ring-1"
+    r = _ring.Ring(name, 64, max_batch=16)
+    try:
+        r._head = r._tail = 50  # 14 entries before the SQ's end: the 40 SQEs wrap
+        h = _ring.Handle(r, 40)
+        reg = _ring.Region(3, 9, 1 << 20)
+        want = [(_ring.OP_COMPRESS, 0, 1, 8, 2, 10, 1, 3, 9, 64 * k, 64, 3, 9, 4096 + 64 * k, 64, 4, 8, 0, 0, 0, 0, 0, 0)
+                for k in range(40)]
+        sq = bytearray(40 * _ring.SQE_BYTES)
+        for k, fields in enumerate(want):
+            _ring.SQE.pack_into(sq, k * _ring.SQE_BYTES, h.ud + k, fields[0], fields[1] | _ring.F_LINK, *fields[2:])
+        r.submit_packed(sq, 40, h)
+        assert r.words()["sq_head"] == 90 and r.in_flight == 40
+        raw = bytes(r._mm[_ring.HEADER_BYTES:_ring.HEADER_BYTES + 64 * _ring.SQE_BYTES])
+        for k in range(40):
+            got = _ring.SQE.unpack_from(raw, ((50 + k) % 64) * _ring.SQE_BYTES)
+            link = 0 if k in (15, 31, 39) else _ring.F_LINK
+            assert got == (h.ud + k, want[k][0], want[k][1] | link, *want[k][2:]), k
+        h2 = _ring.Handle(r, 3)
+        assert h2.ud >> 32 == (h.ud >> 32) + 1 and h2.ud & 0xFFFFFFFF == 0
+        r.submit([[_ring.sqe(_ring.OP_COMPRESS, codec=1, dtype=8, shape=(4, 8), src=(reg, 0, 64), dst=(reg, 64, 64))] * 3], h2)
+        raw = bytes(r._mm[_ring.HEADER_BYTES:_ring.HEADER_BYTES + 64 * _ring.SQE_BYTES])
+        flags = [_ring.SQE.unpack_from(raw, ((90 + k) % 64) * _ring.SQE_BYTES)[2] for k in range(3)]
+        assert flags == [_ring.F_LINK, _ring.F_LINK, 0] and r.in_flight == 43
+    finally:
+        r.close()
+
+
 @pytest.fixture(scope="module")
 def clients(shared_daemon):
     """(ring client, ZeroMQ-only client) on the module's daemon."""
