@@ -115,7 +115,7 @@ def test_a_cpu_tensor_without_a_codec_is_coded_auto(shared_daemon, ring_entries)
             operator._call("set", {"job": job, "codec": "fast"})
         finally:
             operator.close()
-        c._call("heartbeat", {})  # the client hears the job's settings (a ring SQE names its codec)
+        # no heartbeat in between: the daemon applies the setting to the very next request, ZeroMQ or ring SQE
         assert c.compress(w).codec == "fast"
     finally:
         c.close()

@@ -39,7 +39,7 @@ def _caller_streams(tensors: Iterable[torch.Tensor | None]) -> dict[int, Any]:
     """The caller's current CUDA stream of each GPU the tensors are on (the async variants run on other threads)."""
     streams: dict[int, Any] = {}
     for t in tensors:
-        if t is not None and t.device.type == "cuda":
+        if t is not None and t.is_cuda:
             i = t.device.index or 0
             if i not in streams:
                 streams[i] = torch.cuda.current_stream(i)

@@ -313,22 +313,13 @@ class RingPath:
     # --- compress -----------------------------------------------------------------------------------------------
     def _ring_sm_budget(self) -> int | None:
         """The SQE's sm_budget of the call (0: the ring's default), or None when an SQE cannot say it (0 = all SMs,
-        or more than 255: such GPU requests go through ZeroMQ). The job's budget (``tzip set JOB sm_budget=N``, as
-        the last reply or heartbeat said it) wins over the call's, as the daemon does for ZeroMQ requests."""
-        job = self._settings.get("sm_budget")
-        budget = job if isinstance(job, int) else _sm_budget.get()
+        or more than 255: such GPU requests go through ZeroMQ). The job's budget (``tzip set JOB sm_budget=N``) is
+        not the client's to apply: the daemon hands it to the ring thread, which applies it over every SQE's from
+        the reply of the ``set`` on (docs/ring.md, "Who applies the job's settings")."""
+        budget = _sm_budget.get()
         if budget is None:
             return 0
         return budget if 1 <= budget <= 255 else None
-
-    def _ring_codec(self, codec: str) -> str:
-        """The codec of the call's SQEs: the job's (``tzip set JOB codec=...``; "off": raw frames) over the call's,
-        as the daemon applies it to ZeroMQ requests. The ring thread does not know the job's settings: the client
-        applies them, as the last reply or heartbeat said them (docs/protocol.md, "Jobs")."""
-        job = self._settings.get("codec")
-        if job == "off":
-            return "raw"
-        return job if job in _ring.CODEC_CODES else codec
 
     def _compress_ring_plan(self, items: list[torch.Tensor], codec: str | None, streams: dict[int, Any] | None):
         """Starters of the ring requests of ``items`` (one per CPU batch and per GPU), or None when the ring cannot
@@ -362,7 +353,8 @@ class RingPath:
                     return None
         except DaemonUnavailableError:
             return None  # the ZeroMQ path notices it too, and retries (spawn) or falls back
-        return [(idx, key, planned, extra, tag, self._ring_codec(codec_for(codec, key is not None)))
+        # The call's codec (None: the device's default); the job's codec setting the ring thread applies itself.
+        return [(idx, key, planned, extra, tag, codec_for(codec, key is not None))
                 for idx, key, planned, extra in starters]
 
     @staticmethod
