@@ -1,5 +1,6 @@
 // The daemon lock and socket folder: one daemon per socket path (a second is refused, in-process and as a
-// real `tzip serve` process), stale pid files of dead daemons are replaced, the folder is private (0700).
+// real `tzip serve` process), stale pid files of dead daemons are replaced, the folder is private (0700): created so,
+// or refused when it existed open to others (its mode is never changed).
 import { execFile, spawn } from 'node:child_process';
 import { chmodSync, existsSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -25,18 +26,58 @@ describe('socket paths', () => {
     expect(() => resolveSocketPath(`/${'x'.repeat(120)}/s.sock`, {})).toThrow(/at most 107/);
   });
 
-  it('live in a private folder: created 0700, tightened when ours, refused when a symlink', () => {
+  it('live in a private folder: created 0700 (whatever the umask), refused when a symlink', () => {
     const dir = join(tmp(), 'fresh');
     ensurePrivateDir(join(dir, 'tzip.sock'));
-    expect(statSync(dir).mode & 0o777).toBe(0o700);
-    const loose = join(tmp(), 'loose');
-    mkdirSync(loose, { mode: 0o755 });
-    chmodSync(loose, 0o755);
-    ensurePrivateDir(join(loose, 'tzip.sock'));
-    expect(statSync(loose).mode & 0o777).toBe(0o700);
+    expect(statSync(dir).mode & 0o7777).toBe(0o700);
+    // A umask that takes the owner's write bit: the folder made in this call is still 0700.
+    const umask = process.umask(0o277);
+    try {
+      ensurePrivateDir(join(tmp(), 'umask', 'tzip.sock'));
+    } finally {
+      process.umask(umask);
+    }
+    expect(statSync(join(tmp(), 'umask')).mode & 0o7777).toBe(0o700);
+    // An existing private folder is used as it is.
+    const own = join(tmp(), 'own');
+    mkdirSync(own, { mode: 0o700 });
+    chmodSync(own, 0o500);
+    ensurePrivateDir(join(own, 'tzip.sock'));
+    expect(statSync(own).mode & 0o7777).toBe(0o500);
+    chmodSync(own, 0o700);
     const link = join(tmp(), 'link');
     symlinkSync(dir, link);
     expect(() => ensurePrivateDir(join(link, 'tzip.sock'))).toThrow(TzipError);
+  });
+
+  it('never change the mode of an existing folder: one open to others (a /tmp, a shared cwd) is refused, saying why and what to do', () => {
+    const uid = process.getuid?.() ?? 0;
+    // A private stand-in for /tmp (1777), never the real one.
+    const fakeTmp = join(tmp(), 'fake_tmp');
+    mkdirSync(fakeTmp);
+    chmodSync(fakeTmp, 0o1777);
+    let err: unknown;
+    try {
+      ensurePrivateDir(join(fakeTmp, 'tzip.sock'));
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(TzipError);
+    expect((err as TzipError).code).toBe('TZIP_IO');
+    expect((err as TzipError).message).toContain(`the socket folder ${fakeTmp} has mode 1777, open to other users`);
+    expect((err as TzipError).message).toContain(`e.g. ${join(fakeTmp, `tzip-${uid}`, 'tzip.sock')}`);
+    expect((err as TzipError).message).not.toContain('chmod 700'); // never suggested for a folder others write in
+    expect(statSync(fakeTmp).mode & 0o7777).toBe(0o1777);
+    // The suggested folder works: created 0700, the shared one left as it was.
+    ensurePrivateDir(join(fakeTmp, `tzip-${uid}`, 'tzip.sock'));
+    expect(statSync(join(fakeTmp, `tzip-${uid}`)).mode & 0o7777).toBe(0o700);
+    expect(statSync(fakeTmp).mode & 0o7777).toBe(0o1777);
+    // A folder others may enter but not write to (a home, a 0755 project folder): refused, left 0755.
+    const loose = join(tmp(), 'loose');
+    mkdirSync(loose);
+    chmodSync(loose, 0o755);
+    expect(() => ensurePrivateDir(join(loose, 'tzip.sock'))).toThrow(/has mode 755, open to other users.*chmod 700/);
+    expect(statSync(loose).mode & 0o7777).toBe(0o755);
   });
 });
 
@@ -138,6 +179,23 @@ describe('tzip serve', () => {
       b.child.kill('SIGTERM');
       await bExit;
     }
+  });
+
+  it('refuses a socket in a folder open to others at once (exit 3), leaving the folder\'s mode as it was', async () => {
+    const shared = join(tmp(), 'shared_tmp');
+    mkdirSync(shared);
+    chmodSync(shared, 0o1777);
+    writeFileSync(join(shared, 'other_users_file'), 'theirs');
+    const sock = join(shared, 'tzip.sock');
+    const result = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
+      execFile(process.execPath, [MAIN, 'serve', '--socket', sock], { timeout: 20_000 },
+        (error, _stdout, stderr) => resolve({ code: error === null ? 0 : (error.code as number), stderr }));
+    });
+    expect(result.code).toBe(3);
+    expect(result.stderr).toContain(`the socket folder ${shared} has mode 1777, open to other users`);
+    expect(statSync(shared).mode & 0o7777).toBe(0o1777);
+    expect(existsSync(sock)).toBe(false);
+    expect(existsSync(lockPathOf(sock))).toBe(false);
   });
 
   it('honours TZIP_SOCKET and exits by itself after --idle-exit with no client', async () => {

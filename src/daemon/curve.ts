@@ -62,12 +62,14 @@ export function loadCurveKeys(socketPath: string): CurveKeys {
   const dir = join(dirname(socketPath), 'curve');
   try {
     mkdirSync(dir, { mode: 0o700 });
+    // Made here: 0700 whatever the umask took away. An existing one keeps its mode (the daemon changes the mode only
+    // of folders it creates); the private socket folder around it already keeps others out.
+    chmodSync(dir, 0o700);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') {
       throw new TzipError('TZIP_IO', `cannot create the CURVE key folder: ${(err as Error).message}`, { file: dir, cause: err });
     }
   }
-  chmodSync(dir, 0o700);
   try {
     const server = keyPair(dir, 'server');
     const client = keyPair(dir, 'client');

@@ -6,7 +6,8 @@
  * folder (not a symlink) owned by this user with mode 0700: created so when missing, refused
  * when someone else owns it or others can enter it. Nobody but this user can then connect
  * (ipc:// sockets obey the folder's permissions), so the daemon trusts every connecting client
- * as much as it trusts itself. A folder of ours that others can enter is set back to 0700.
+ * as much as it trusts itself. The daemon changes the mode only of a folder it creates: an existing
+ * folder open to others (/tmp, a shared current folder) is refused, never closed.
  *
  * `--socket` and `$TZIP_SOCKET` take the daemon's endpoint in any of the spellings of
  * {@link parseEndpoint}: a plain path, ZeroMQ's `ipc:///abs/path`, or (for client commands such as
@@ -14,7 +15,7 @@
  * the same spellings by the same rules (python-bridge/tzip/_spawn.py, normalize_endpoint).
  */
 import { chmodSync, lstatSync, mkdirSync } from 'node:fs';
-import { dirname, isAbsolute, join, normalize, resolve } from 'node:path';
+import { basename, dirname, isAbsolute, join, normalize, resolve } from 'node:path';
 import { TzipError } from '../errors.js';
 
 /** Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL. */
@@ -156,17 +157,22 @@ export function curveDirFor(env: NodeJS.ProcessEnv = process.env): string {
 }
 
 /**
- * Makes sure the socket's folder exists, is a real folder owned by this user and has mode 0700
- * (no access for group or others). A missing folder is created with mode 0700 (its parents
- * with the default mode); an existing one of ours with a wider mode is chmod'ed to 0700.
+ * Makes sure the socket's folder exists, is a real folder owned by this user and has no access for
+ * group or others (mode 0700 or narrower). A missing folder is created with mode 0700 (its parents
+ * with the default mode). The mode of a folder that already existed is never changed: a socket
+ * named in a shared folder (`/tmp/tzip.sock`, the current folder, `$HOME`) would otherwise have
+ * that folder closed to everyone else (and /tmp's sticky bit cleared); such a folder is refused,
+ * with what to do instead.
  * @throws TzipError TZIP_IO when the folder cannot be created, is a symlink or not a folder,
- *   or belongs to another user.
+ *   belongs to another user, or existed with a mode open to group or others.
  */
 export function ensurePrivateDir(socketPath: string): string {
   const dir = dirname(socketPath);
+  let created = false;
   try {
     mkdirSync(dirname(dir), { recursive: true });
     mkdirSync(dir, { mode: 0o700 });
+    created = true;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') {
       throw new TzipError('TZIP_IO', `cannot create the socket folder: ${(err as Error).message}`, { file: dir, cause: err });
@@ -180,13 +186,34 @@ export function ensurePrivateDir(socketPath: string): string {
   if (st.uid !== uid) {
     throw new TzipError('TZIP_IO', `the socket folder belongs to uid ${st.uid}, not to this user (uid ${uid}): refusing to use it`, { file: dir });
   }
-  if ((st.mode & 0o077) !== 0) {
-    // Ours but open to others (made by hand, or by a umask): close it.
-    try {
-      chmodSync(dir, 0o700);
-    } catch (err) {
-      throw new TzipError('TZIP_IO', `the socket folder has mode ${(st.mode & 0o777).toString(8)} and cannot be set to 700: ${(err as Error).message}`, { file: dir, cause: err });
+  if (created) {
+    // Made here, in this call: 0700 whatever the umask took away (a umask of 0277 would leave it unwritable).
+    if ((st.mode & 0o7777) !== 0o700) {
+      try {
+        chmodSync(dir, 0o700);
+      } catch (err) {
+        throw new TzipError('TZIP_IO', `cannot set the new socket folder to mode 700: ${(err as Error).message}`, { file: dir, cause: err });
+      }
     }
+  } else if ((st.mode & 0o077) !== 0) {
+    throw new TzipError('TZIP_IO', openFolderMessage(dir, socketPath, st.mode, uid), { file: dir });
   }
   return dir;
 }
+
+/**
+ * Why an existing socket folder open to others is refused and what to do: a socket of its own folder (which tzip
+ * creates 0700), or, for a folder that others cannot write to (not /tmp), closing it by hand when it is tzip's alone.
+ */
+function openFolderMessage(dir: string, socketPath: string, mode: number, uid: number): string {
+  const shown = (mode & 0o7777).toString(8);
+  const example = join(dir, `tzip-${uid}`, basename(socketPath));
+  const instead = Buffer.byteLength(example) <= MAX_SOCKET_PATH_BYTES
+    ? `name a socket in a folder of its own, e.g. ${example} (--socket or TZIP_SOCKET), which tzip creates with mode 0700`
+    : 'name a socket in a folder of its own (--socket or TZIP_SOCKET), which tzip creates with mode 0700';
+  // A folder others may write in (/tmp, a shared project folder) is theirs too: never suggest closing it.
+  const sharedByOthers = (mode & 0o022) !== 0 || (mode & 0o1000) !== 0;
+  const orClose = sharedByOthers ? '' : `; or, if ${dir} is tzip's alone, \`chmod 700 ${dir}\``;
+  return `the socket folder ${dir} has mode ${shown}, open to other users: tzip keeps its socket in a private folder and changes the mode only of a folder it creates; ${instead}${orClose}`;
+}
+
