@@ -26,6 +26,8 @@ __all__ = [
     "DL_CUDA",
     "MAX_FRAME_NDIM",
     "dl_dtype",
+    "has_internal_overlap",
+    "byte_range",
     "frame_layout",
     "frame_layout_of",
     "int_alias",
@@ -97,6 +99,27 @@ def check_supported(t: torch.Tensor) -> None:
         raise TypeError("meta tensors have no data")
     if getattr(t, "is_nested", False):
         raise TypeError("nested tensors are not supported")
+
+
+def has_internal_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share memory (a stride of 0 on a dimension of more than one element, as
+    ``expand`` makes, or strides that interleave, as ``as_strided`` can): a destination no decoder can fill with
+    distinct values. Exact for every layout whose strides, sorted, each step past the span of the smaller ones
+    (every layout PyTorch's views make); a layout that fails that test is taken to overlap."""
+    span = 1  # elements spanned by the dimensions of smaller stride
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride < span:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
+def byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """[start, end) of the memory ``t``'s elements lie in, as addresses (end == start for a tensor without elements)."""
+    start = t.data_ptr()
+    if t.numel() == 0:
+        return start, start
+    return start, start + (sum((sz - 1) * st for st, sz in zip(t.stride(), t.shape)) + 1) * t.element_size()
 
 
 def dl_dtype(dtype: torch.dtype) -> tuple[int, int, int] | None:

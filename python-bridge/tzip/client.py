@@ -115,7 +115,7 @@ import torch
 from . import _ring, _shm
 from ._codec_choice import CODECS, check_codec, codec_for
 from ._cpu_path import DEDICATED_MIN_BYTES, RESULT_POOL_KEEP_BYTES, CpuPath
-from ._dlpack import check_supported, copy_into_bytes
+from ._dlpack import byte_range, check_supported, copy_into_bytes, has_internal_overlap
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
 from ._fallback import _compress_raw, _decompress_raw, _on_cpu
 from ._gpu_path import GPU_ARENA_KEEP_BYTES, GPU_SHARE_MIN_BYTES, GpuPath, _caller_streams, _Gpu, _stream_for
@@ -862,6 +862,7 @@ class Client(RingPath, CpuPath, GpuPath):
 
     @staticmethod
     def _check_decompress_args(items: list, outs: list) -> None:
+        any_out = False
         for ct, o in zip(items, outs):
             if not isinstance(ct, CompressedTensor):
                 raise TypeError(f"expected CompressedTensor, got {type(ct).__name__}")
@@ -870,8 +871,15 @@ class Client(RingPath, CpuPath, GpuPath):
                 _device(o)
                 if o.dtype != ct.dtype or tuple(o.shape) != tuple(ct.shape):
                     raise ValueError(f"out is {o.dtype} {tuple(o.shape)}, the compressed tensor {ct.dtype} {tuple(ct.shape)}")
+                if has_internal_overlap(o):
+                    raise ValueError(f"out (strides {o.stride()}, shape {tuple(o.shape)}) has elements that share memory "
+                                     "(e.g. made by expand): it cannot hold the decompressed values; pass a tensor whose "
+                                     "elements are distinct, such as out.contiguous() or torch.empty_like(out)")
+                any_out = True
             if not ct.payload.is_cpu:
                 _device(ct.payload)
+        if any_out:
+            _check_outs_apart(items, outs)
 
     def _decompress_remote(self, items: list[CompressedTensor], outs: list, idx: list[int], verify: bool,
                            streams: dict[int, Any] | None, results: list) -> None:
@@ -953,6 +961,32 @@ class Client(RingPath, CpuPath, GpuPath):
     def __repr__(self) -> str:
         state = "connected" if self.connected else "not connected (fallback)" if not self.strict else "not connected"
         return f"<tzip Client {self.socket_path} {state}>"
+
+
+def _check_outs_apart(items: list[CompressedTensor], outs: list) -> None:
+    """ValueError when a destination of a decompress shares memory with another destination or with a frame of the
+    call: the values written into one would overwrite the other's. As PyTorch's out= checks
+    (at::assert_no_partial_overlap), only tensors whose elements fill their memory range are compared (contiguous
+    ones, transposed ones); the elements of others may interleave without sharing bytes, which a range cannot tell."""
+    spans = []
+    for i, (ct, o) in enumerate(zip(items, outs)):
+        for t, what in ((o, f"out {i}"), (ct.payload, f"frame {i}")):
+            if t is not None and t.numel():
+                lo, hi = byte_range(t)
+                if hi - lo == t.numel() * t.element_size():  # dense: every byte in the range is an element's
+                    spans.append((str(t.device), lo, hi, what))
+    spans.sort()
+    furthest: dict[tuple[str, bool], tuple] = {}  # (device, is an out) -> the span reaching furthest so far
+    for span in spans:
+        is_out = span[3].startswith("out")
+        for other in ((span[0], True), (span[0], False)) if is_out else ((span[0], True),):
+            f = furthest.get(other)
+            if f is not None and span[1] < f[2]:
+                raise ValueError(f"{span[3]} shares memory with {f[3]}: every destination of a decompress must lie apart "
+                                 "from the other destinations and from the frames")
+        key = (span[0], is_out)
+        if key not in furthest or span[2] > furthest[key][2]:
+            furthest[key] = span
 
 
 def connect(socket: str | None = None, spawn: bool = True, strict: bool = False, **kwargs) -> Client:

@@ -99,8 +99,11 @@ class CompressedTensor:
         """Reads :meth:`to_bytes` output. The frame's header is checked against the metadata. The payload is a CPU
         tensor, or is copied to ``device`` when given (decompressing then gives a tensor there).
 
-        Raises ValueError when the bytes are not such a container or do not agree with themselves.
+        Raises ValueError when the bytes are not such a container or do not agree with themselves, or when
+        ``device`` is neither the CPU nor a CUDA GPU (tzip serves those two; a meta tensor, for one, has no bytes).
         """
+        if device is not None and torch.device(device).type not in ("cpu", "cuda"):
+            raise ValueError(f"device {device!r}: a CompressedTensor's payload lies on the CPU or a CUDA GPU")
         mv = memoryview(data).cast("B")
         if len(mv) < _PREFIX.size:
             raise ValueError("not a tzip CompressedTensor: too short")
