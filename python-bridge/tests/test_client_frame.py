@@ -87,3 +87,29 @@ def test_read_header_refuses_version_1_and_others() -> None:
     for version in (0, 3):
         with pytest.raises(ValueError, match=f"format version {version}"):
             _frame.read_header(_with_version(frame, version))
+
+
+def _code(fn) -> str:
+    with pytest.raises(_frame.FrameError) as e:
+        fn()
+    return e.value.code
+
+
+def test_refusals_carry_the_native_decoders_codes() -> None:
+    """Each refusal's code is the one cuda/src/frame.cpp gives the same frame (src/errors.json): short is
+    TZIP_TRUNCATED, a changed data byte TZIP_CHECKSUM, another version TZIP_UNSUPPORTED, a bad header TZIP_CORRUPT."""
+    frame = (GOLDEN / "weights_bf16_raw.tzf").read_bytes()
+    t = torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+    h = _frame.read_header(frame)
+    assert _code(lambda: _frame.read_header(frame[:47])) == "TZIP_TRUNCATED"
+    assert _code(lambda: _frame.read_header(frame[: h.header_bytes - 1])) == "TZIP_TRUNCATED"
+    assert _code(lambda: _frame.decode_raw(t[:-1], h)) == "TZIP_TRUNCATED"
+    assert _code(lambda: _frame.read_header(b"XXXX" + frame[4:])) == "TZIP_CORRUPT"
+    assert _code(lambda: _frame.read_header(_with_version(frame, 3))) == "TZIP_UNSUPPORTED"
+    assert _code(lambda: _frame.read_header(_with_version(frame, 1))) == "TZIP_UNSUPPORTED"
+    flipped = bytearray(frame)
+    flipped[12] ^= 1  # the chunk size field: the header digest no longer matches
+    assert _code(lambda: _frame.read_header(bytes(flipped))) == "TZIP_CORRUPT"
+    data = t.clone()
+    data[h.header_bytes + 5] ^= 1
+    assert _code(lambda: _frame.decode_raw(data, _frame.read_header(data))) == "TZIP_CHECKSUM"

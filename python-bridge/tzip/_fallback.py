@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from ._dlpack import copy_bytes, copy_from_bytes, copy_into_bytes, from_bytes, int_alias
-from ._frame import decode_raw, encode_raw, read_header
+from ._errors import TzipDaemonError
+from ._frame import FrameError, decode_raw, encode_raw, read_header
 from ._wire import layout
 from .compressed import CompressedTensor
 
@@ -51,12 +52,19 @@ def _on_cpu(ct: CompressedTensor) -> CompressedTensor:
 
 
 def _decompress_raw(ct: CompressedTensor, out: torch.Tensor | None, verify: bool) -> torch.Tensor:
-    """A raw frame decoded here, on the CPU; the result goes to ``out`` or to the payload's device."""
+    """A raw frame decoded here, on the CPU; the result goes to ``out`` or to the payload's device.
+
+    Raises TzipDaemonError with the code the daemon gives the same frame (TZIP_CORRUPT, TZIP_TRUNCATED,
+    TZIP_CHECKSUM, TZIP_UNSUPPORTED: tzip._frame.FrameError), so a caller of decompress sees one kind of error for a
+    bad frame whoever decodes it."""
     frame = ct.payload.detach().cpu().contiguous()
-    header = read_header(frame)
+    try:
+        header = read_header(frame)
+        body = decode_raw(frame, header, verify)
+    except FrameError as e:
+        raise TzipDaemonError(e.code, str(e)) from None
     if header.nbytes != ct.nbytes:
         raise ValueError(f"the frame holds {header.nbytes} bytes, the CompressedTensor says {ct.nbytes}")
-    body = decode_raw(frame, header, verify)
     if out is not None and out.device.type == "cpu":
         copy_from_bytes(out, body)
         return out

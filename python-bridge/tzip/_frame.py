@@ -19,7 +19,7 @@ import torch
 from ._xxh32 import chunk_digests, xxh32
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "DEFAULT_CHUNK", "DTYPE_CODES", "CODEC_IDS", "FrameHeader",
-           "max_compressed_size", "encode_raw", "read_header", "decode_raw"]
+           "FrameError", "max_compressed_size", "encode_raw", "read_header", "decode_raw"]
 
 MAGIC = b"TZFR"
 FORMAT_VERSION = 2
@@ -92,8 +92,19 @@ def encode_raw(data: torch.Tensor, dtype: str, shape: list[int], chunk_size: int
     return frame
 
 
-def _fail(what: str) -> ValueError:
-    return ValueError(f"invalid tzip frame: {what}")
+class FrameError(ValueError):
+    """A frame this reader refuses. ``code`` is the error code the native decoder gives the same frame
+    (cuda/src/frame.cpp; src/errors.json): TZIP_TRUNCATED (shorter than its header says), TZIP_UNSUPPORTED (a
+    format version this reader does not read), TZIP_CHECKSUM (the bytes do not match their digests), else
+    TZIP_CORRUPT."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(what: str, code: str = "TZIP_CORRUPT") -> FrameError:
+    return FrameError(code, f"invalid tzip frame: {what}")
 
 
 def read_header(frame) -> FrameHeader:
@@ -105,16 +116,16 @@ def read_header(frame) -> FrameHeader:
 
     buf = prefix(_FIXED)
     if len(buf) < _FIXED:
-        raise _fail(f"{len(buf)} bytes, the fixed header needs {_FIXED}")
+        raise _fail(f"{len(buf)} bytes, the fixed header needs {_FIXED}", "TZIP_TRUNCATED")
     (magic, version, dtype_code, codec_id, ndim, flags, reserved10, chunk_size, nbytes, payload_bytes, n_chunks,
      checksum, header_digest, reserved44) = _HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise _fail(f"bad magic {magic!r}")
     if version == 1:
         raise _fail("format version 1: pre-release version-1 frames are no longer read; re-compress the original tensor "
-                    f"(this reader knows version {FORMAT_VERSION})")
+                    f"(this reader knows version {FORMAT_VERSION})", "TZIP_UNSUPPORTED")
     if version != FORMAT_VERSION:
-        raise _fail(f"format version {version} (this reader knows {FORMAT_VERSION})")
+        raise _fail(f"format version {version} (this reader knows {FORMAT_VERSION})", "TZIP_UNSUPPORTED")
     if dtype_code not in _DTYPE_NAMES or codec_id not in _CODEC_NAMES:
         raise _fail(f"unknown dtype code {dtype_code} or codec id {codec_id}")
     if flags or reserved10 or reserved44 or ndim > 32:
@@ -124,7 +135,7 @@ def read_header(frame) -> FrameHeader:
     table_off = _align16(_FIXED + 8 * ndim)
     header_bytes = table_off + _ENTRY * n_chunks
     if total < header_bytes:
-        raise _fail(f"{total} bytes, the header and chunk table need {header_bytes}")
+        raise _fail(f"{total} bytes, the header and chunk table need {header_bytes}", "TZIP_TRUNCATED")
     buf = prefix(header_bytes)
     shape = struct.unpack_from(f"<{ndim}Q", buf, _FIXED)
     count = 1
@@ -146,7 +157,8 @@ def decode_raw(frame: torch.Tensor, header: FrameHeader, verify: bool = True) ->
     if header.codec != "raw":
         raise ValueError(f"decode_raw needs a raw frame, this one is {header.codec}")
     if frame.numel() != header.frame_bytes:
-        raise _fail(f"{frame.numel()} bytes, the frame is {header.frame_bytes}")
+        raise _fail(f"{frame.numel()} bytes, the frame is {header.frame_bytes}",
+                    "TZIP_TRUNCATED" if frame.numel() < header.frame_bytes else "TZIP_CORRUPT")
     if header.payload_bytes != header.nbytes:  # every chunk of a raw frame is stored raw (docs/format.md, section 5)
         raise _fail(f"a raw frame's payload is its {header.nbytes} bytes, this one says {header.payload_bytes}")
     body = frame[header.header_bytes :]
@@ -155,9 +167,11 @@ def decode_raw(frame: torch.Tensor, header: FrameHeader, verify: bool = True) ->
         entries = [struct.unpack_from("<QII", table, _ENTRY * i) for i in range(header.n_chunks)]
         digests = chunk_digests(body.numpy(), header.chunk_size)
         for i, ((off, size, digest), actual) in enumerate(zip(entries, digests)):
-            if off != i * header.chunk_size or size != min(header.chunk_size, header.nbytes - off) or digest != actual:
-                raise _fail(f"chunk {i} does not match its table entry or digest")
+            if off != i * header.chunk_size or size != min(header.chunk_size, header.nbytes - off):
+                raise _fail(f"chunk {i} does not match its table entry")
+            if digest != actual:
+                raise _fail(f"chunk {i} does not match its digest", "TZIP_CHECKSUM")
         if xxh32(struct.pack(f"<{header.n_chunks}I", *digests)) != header.checksum:
-            raise _fail("frame checksum does not match")
+            raise _fail("frame checksum does not match its chunk digests")  # the header disagrees with its table
     return body
 
