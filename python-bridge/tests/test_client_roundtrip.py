@@ -138,6 +138,22 @@ def test_raw_codec_equals_the_python_fallback_frame(client):
     assert torch.equal(ct.payload, local)
 
 
+@pytest.mark.parametrize("codec", ["raw", "max"])  # raw: decoded in this process, max: by the daemon
+def test_a_corrupt_frame_is_a_tzip_error_with_the_daemons_code_whoever_decodes_it(client, codec):
+    t = random_tensor(torch.bfloat16, (300, 301), seed=6)
+    ct = client.compress(t, codec=codec)
+    bad = ct.payload.clone()
+    bad[-7] ^= 0x10  # a byte of the last chunk's coded data: its digest no longer matches
+    short = ct.payload[:-1].clone()
+    for payload, code in ((bad, "TZIP_CHECKSUM"), (short, "TZIP_TRUNCATED")):
+        with pytest.raises(tz.TzipDaemonError) as e:
+            client.decompress(CompressedTensor(payload, ct.dtype, ct.shape, ct.codec, ct.nbytes))
+        assert e.value.code == code, (codec, e.value)
+    out = torch.zeros_like(t)
+    with pytest.raises(tz.TzipDaemonError):
+        client.decompress(CompressedTensor(bad, ct.dtype, ct.shape, ct.codec, ct.nbytes), out=out)
+
+
 def test_views_with_storage_offsets_and_strides(client):
     base = random_tensor(torch.float32, (64, 96), seed=1)
     views = {
@@ -184,6 +200,38 @@ def test_decompress_into_out(client):
     assert client.decompress(ct, out=shm_out) is shm_out and same_bits(shm_out, t)
     with pytest.raises(ValueError):
         client.decompress(ct, out=torch.empty(33, 64, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("codec", ["max", "raw"])  # raw: decoded in this process, max: by the daemon
+def test_destinations_that_share_memory_are_refused(client, codec):
+    """An out whose elements share memory (expand), two outs over the same bytes, an out over a frame of the call:
+    ValueError before anything is written (PyTorch's out= refuses them too); outs that only touch, and views of one
+    storage that lie apart, are decoded bit-exact."""
+    t = random_tensor(torch.bfloat16, (300, 200), seed=7)
+    u = random_tensor(torch.bfloat16, (300, 200), seed=8)
+    ct, cu = client.compress([t, u], codec=codec)
+    n = t.numel()
+    with pytest.raises(ValueError, match="share memory"):
+        client.decompress(ct, out=torch.empty(1, 200, dtype=torch.bfloat16).expand(300, 200))
+    with pytest.raises(ValueError, match="share memory"):
+        client.decompress(ct, out=torch.empty(n, dtype=torch.bfloat16).as_strided((300, 200), (100, 1)))
+    base = torch.zeros(2 * n, dtype=torch.bfloat16)
+    before = base.clone()
+    for outs in ([base[:n].view(300, 200), base[n // 2 : n // 2 + n].view(300, 200)],   # overlapping halves
+                 [base[:n].view(300, 200), base[:n].view(300, 200)]):                   # the same bytes twice
+        with pytest.raises(ValueError, match="shares memory"):
+            client.decompress([ct, cu], out=outs)
+        assert torch.equal(base.view(torch.int16), before.view(torch.int16))  # nothing written
+    frame_bytes = ct.payload.numel()
+    over_frame = ct.payload[: (frame_bytes // 2) * 2].view(torch.bfloat16)[: n].reshape(-1) if frame_bytes >= 2 * n else None
+    if over_frame is not None:
+        with pytest.raises(ValueError, match="shares memory"):
+            client.decompress(ct, out=over_frame.view(300, 200))
+    r = client.decompress([ct, cu], out=[base[:n].view(300, 200), base[n:].view(300, 200)])  # apart, touching
+    assert same_bits(r[0], t) and same_bits(r[1], u)
+    cols = torch.empty(200, 600, dtype=torch.bfloat16)
+    r = client.decompress([ct, cu], out=[cols[:, :300].t(), cols[:, 300:].t()])  # interleaved columns, disjoint
+    assert same_bits(r[0], t) and same_bits(r[1], u)
 
 
 def test_shared_memory_tensors_go_zero_copy(client, monkeypatch):
@@ -367,6 +415,8 @@ def test_compressed_tensor_bytes_and_torch_save(client):
     assert e.value.code in ("TZIP_CHECKSUM", "TZIP_CORRUPT")
     with pytest.raises(ValueError):
         CompressedTensor.from_bytes(b"TZCT" + bytes(20))
+    with pytest.raises(ValueError, match="CPU or a CUDA GPU"):
+        CompressedTensor.from_bytes(ct.to_bytes(), device="meta")
     meta_lie = CompressedTensor(ct.payload, torch.float64, ct.shape, ct.codec, ct.nbytes)
     with pytest.raises(ValueError):
         CompressedTensor.from_bytes(meta_lie.to_bytes())
