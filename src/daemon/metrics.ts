@@ -107,7 +107,7 @@ export class DaemonMetrics {
       },
     });
     new Gauge({
-      name: 'tzip_job_attached', help: '1 while a session of the job is attached (tzip.attach()), else 0', labelNames: ['job_name'], registers,
+      name: 'tzip_job_attached', help: '1 while a session of the job is attached (tzip.attach(), or a hello that named the job: job=, TZIP_JOB, TZIP_ATTACH=1), else 0', labelNames: ['job_name'], registers,
       collect() {
         if (metrics.source === undefined) return;
         this.reset();
