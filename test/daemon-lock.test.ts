@@ -1,13 +1,15 @@
 // The daemon lock and socket folder: one daemon per socket path (a second is refused, in-process and as a
 // real `tzip serve` process), stale pid files of dead daemons are replaced, the folder is private (0700): created so,
 // or refused when it existed open to others (its mode is never changed).
-import { execFile, spawn } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { execFile, execFileSync, spawn } from 'node:child_process';
+import { chmodSync, existsSync, lstatSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { defaultLimits } from '../src/daemon/limits.js';
 import { DaemonLock, holderAlive, lockPathOf, processStartTime, readLockInfo } from '../src/daemon/lock.js';
 import { defaultSocketPath, ensurePrivateDir, resolveSocketPath } from '../src/daemon/paths.js';
+import { Daemon } from '../src/daemon/server.js';
 import { TzipError } from '../src/errors.js';
 import { ensureBuilt } from './helpers/cli.js';
 import { useTempDir } from './helpers/temp-dir.js';
@@ -64,7 +66,7 @@ describe('socket paths', () => {
     }
     expect(err).toBeInstanceOf(TzipError);
     expect((err as TzipError).code).toBe('TZIP_IO');
-    expect((err as TzipError).message).toContain(`the socket folder ${fakeTmp} has mode 1777, open to other users`);
+    expect((err as TzipError).message).toContain(`${fakeTmp}: the socket folder has mode 1777, open to other users`);
     expect((err as TzipError).message).toContain(`e.g. ${join(fakeTmp, `tzip-${uid}`, 'tzip.sock')}`);
     expect((err as TzipError).message).not.toContain('chmod 700'); // never suggested for a folder others write in
     expect(statSync(fakeTmp).mode & 0o7777).toBe(0o1777);
@@ -117,6 +119,41 @@ describe('DaemonLock', () => {
     const sock = join(tmp(), 'live.sock');
     writeFileSync(lockPathOf(sock), JSON.stringify({ pid: process.ppid, start: processStartTime(process.ppid), socket: sock, since: 'now' }));
     await expect(DaemonLock.acquire(sock)).rejects.toThrow(new RegExp(`pid ${process.ppid}`));
+  });
+});
+
+describe('Daemon.start on a path that is not a socket', () => {
+  it('refuses a regular file, a folder, a symlink and a FIFO with TZIP_IO naming it, deleting nothing', async () => {
+    const dir = join(tmp(), 'kinds');
+    mkdirSync(dir, { mode: 0o700 });
+    const file = join(dir, 'file.sock');
+    writeFileSync(file, 'data');
+    const folder = join(dir, 'folder.sock');
+    mkdirSync(folder);
+    const link = join(dir, 'link.sock');
+    symlinkSync(file, link);
+    const dangling = join(dir, 'dangling.sock');
+    symlinkSync(join(dir, 'nowhere'), dangling);
+    const fifo = join(dir, 'fifo.sock');
+    execFileSync('mkfifo', [fifo]);
+    for (const [path, kind] of [[file, 'a regular file'], [folder, 'a folder'], [link, 'a symlink'], [dangling, 'a symlink'], [fifo, 'a FIFO']] as const) {
+      let err: unknown;
+      try {
+        const d = await Daemon.start({ socketPath: path, limits: defaultLimits(), log: () => undefined });
+        await d.stop('should not have started');
+      } catch (e) {
+        err = e;
+      }
+      expect(err, path).toBeInstanceOf(TzipError);
+      expect((err as TzipError).code).toBe('TZIP_IO');
+      expect((err as TzipError).message).toContain(`${path}: the socket path exists and is ${kind}, not a Unix socket`);
+      expect(lstatSync(path).isSocket()).toBe(false);
+      expect(existsSync(lockPathOf(path))).toBe(false);
+    }
+    expect(readFileSync(file, 'utf8')).toBe('data');
+    expect(lstatSync(folder).isDirectory()).toBe(true);
+    expect(lstatSync(link).isSymbolicLink()).toBe(true);
+    expect(lstatSync(fifo).isFIFO()).toBe(true);
   });
 });
 
@@ -192,10 +229,27 @@ describe('tzip serve', () => {
         (error, _stdout, stderr) => resolve({ code: error === null ? 0 : (error.code as number), stderr }));
     });
     expect(result.code).toBe(3);
-    expect(result.stderr).toContain(`the socket folder ${shared} has mode 1777, open to other users`);
+    expect(result.stderr).toContain(`${shared}: the socket folder has mode 1777, open to other users`);
     expect(statSync(shared).mode & 0o7777).toBe(0o1777);
     expect(existsSync(sock)).toBe(false);
     expect(existsSync(lockPathOf(sock))).toBe(false);
+  });
+
+  it('refuses a --socket path where something other than a socket is (exit 3, at once), leaving it as it was', async () => {
+    const dir = join(tmp(), 'userfiles');
+    mkdirSync(dir, { mode: 0o700 });
+    const notes = join(dir, 'notes.txt');
+    writeFileSync(notes, 'precious user data\n');
+    const started = Date.now();
+    const result = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
+      execFile(process.execPath, [MAIN, 'serve', '--socket', notes], { timeout: 20_000 },
+        (error, _stdout, stderr) => resolve({ code: error === null ? 0 : (error.code as number), stderr }));
+    });
+    expect(result.code).toBe(3);
+    expect(result.stderr).toContain(`${notes}: the socket path exists and is a regular file, not a Unix socket`);
+    expect(Date.now() - started).toBeLessThan(15_000);
+    expect(readFileSync(notes, 'utf8')).toBe('precious user data\n');
+    expect(existsSync(lockPathOf(notes))).toBe(false);
   });
 
   it('honours TZIP_SOCKET and exits by itself after --idle-exit with no client', async () => {

@@ -14,7 +14,7 @@
  * `tzip jobs`) the daemon's CURVE-only TCP socket `tcp://127.0.0.1:PORT`. The Python client accepts
  * the same spellings by the same rules (python-bridge/tzip/_spawn.py, normalize_endpoint).
  */
-import { chmodSync, lstatSync, mkdirSync } from 'node:fs';
+import { chmodSync, lstatSync, mkdirSync, type Stats } from 'node:fs';
 import { basename, dirname, isAbsolute, join, normalize, resolve } from 'node:path';
 import { TzipError } from '../errors.js';
 
@@ -214,6 +214,36 @@ function openFolderMessage(dir: string, socketPath: string, mode: number, uid: n
   // A folder others may write in (/tmp, a shared project folder) is theirs too: never suggest closing it.
   const sharedByOthers = (mode & 0o022) !== 0 || (mode & 0o1000) !== 0;
   const orClose = sharedByOthers ? '' : `; or, if ${dir} is tzip's alone, \`chmod 700 ${dir}\``;
-  return `the socket folder ${dir} has mode ${shown}, open to other users: tzip keeps its socket in a private folder and changes the mode only of a folder it creates; ${instead}${orClose}`;
+  return `the socket folder has mode ${shown}, open to other users: tzip keeps its socket in a private folder and changes the mode only of a folder it creates; ${instead}${orClose}`;
 }
 
+/** What a file that is not a socket is, for messages. */
+function fileKind(st: Stats): string {
+  if (st.isSymbolicLink()) return 'a symlink';
+  if (st.isFile()) return 'a regular file';
+  if (st.isDirectory()) return 'a folder';
+  if (st.isFIFO()) return 'a FIFO';
+  if (st.isCharacterDevice()) return 'a character device';
+  if (st.isBlockDevice()) return 'a block device';
+  return 'not a socket';
+}
+
+/**
+ * Makes sure nothing but a Unix socket is at `socketPath` before the daemon binds there: libzmq's ipc bind unlinks
+ * whatever the path names first, so `--socket notes.txt` would silently delete the user's file. Nothing there, or a
+ * socket (a stale one of a dead daemon: the daemon lock says whether one still serves it), is fine.
+ * @throws TzipError TZIP_IO naming the path and what is there (a regular file, a folder, a symlink, a FIFO, a
+ *   device), or why it cannot be looked at.
+ */
+export function checkSocketPathFree(socketPath: string): void {
+  let st: Stats;
+  try {
+    st = lstatSync(socketPath);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+    throw new TzipError('TZIP_IO', `cannot look at the socket path ${socketPath}: ${(err as Error).message}`, { file: socketPath, cause: err });
+  }
+  if (st.isSocket()) return;
+  throw new TzipError('TZIP_IO', `the socket path exists and is ${fileKind(st)}, not a Unix socket: binding there would delete it, `
+    + 'so tzip refuses; name a socket path where nothing is (--socket or TZIP_SOCKET), or remove that file yourself', { file: socketPath });
+}

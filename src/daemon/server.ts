@@ -26,7 +26,7 @@ import { handleCompress } from './op-compress.js';
 import { handleDecompress } from './op-decompress.js';
 import { parseRequest } from './parse-request.js';
 import { loadCurveKeys, ZAP_DOMAIN, ZapHandler, type CurveKeys } from './curve.js';
-import { endpointOf, ensurePrivateDir } from './paths.js';
+import { checkSocketPathFree, endpointOf, ensurePrivateDir } from './paths.js';
 import { RateWindow } from './rates.js';
 import { ringCapability, ringOpener, streamOfTag, type RingEvents } from './ring-ops.js';
 import { ReplyError, toWireError } from './reply-error.js';
@@ -146,16 +146,21 @@ export class Daemon {
    * Takes the lock of `socketPath`, binds the socket (and, with `tcpPort`, the CURVE-only TCP socket on
    * 127.0.0.1) and starts serving.
    * @throws TzipError TZIP_USAGE when another daemon serves the path; TZIP_IO when the folder, a socket
-   *   or the CURVE keys cannot be set up; TZIP_UNSUPPORTED for `tcpPort` without CURVE in ZeroMQ.
+   *   or the CURVE keys cannot be set up, or something other than a socket is at the path (paths.ts,
+   *   checkSocketPathFree); TZIP_UNSUPPORTED for `tcpPort` without CURVE in ZeroMQ.
    */
   static async start(options: DaemonOptions): Promise<Daemon> {
     const logger = options.logger ?? (options.log !== undefined ? textLogger(options.log) : createLogger());
     ensurePrivateDir(options.socketPath);
+    // Before the lock too, so that a refused path gets no pid file written beside it.
+    checkSocketPathFree(options.socketPath);
     const lock = await DaemonLock.acquire(options.socketPath);
     if (lock.replacedStale !== null) logger.warn(`replaced the stale lock of pid ${lock.replacedStale.pid} (no longer running)`, { stale_pid: lock.replacedStale.pid });
     let daemon: Daemon | undefined;
     let bound = false;
     try {
+      // Again under the lock, just before the bind (which unlinks whatever is at the path).
+      checkSocketPathFree(options.socketPath);
       daemon = new Daemon(options.socketPath, options.limits, lock, options.verbose === true, logger, options.observer);
       await daemon.router.bind(endpointOf(options.socketPath));
       bound = true;
