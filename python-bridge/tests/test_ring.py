@@ -596,6 +596,20 @@ def test_a_spawning_client_redoes_a_ring_request_cut_by_a_daemon_crash(sock_dir)
         c.close()
 
 
+def test_closing_the_client_finishes_the_requests_in_flight_first(shared_daemon):
+    """close() with async ring requests in flight: each handle still gives its frames (bit-exact round trips), as
+    the ZeroMQ path's worker threads finish theirs; none fails on the session the close ended."""
+    ws = [w for w in weights_bf16() if w.numel() >= 100_000][:6]
+    with tz.connect(shared_daemon.socket, spawn=False, strict=True) as check:
+        for round_ in range(3):
+            c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+            hs = [c.compress_async(w) for w in ws]
+            time.sleep(0.02 * round_)
+            c.close()
+            for h, w in zip(hs, ws):
+                assert same_bits(check.decompress(h.result(timeout=30)), w)
+
+
 def test_closing_the_client_closes_its_rings_and_removes_the_files(shared_daemon):
     c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
     c.compress(torch.ones(3))

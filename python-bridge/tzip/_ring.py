@@ -411,6 +411,11 @@ class Ring:
         with self._lock:
             return self._unreaped
 
+    def pending_handles(self) -> list[Handle]:
+        """The handles of the requests whose completions are not all reaped yet."""
+        with self._lock:
+            return list(self._pending.values())
+
     def words(self) -> dict[str, int]:
         """The header's words as they are now (diagnostics, tests)."""
         return {"sq_head": self._sq_head.value, "sq_tail": self._sq_tail.value, "sq_sleeping": self._sq_sleeping.value,

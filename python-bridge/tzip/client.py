@@ -910,11 +910,20 @@ class Client(RingPath, CpuPath, GpuPath):
             return self._executor
 
     def close(self) -> None:
-        """Ends the session (the daemon drops this client's mappings), frees the arena, closes the sockets."""
+        """Ends the session (the daemon drops this client's mappings), frees the arena, closes the sockets. Requests
+        still in flight (``compress_async``/``decompress_async``) are finished first, through ZeroMQ as through the
+        ring, waiting at most ``request_timeout`` for the ring's (None: until they end, or the daemon does)."""
         if self._closed or os.getpid() != self._pid:
             return
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        with self._ring_lock:
+            in_flight = [(r, r.pending_handles()) for r in self._rings.values()]
+        if any(hs for _, hs in in_flight):
+            for r, hs in in_flight:
+                if hs:
+                    r.watch()  # the background reaper completes them while this thread waits
+            concurrent.futures.wait([h for _, hs in in_flight for h in hs], timeout=self.request_timeout)
         self._closing = True  # the heartbeat thread sends nothing more and opens no session after the goodbye
         self._wake.set()
         with self._ring_lock:
