@@ -20,7 +20,7 @@ import { homedir } from 'node:os';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import type { z as Zod } from 'zod';
 import { TzipError } from './errors.js';
-import { defaultLimits, SESSION_LIMITS } from './daemon/limits.js';
+import { defaultLimits, MIN_MAX_MESSAGE_BYTES, SESSION_LIMITS } from './daemon/limits.js';
 import { defaultSocketPath } from './daemon/paths.js';
 import { LOG_FORMATS, LOG_LEVELS, type LogFormat, type LogLevel } from './logger.js';
 
@@ -141,8 +141,10 @@ export const CONFIG_KEYS: { readonly [K in ConfigKey]: KeySpec<ServeConfig[K]> }
     schema: (z) => z.number().int().min(1).max(MAX_LEASE_MS), default: () => limits.leaseMs,
   },
   max_message_bytes: {
-    flag: '--max-message-bytes', arg: '<bytes>', env: 'TZIP_MAX_MESSAGE_BYTES', kind: 'number', expect: 'a positive integer',
-    what: 'largest request message served, bytes', schema: positive, default: () => limits.maxMessageBytes,
+    flag: '--max-message-bytes', arg: '<bytes>', env: 'TZIP_MAX_MESSAGE_BYTES', kind: 'number',
+    expect: `an integer of at least ${MIN_MAX_MESSAGE_BYTES} (64 KiB)`,
+    what: `largest request message served, bytes; at least ${MIN_MAX_MESSAGE_BYTES}, which holds the largest hello (17.6 kB) and a request of one tensor: with less, clients could get no reply at all`,
+    schema: (z) => z.number().int().min(MIN_MAX_MESSAGE_BYTES).max(Number.MAX_SAFE_INTEGER), default: () => limits.maxMessageBytes,
   },
   max_batch: {
     flag: '--max-batch', arg: '<n>', env: 'TZIP_MAX_BATCH', kind: 'number', expect: 'a positive integer',

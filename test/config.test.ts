@@ -8,7 +8,9 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { CONFIG_KEY_NAMES, CONFIG_KEYS, resolveConfig, type ConfigKey } from '../src/config.js';
-import { defaultLimits } from '../src/daemon/limits.js';
+import { defaultLimits, MIN_MAX_MESSAGE_BYTES } from '../src/daemon/limits.js';
+import { parseRequest } from '../src/daemon/parse-request.js';
+import { encodeMessage } from '../src/daemon/wire.js';
 import { TzipError } from '../src/errors.js';
 import { ensureBuilt } from './helpers/cli.js';
 import { useTempDir } from './helpers/temp-dir.js';
@@ -38,7 +40,7 @@ const SAMPLES: Record<ConfigKey, { text: string; value: unknown }> = {
 /** A second valid value of each key, different from the sample and the default. */
 const OTHER: Record<ConfigKey, unknown> = {
   socket: '/tmp/tzip-config-test/y.sock', tcp_port: 6666, metrics_port: 9465, sm_budget: 0, log_level: 'warn', log_format: 'text',
-  verbose: false, lease_ms: 3000, max_message_bytes: 4096, max_batch: 2, max_regions: 3, max_ipc_handles: 4,
+  verbose: false, lease_ms: 3000, max_message_bytes: 65536, max_batch: 2, max_regions: 3, max_ipc_handles: 4,
   max_inflight_bytes: 5, threads: 1, idle_exit_s: 0.25,
 };
 
@@ -180,6 +182,40 @@ describe('resolveConfig', () => {
     }
   });
 
+  it('refuses a max_message_bytes below 64 KiB (flag, variable, file): the largest hello, job and one-tensor request must fit', async () => {
+    expect(MIN_MAX_MESSAGE_BYTES).toBe(65536);
+    const flag = await usageError(resolveConfig({ env: cleanEnv(), flags: { max_message_bytes: '1' } }));
+    expect(flag.message).toBe("--max-message-bytes: '1' is not an integer of at least 65536 (64 KiB)");
+    const env = await usageError(resolveConfig({ env: cleanEnv({ TZIP_MAX_MESSAGE_BYTES: '65535' }) }));
+    expect(env.message).toBe("TZIP_MAX_MESSAGE_BYTES: '65535' is not an integer of at least 65536 (64 KiB)");
+    const file = await usageError(resolveConfig({ configPath: writeConfig('tiny.json', { max_message_bytes: 1000 }), env: cleanEnv() }));
+    expect(file.message).toMatch(/max_message_bytes: 1000 is not an integer of at least 65536/);
+    expect((await resolveConfig({ env: cleanEnv(), flags: { max_message_bytes: '65536' } })).values.max_message_bytes).toBe(65536);
+    expect(CONFIG_KEYS.max_message_bytes.what).toContain('at least 65536');
+
+    // The bound's reason, checked: the largest messages the schemas admit (every string at its longest, in 3-byte
+    // UTF-8 characters) are served at the bound.
+    const wide = (n: number) => '\u20ac'.repeat(n);
+    const job = { name: wide(200), user: wide(200), rank: 2 ** 31 - 1, world_size: 2 ** 31 - 1, devices: Array.from({ length: 64 }, () => wide(80)), mps: true };
+    const hello = { id: Number.MAX_SAFE_INTEGER, op: 'hello', versions: Array.from({ length: 32 }, () => 65535), pid: 2 ** 31 - 1,
+      shm_prefix: `tzip-1234567890-${'f'.repeat(32)}-`, name: wide(200), job };
+    const sid = 'a'.repeat(32);
+    const cuda = (size: number) => ({ kind: 'cuda_ipc', device_uuid: wide(80), device_index: 65535, handle: Uint8Array.from([1, 0x65, ...Array(4094).fill(7)]),
+      offset: Number.MAX_SAFE_INTEGER, size, ref_counter_handle: Buffer.from(`/${'t'.repeat(254)}`), ref_counter_offset: Number.MAX_SAFE_INTEGER });
+    const tensor = { device: { type: 2, id: 65535 }, dtype: { code: 4, bits: 16, lanes: 1 }, shape: Array.from({ length: 64 }, () => 1),
+      strides: Array.from({ length: 64 }, () => Number.MAX_SAFE_INTEGER), byte_offset: Number.MAX_SAFE_INTEGER, data: cuda(2) };
+    const compress = { id: Number.MAX_SAFE_INTEGER, op: 'compress', sid, codec: 'auto', stream: 'checkpoint', sm_budget: 1024, threads: 1024, chunk_size: 65536,
+      wait_event: new Uint8Array(64), tensors: [{ tensor, out: cuda(1 << 20), codec: 'auto' }] };
+    const jobOp = { id: Number.MAX_SAFE_INTEGER, op: 'job', sid, job, attached: true };
+    for (const message of [hello, jobOp, compress]) {
+      const bytes = encodeMessage(message);
+      expect(bytes.byteLength, message.op).toBeLessThanOrEqual(MIN_MAX_MESSAGE_BYTES);
+      expect(bytes.byteLength, message.op).toBeGreaterThan(message.op === 'compress' ? 8000 : 16_000); // the worst case, not a small one
+      const parsed = parseRequest(bytes, { maxMessageBytes: MIN_MAX_MESSAGE_BYTES });
+      expect(parsed.error?.message, message.op).toBeUndefined();
+    }
+  });
+
   it('reads a relative socket path in the file against the file\'s folder, in a flag or variable against the current one', async () => {
     const path = writeConfig('rel/config.json', { socket: 'sub/d.sock' });
     expect((await resolveConfig({ configPath: path, env: cleanEnv() })).values.socket).toBe(join(tmp(), 'rel', 'sub', 'd.sock'));
@@ -251,6 +287,11 @@ describe('tzip serve', () => {
     const flag = await tzip(['serve', '--socket', sock, '--sm-budget', '2000'], env);
     expect(flag.code).toBe(1);
     expect(flag.stderr).toContain("--sm-budget: '2000' is not an integer from 0 to 1024");
+    // A message cap too small for a hello: no client could ever be answered.
+    const tiny = await tzip(['serve', '--socket', sock, '--max-message-bytes', '1'], env);
+    expect(tiny.code).toBe(1);
+    expect(tiny.stderr).toContain("--max-message-bytes: '1' is not an integer of at least 65536 (64 KiB)");
+    expect(existsSync(sock)).toBe(false);
     const bad = writeConfig('bad-xdg/tzip/config.json', { sm_budget: 4, colour: 'blue' });
     const file = await tzip(['serve', '--socket', sock], env);
     expect(file.code).toBe(1);

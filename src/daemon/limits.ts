@@ -6,7 +6,7 @@ import { ReplyError } from './reply-error.js';
 
 /** Limits and timings of one daemon. */
 export interface DaemonLimits {
-  /** Largest request message accepted, bytes; larger ones get a TZIP_TOO_LARGE reply. */
+  /** Largest request message accepted, bytes (at least {@link MIN_MAX_MESSAGE_BYTES}); larger ones get a TZIP_TOO_LARGE reply. */
   maxMessageBytes: number;
   /**
    * Largest message the transport takes at all (ZMQ_MAXMSGSIZE), bytes: a peer that sends more
@@ -77,6 +77,16 @@ export interface DaemonLimits {
  * settings: docs/protocol.md; 4: the submission ring, docs/ring.md).
  */
 export const PROTOCOL_VERSIONS: readonly number[] = [1, 2, 3, 4];
+
+/**
+ * The least `maxMessageBytes` (`--max-message-bytes`): 64 KiB. Every client's first message is a hello, and the
+ * largest hello the schema admits (a name, a job name and user of 200 characters, 64 device names of 80, all of
+ * 3-byte UTF-8 characters) is 17,560 bytes of MessagePack, the largest `job` message 16,819 (test/config.test.ts
+ * builds both); a request of one tensor of any shape (64 dimensions, CUDA IPC handles) is smaller still. Below the
+ * bound a hello could be refused, and a TZIP_TOO_LARGE reply to a message too large to decode carries no request id
+ * (parse-request.ts), so the client would see no answer at all: the daemon would serve no one.
+ */
+export const MIN_MAX_MESSAGE_BYTES = 64 << 10;
 
 /** Default limits. */
 export function defaultLimits(): DaemonLimits {
