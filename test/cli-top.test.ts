@@ -217,4 +217,48 @@ describe('tzip top with stdout not a terminal', () => {
     expect(gone.stdout).toContain('daemon not reachable: no tzip daemon at');
     expect(gone.stderr).toContain('no tzip daemon at');
   });
+
+  it('--json prints one snapshot, the document `tzip jobs --json` prints, and exits (on a terminal too); 3 with a JSON error when no daemon answers', async () => {
+    ensureBuilt();
+    const path = join(tmp(), 'json', 'tzip.sock');
+    const d = await Daemon.start({ socketPath: path, limits: limits(), log: () => undefined });
+    const conn = new DaemonConn(d.endpoint, 'rank0');
+    try {
+      const h = await conn.req({ op: 'hello', versions: [1, 2, 3], pid: conn.pid, shm_prefix: conn.prefix, name: 'rank0', job: { name: 'json-job', user: 'tester' } });
+      expect(h.ok, JSON.stringify(h)).toBe(true);
+      const [top, jobs] = [await runTzip(['top', '--json', '--socket', path], tmp()), await runTzip(['jobs', '--json', '--socket', path], tmp())];
+      expect(top.code, top.stderr).toBe(0);
+      const doc = JSON.parse(top.stdout) as JobsReport;
+      expect(doc.daemon.pid).toBe(process.pid);
+      expect(doc.jobs.map((j) => j.name)).toEqual(['json-job']);
+      const same = JSON.parse(jobs.stdout) as JobsReport;
+      expect(Object.keys(doc).sort()).toEqual(Object.keys(same).sort());
+      expect(Object.keys(doc.daemon).sort()).toEqual(Object.keys(same.daemon).sort());
+      expect(Object.keys(doc.jobs[0] as object).sort()).toEqual(Object.keys(same.jobs[0] as object).sort());
+      if (hasTmux) {
+        // On a terminal: still one JSON document and exit 0, no live screen.
+        tmux('new-session', '-d', '-s', 'topjson', '-x', '200', '-y', '50',
+          `env FORCE_COLOR=0 ${process.execPath} ${MAIN} top --json --socket ${path}; echo "top exited $?"; sleep 600`);
+        try {
+          const end = Date.now() + 20_000;
+          let pane = '';
+          while (Date.now() < end && !pane.includes('top exited')) {
+            await new Promise((r) => setTimeout(r, 200));
+            pane = tmux('capture-pane', '-p', '-J', '-t', 'topjson', '-S', '-1000');
+          }
+          expect(pane).toContain('top exited 0');
+          expect(pane).toContain('"json-job"');
+          expect(pane).not.toContain('q quit');
+        } finally {
+          tmux('kill-session', '-t', 'topjson');
+        }
+      }
+    } finally {
+      conn.close();
+      await d.stop('test done');
+    }
+    const gone = await runTzip(['top', '--json', '--socket', path], tmp());
+    expect(gone.code).toBe(3);
+    expect((JSON.parse(gone.stdout) as { error: { code: string; message: string } }).error.message).toContain('no tzip daemon at');
+  });
 });

@@ -2,7 +2,8 @@
  * `tzip top`: a live terminal view of the daemon (its SM budget and codec settings, its GPUs' memory, its
  * codec rates) and of every job it serves (state, settings, bytes before and after, ratio, GB/s, and the
  * same per stream), refreshed every second in the manner of `nvidia-smi` and `htop`. q or Ctrl-C quits. With
- * stdout not a terminal it prints one screen as plain text and exits (as `top -b -n 1`).
+ * stdout not a terminal it prints one screen as plain text and exits (as `top -b -n 1`); with --json, one snapshot
+ * as JSON (the `jobs` reply, as `tzip jobs --json` prints it) and exits.
  *
  * It asks the daemon's `jobs` op (protocol version 3) once a refresh. A daemon that is not running, stops
  * or restarts is shown as such and asked again at the next refresh, so `tzip top` can be started first.
@@ -17,6 +18,7 @@ import {
   daemonSettingsText, devicesText, fetchJobs, figuresGBps, formatDuration, formatRate, jobFigures, jobState, mpsText, pidsText,
   settingText, socketOption, streamFigures, type Figures, type JobsReport,
 } from './jobs.js';
+import { printResult } from './output.js';
 
 /** What the screen shows: the last answer of the daemon and, when the last request failed, why. */
 export interface TopView {
@@ -238,6 +240,8 @@ function parseInterval(value: string): number {
 interface TopOptions {
   socket?: string;
   interval: number;
+  /** The root program's --json. */
+  json?: boolean;
 }
 
 /**
@@ -261,10 +265,31 @@ async function printOnce(client: DaemonClient, intervalMs: number): Promise<void
   if (failure !== undefined) throw failure;
 }
 
-/** Runs the view until q, Ctrl-C, SIGINT or SIGTERM; one screen of text when stdout is not a terminal. */
+/**
+ * `tzip top --json`, on a terminal or not: one snapshot, the `jobs` reply `tzip jobs --json` prints (`{daemon, jobs}`),
+ * then exit. A stream of JSON screens would be a format of its own; a script that polls runs this once a refresh.
+ * @throws TzipError when the daemon does not answer (main.ts prints it as the JSON error document, exit 3).
+ */
+async function printJson(client: DaemonClient): Promise<void> {
+  try {
+    const report = await fetchJobs(client);
+    printResult(true, report, () => '');
+  } finally {
+    client.close();
+  }
+}
+
+/**
+ * Runs the view until q, Ctrl-C, SIGINT or SIGTERM; one screen of text when stdout is not a terminal; one JSON
+ * snapshot with --json.
+ */
 async function runTop(opts: TopOptions): Promise<void> {
   const client = DaemonClient.open({ socket: opts.socket });
   const intervalMs = Math.round(opts.interval * 1000);
+  if (opts.json === true) {
+    await printJson(client);
+    return;
+  }
   if (process.stdout.isTTY !== true) {
     await printOnce(client, intervalMs);
     return;
@@ -296,7 +321,7 @@ async function runTop(opts: TopOptions): Promise<void> {
 export function registerTop(program: Command): void {
   program
     .command('top')
-    .description('live view of the daemon (SM budget, GPU memory, codec rates) and of every job it serves, refreshed every second; q quits (not on a terminal: one screen as text)')
+    .description('live view of the daemon (SM budget, GPU memory, codec rates) and of every job it serves, refreshed every second; q quits (not on a terminal: one screen as text; --json: one snapshot, as `tzip jobs --json`)')
     .addOption(socketOption())
     .addOption(new Option('--interval <seconds>', 'refresh interval').argParser(parseInterval).default(1))
     .action(async (_opts: unknown, cmd: Command) => {
