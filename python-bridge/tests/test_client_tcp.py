@@ -30,7 +30,8 @@ def tcp_daemon(sock_dir):
     sock = os.path.join(sock_dir, "s", "tzip.sock")
     curve = os.path.join(sock_dir, "s", "curve")
     # One more client key pair, admitted through authorized_keys (written before the daemon starts).
-    os.makedirs(curve, mode=0o700)
+    os.mkdir(os.path.dirname(sock), 0o700)  # the daemon refuses a socket folder open to others (it never chmods one)
+    os.mkdir(curve, 0o700)
     extra_public, extra_secret = zmq.curve_keypair()
     with open(os.path.join(curve, "authorized_keys"), "wb") as f:
         f.write(b"# a second client\n" + extra_public + b"\n")

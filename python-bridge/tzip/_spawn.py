@@ -259,6 +259,8 @@ def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] 
         os.makedirs(os.path.dirname(sock_dir), exist_ok=True)
         try:
             os.mkdir(sock_dir, 0o700)
+            # Ours, just made: 0700 whatever the umask (the daemon never changes the mode of a folder it finds).
+            os.chmod(sock_dir, 0o700)
         except FileExistsError:
             pass
     except OSError as e:  # a failed start like the others: the client falls back to raw frames (strict: raises)
