@@ -29,7 +29,8 @@ tensor, the 25 MB bucket and the 200 parameters as CUDA tensors through the daem
 the tensors staying on the GPU; timed to the end of the work queued on the stream) and through the GPU ring
 (staged through the registered arena, ordered by the ring's stream memory words), against the addon's
 gpuCompress/gpuDecompress called directly from a Node process on the same GPU (device buffers allocated once,
-one batched call for the 200 parameters; default SM budget in both).
+one batched call for the 200 parameters; default SM budget in both; the codec a CUDA tensor gets by default, `fast`
+(tzip._codec_choice), in both).
 
 Unless ``--socket`` is given, a private daemon is started for the run and stopped afterwards.
 """
@@ -50,6 +51,7 @@ from statistics import median
 
 import torch
 
+from ._codec_choice import GPU_DEFAULT_CODEC
 from ._spawn import cli_command
 from .client import Client
 
@@ -98,7 +100,9 @@ const now = () => Number(process.hrtime.bigint()) / 1e9;
 _NODE_GPU_DIRECT = r"""
 const fs = require('fs');
 const addon = require(process.argv[1]);
-const [uuid, bucketPath, batchPath, repeat, n] = [process.argv[2], process.argv[3], process.argv[4], Number(process.argv[5]), Number(process.argv[6])];
+const [uuid, bucketPath, batchPath, repeat, n, codec] = [process.argv[2], process.argv[3], process.argv[4], Number(process.argv[5]), Number(process.argv[6]), process.argv[7]];
+// The codec the daemon's GPU requests get by default (tzip._codec_choice), named on every item: the same work both ways.
+const gpuCompress = (items, opts) => addon.gpuCompress(items.map((it) => ({ ...it, codec })), opts);
 const norm = (u) => u.toLowerCase().replace(/^(gpu|mig)-/, '');
 const dev = addon.gpuDevices().find((d) => norm(d.uuid) === norm(uuid));
 if (!dev) { process.stderr.write(`no GPU ${uuid} visible to the addon\n`); process.exit(2); }
@@ -119,7 +123,7 @@ const bound = (nbytes, ndim) => addon.maxCompressedSize(nbytes, ndim);
   let sz;
   for (let i = 0; i < n + 200; i++) {
     const s = now();
-    sz = await addon.gpuCompress([{ data: one, nbytes: 2, dtype: 'BF16', shape: [1], frame: oneFrame, frameCapacity: bound(2, 1) }], { device });
+    sz = await gpuCompress([{ data: one, nbytes: 2, dtype: 'BF16', shape: [1], frame: oneFrame, frameCapacity: bound(2, 1) }], { device });
     if (i >= 200) t.push(now() - s);
   }
   out.one_compress_s = t; t = [];
@@ -134,8 +138,8 @@ const bound = (nbytes, ndim) => addon.maxCompressedSize(nbytes, ndim);
   const bFrame = addon.gpuAlloc(device, bound(bucket.length, 1));
   const bBack = addon.gpuAlloc(device, bucket.length);
   const bItem = { data: b, nbytes: bucket.length, dtype: 'BF16', shape: [bucket.length / 2], frame: bFrame, frameCapacity: bound(bucket.length, 1) };
-  await addon.gpuCompress([bItem], { device });
-  for (let i = 0; i < repeat; i++) { const s = now(); sz = await addon.gpuCompress([bItem], { device }); t.push(now() - s); }
+  await gpuCompress([bItem], { device });
+  for (let i = 0; i < repeat; i++) { const s = now(); sz = await gpuCompress([bItem], { device }); t.push(now() - s); }
   out.bucket_compress_s = t; out.bucket_frame_bytes = Number(sz[0].frameBytes); t = [];
   const bDec = [{ frame: bFrame, frameBytes: sz[0].frameBytes, out: bBack, outBytes: bucket.length }];
   await addon.gpuDecompress(bDec, { device });
@@ -147,8 +151,8 @@ const bound = (nbytes, ndim) => addon.maxCompressedSize(nbytes, ndim);
     const part = batch.subarray(off, off + k * 2); off += k * 2;
     items.push({ data: upload(part), nbytes: part.length, dtype: 'BF16', shape: [k], frame: addon.gpuAlloc(device, bound(part.length, 1)), frameCapacity: bound(part.length, 1) });
   }
-  let fs_ = await addon.gpuCompress(items, { device });
-  for (let i = 0; i < repeat; i++) { const s = now(); fs_ = await addon.gpuCompress(items, { device }); t.push(now() - s); }
+  let fs_ = await gpuCompress(items, { device });
+  for (let i = 0; i < repeat; i++) { const s = now(); fs_ = await gpuCompress(items, { device }); t.push(now() - s); }
   out.batch_compress_s = t; out.batch_frame_bytes = fs_.reduce((a, x) => a + Number(x.frameBytes), 0); t = [];
   const dec = items.map((it, j) => ({ frame: it.frame, frameBytes: fs_[j].frameBytes, out: addon.gpuAlloc(device, Number(it.nbytes)), outBytes: it.nbytes }));
   await addon.gpuDecompress(dec, { device });
@@ -388,7 +392,7 @@ def _direct_gpu(uuid: str, bucket: torch.Tensor, params: list[torch.Tensor], rep
         bucket.cpu().view(torch.int16).numpy().tofile(bpath)
         torch.cat([p.reshape(-1).cpu() for p in params]).view(torch.int16).numpy().tofile(ppath)
         Path(ppath + ".json").write_text(json.dumps([p.numel() for p in params]))
-        out = subprocess.run([node, "-e", _NODE_GPU_DIRECT, str(addon), uuid, bpath, ppath, str(repeat), str(n)],
+        out = subprocess.run([node, "-e", _NODE_GPU_DIRECT, str(addon), uuid, bpath, ppath, str(repeat), str(n), GPU_DEFAULT_CODEC],
                              capture_output=True, check=False)
         if out.returncode != 0:
             raise RuntimeError(f"the direct GPU addon run failed: {out.stderr.decode(errors='replace')[-2000:]}")
