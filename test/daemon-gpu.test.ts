@@ -117,7 +117,7 @@ class FakeGpu {
         if (this.hold !== null) await this.hold;
         const written: GpuCompressed[] = [];
         for (const it of items) {
-          this.asked.push(it.codec);
+          this.asked.push(it.codec ?? '(none: the addon\'s auto)');
           const input = this.resolve(it.data, Number(it.nbytes));
           const frame = await compress(input, { dtype: it.dtype, shape: it.shape.map(Number), codec: it.codec, chunkSize: opts.chunkSize });
           frame.copy(this.resolve(it.frame, Number(it.frameCapacity)));

@@ -46,7 +46,7 @@ import torch
 from ._default import resolve_client
 from ._dlpack import copy_from_bytes, from_bytes, int_alias
 from ._errors import TzipDaemonError
-from ._frame import FrameHeader, decode_raw, read_header
+from ._frame import FrameError, FrameHeader, decode_raw, read_header
 from ._xxh32 import xxh32
 from .compressed import CompressedTensor
 
@@ -325,7 +325,8 @@ def _frame_header(frame, entry: Entry, file) -> FrameHeader:
     try:
         h = read_header(frame)
     except ValueError as e:
-        raise ContainerError("TZIP_CORRUPT", str(e), file, entry.name if entry.kind == "tensor" else None) from None
+        code = e.code if isinstance(e, FrameError) else "TZIP_CORRUPT"
+        raise ContainerError(code, str(e), file, entry.name if entry.kind == "tensor" else None) from None
     return _check_frame(entry, h, file)
 
 
@@ -796,11 +797,12 @@ def write_tensors(path: str | os.PathLike, items: Sequence[TensorItem], metadata
 def _daemon_error(e: BaseException, reader: "ContainerReader", batch: Sequence[Entry], positions: Sequence[int]) -> BaseException:
     """A decoding failure as a ContainerError naming the file and tensor (other errors as they are)."""
     if isinstance(e, TzipDaemonError) and e.code in ("TZIP_CORRUPT", "TZIP_TRUNCATED", "TZIP_CHECKSUM", "TZIP_UNSUPPORTED"):
-        at = batch[positions[e.index]] if e.index is not None and 0 <= e.index < len(positions) else None
+        # The daemon's index; a raw frame the client decoded itself has none, which names the one frame of a batch of one.
+        i = e.index if e.index is not None else (0 if len(positions) == 1 else None)
+        at = batch[positions[i]] if i is not None and 0 <= i < len(positions) else None
         return ContainerError(e.code, e.detail, reader.path, at.name if at is not None and at.kind == "tensor" else None)
-    if isinstance(e, ValueError) and "invalid tzip frame" in str(e):  # a raw frame, checked in this process
-        code = "TZIP_CHECKSUM" if ("digest" in str(e) or "checksum" in str(e)) else "TZIP_CORRUPT"
-        return ContainerError(code, str(e), reader.path, batch[positions[0]].name if len(positions) == 1 else None)
+    if isinstance(e, FrameError):  # a raw frame, checked in this process (its code is the native decoder's)
+        return ContainerError(e.code, str(e), reader.path, batch[positions[0]].name if len(positions) == 1 else None)
     return e
 
 
