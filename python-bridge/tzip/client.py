@@ -150,7 +150,6 @@ __all__ = [
 
 _log = logging.getLogger("tzip")
 
-#: Codecs a compress call accepts.
 #: Protocol versions this client speaks (3: job info, stream tags, the job's settings in replies; 4: the submission
 #: ring, docs/ring.md).
 PROTOCOL_VERSIONS = [1, 2, 3, 4]
@@ -695,13 +694,9 @@ class Client(RingPath, CpuPath, GpuPath):
     def _check_compress_args(items: list, codec: str | None) -> None:
         check_codec(codec)
         for t in items:
-            # A dense CPU or CUDA tensor passes both checks: tested first, with the cheapest accessors (each of
-            # check_supported's costs a few tenths of a microsecond, per tensor of every call).
-            if isinstance(t, torch.Tensor) and (t.is_cpu or t.is_cuda) and t.layout is torch.strided \
-                    and not t.is_quantized and not t.is_nested:
-                continue
             check_supported(t)
-            _device(t)
+            if not (t.is_cpu or t.is_cuda):
+                _device(t)  # raises for the devices tzip does not serve (CPU and CUDA tensors pass)
 
     def _compress(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None, use_ring: bool = True):
         self._check_pid()
@@ -983,19 +978,19 @@ def _check_outs_apart(items: list[CompressedTensor], outs: list) -> None:
             if t is not None and t.numel():
                 lo, hi = byte_range(t)
                 if hi - lo == t.numel() * t.element_size():  # dense: every byte in the range is an element's
-                    spans.append((str(t.device), lo, hi, what))
+                    spans.append((str(t.device), lo, hi, t is o, what))
     spans.sort()
     furthest: dict[tuple[str, bool], tuple] = {}  # (device, is an out) -> the span reaching furthest so far
     for span in spans:
-        is_out = span[3].startswith("out")
-        for other in ((span[0], True), (span[0], False)) if is_out else ((span[0], True),):
+        device, lo, hi, is_out, what = span
+        # An out may share no byte with anything; frames may share bytes with each other (both are only read).
+        for other in ((device, True), (device, False)) if is_out else ((device, True),):
             f = furthest.get(other)
-            if f is not None and span[1] < f[2]:
-                raise ValueError(f"{span[3]} shares memory with {f[3]}: every destination of a decompress must lie apart "
+            if f is not None and lo < f[2]:
+                raise ValueError(f"{what} shares memory with {f[4]}: every destination of a decompress must lie apart "
                                  "from the other destinations and from the frames")
-        key = (span[0], is_out)
-        if key not in furthest or span[2] > furthest[key][2]:
-            furthest[key] = span
+        if (device, is_out) not in furthest or hi > furthest[(device, is_out)][2]:
+            furthest[(device, is_out)] = span
 
 
 def connect(socket: str | None = None, spawn: bool = True, strict: bool = False, **kwargs) -> Client:
