@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import torch
 
 from ._default import resolve_client
-from ._dlpack import copy_from_bytes, from_bytes, int_alias
+from ._dlpack import int_alias
 from ._errors import TzipDaemonError
-from ._frame import FrameError, FrameHeader, decode_raw, read_header
+from ._fallback import _decompress_raw
+from ._frame import FrameError, FrameHeader, read_header
 from ._xxh32 import xxh32
 from .compressed import CompressedTensor
 
@@ -801,25 +802,7 @@ def _daemon_error(e: BaseException, reader: "ContainerReader", batch: Sequence[E
         i = e.index if e.index is not None else (0 if len(positions) == 1 else None)
         at = batch[positions[i]] if i is not None and 0 <= i < len(positions) else None
         return ContainerError(e.code, e.detail, reader.path, at.name if at is not None and at.kind == "tensor" else None)
-    if isinstance(e, FrameError):  # a raw frame, checked in this process (its code is the native decoder's)
-        return ContainerError(e.code, str(e), reader.path, batch[positions[0]].name if len(positions) == 1 else None)
     return e
-
-
-def _decode_raw_here(ct: CompressedTensor, out: torch.Tensor | None) -> torch.Tensor:
-    """A raw frame decoded in this process, its digests checked (no daemon needed), onto the payload's device or
-    into ``out``."""
-    frame = ct.payload.detach().cpu().contiguous()
-    body = decode_raw(frame, read_header(frame), True)
-    flat = body.clone()
-    if out is not None:
-        if out.device.type == "cpu":
-            copy_from_bytes(out, flat)
-        elif flat.numel():
-            int_alias(out).copy_(int_alias(from_bytes(flat, out.dtype, out.shape)).to(out.device))
-        return out
-    host = from_bytes(flat, ct.dtype, ct.shape)
-    return host if ct.payload.device.type == "cpu" else host.to(ct.payload.device)
 
 
 def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "Client | None" = None,
@@ -860,7 +843,7 @@ def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "C
         if c is None:  # raw frames only and no client given: decoded here
             fut: concurrent.futures.Future = concurrent.futures.Future()
             try:
-                fut.set_result([_decode_raw_here(ct, o) for ct, o in zip(cts, outs)])
+                fut.set_result([_decompress_raw(ct, o, True) for ct, o in zip(cts, outs)])
             except Exception as err:  # noqa: BLE001 (raised by fut.result())
                 fut.set_exception(err)
             return fut, batch, cts, outs
@@ -892,7 +875,7 @@ def _locate(err: BaseException, reader: ContainerReader, batch: list[Entry], cts
     for k, (ct, o) in enumerate(zip(cts, outs)):
         try:
             if c is None:
-                _decode_raw_here(ct, None)
+                _decompress_raw(ct, None, True)
             else:
                 c.decompress(ct)
         except (TzipDaemonError, ValueError) as e:
