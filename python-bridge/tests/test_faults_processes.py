@@ -137,6 +137,8 @@ def test_daemon_killed_mid_request_then_restarted(daemon):
     try:
         packed = strict.compress(big, codec="fast")
         assert packed.codec == "fast"
+        slow = strict.compress(big, codec="max")
+        assert slow.codec == "max"
 
         box: dict = {}
         th = kill_when_busy(daemon, box)
@@ -157,7 +159,8 @@ def test_daemon_killed_mid_request_then_restarted(daemon):
             time.sleep(tz.RETRY_INTERVAL_S)  # past the client's reconnection back-off: the call reaches the daemon
             th = kill_when_busy(daemon, box)
             with pytest.raises(tz.DaemonUnavailableError):
-                c.decompress(packed) if c is lenient else c.compress(big, codec="max")
+                # a max frame: its decode lasts long enough for kill_when_busy's 2 ms stats poll to see it in flight
+                c.decompress(slow) if c is lenient else c.compress(big, codec="max")
             th.join(10)
             assert not daemon.alive()
 
