@@ -705,3 +705,22 @@ def test_gpu_memory_stays_flat_over_many_requests(gpu_client):
     torch.cuda.synchronize()
     gc.collect()
     assert torch.cuda.memory_allocated() - before <= 4 << 20, (before, torch.cuda.memory_allocated())
+
+
+@needs_cuda
+def test_gpu_handles_finished_by_the_background_reaper(gpu_client):
+    """Nobody calls result() until the handles are done, so the ring's reaper thread, which never made a CUDA call of
+    its own, runs their finishing steps (a GPU-side wait on the done word, through the driver API). That thread had
+    no current context: bench_daemon --cuda failed there with CUDA_ERROR_INVALID_CONTEXT before _memops made the
+    stream's primary context current."""
+    c = gpu_client
+    ts = [w.cuda() for w in weights_bf16() if w.dim() == 2][:3] + [torch.arange(1, dtype=torch.float32, device="cuda")]
+    for _ in range(20):
+        h = c.compress_async(ts, codec="fast")
+        assert wait_for(h.done, timeout=30)
+        cts = h.result()
+        d = c.decompress_async(cts)
+        assert wait_for(d.done, timeout=30)
+        backs = d.result()
+        torch.cuda.synchronize()
+        assert all(same_bits(b, t) for b, t in zip(backs, ts))

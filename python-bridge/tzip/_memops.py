@@ -62,12 +62,61 @@ class _Driver:
         self.wait32.argtypes = [ptr, u64, u32, ctypes.c_uint]
         self.host_dptr = entry("cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
         self.host_dptr.argtypes = [ctypes.POINTER(ctypes.c_uint64), ptr, ctypes.c_uint]
+        pctx = ctypes.POINTER(ctypes.c_void_p)
+        self.ctx_get = entry("cuCtxGetCurrent")
+        self.ctx_get.argtypes = [pctx]
+        self.ctx_set = entry("cuCtxSetCurrent")
+        self.ctx_set.argtypes = [ptr]
+        self.ctx_push = entry("cuCtxPushCurrent_v2", "cuCtxPushCurrent")
+        self.ctx_push.argtypes = [ptr]
+        self.ctx_pop = entry("cuCtxPopCurrent_v2", "cuCtxPopCurrent")
+        self.ctx_pop.argtypes = [pctx]
+        self.device_get = entry("cuDeviceGet")
+        self.device_get.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        self.primary_retain = entry("cuDevicePrimaryCtxRetain")
+        self.primary_retain.argtypes = [pctx, ctypes.c_int]
+        self._primary: dict[int, int] = {}
         self.get_name = lib.cuGetErrorName
         self.get_name.restype = ctypes.c_int
         self.get_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         self.get_string = lib.cuGetErrorString
         self.get_string.restype = ctypes.c_int
         self.get_string.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+
+    def primary(self, index: int) -> int:
+        """The primary context of device ``index`` (PyTorch's context there), retained once per process and kept."""
+        ctx = self._primary.get(index)
+        if ctx is None:
+            dev = ctypes.c_int()
+            self.check("cuDeviceGet", self.device_get(ctypes.byref(dev), index))
+            c = ctypes.c_void_p()
+            self.check("cuDevicePrimaryCtxRetain", self.primary_retain(ctypes.byref(c), dev.value))
+            ctx = self._primary[index] = int(c.value or 0)
+        return ctx
+
+    def stream_op(self, what: str, stream, fn, *args) -> None:
+        """Calls the stream operation ``fn(CUstream, *args)`` with ``stream``'s device's primary context current.
+
+        Driver calls use the calling thread's current context, and a thread that has only made runtime calls, or
+        none (the ring's reaper thread, which finishes a handle), may have none: the driver then answers
+        CUDA_ERROR_INVALID_CONTEXT. A thread without a context gets the primary one, as the runtime would give it; a
+        thread with another device's current gets it back afterwards."""
+        target = self.primary(stream.device.index)
+        cur = ctypes.c_void_p()
+        self.check("cuCtxGetCurrent", self.ctx_get(ctypes.byref(cur)))
+        have = int(cur.value or 0)
+        if have == target:
+            self.check(what, fn(_handle(stream), *args))
+        elif have == 0:
+            self.check("cuCtxSetCurrent", self.ctx_set(ctypes.c_void_p(target)))
+            self.check(what, fn(_handle(stream), *args))
+        else:
+            self.check("cuCtxPushCurrent", self.ctx_push(ctypes.c_void_p(target)))
+            try:
+                rc = fn(_handle(stream), *args)
+            finally:
+                self.ctx_pop(ctypes.byref(cur))
+            self.check(what, rc)
 
     def check(self, what: str, rc: int) -> None:
         if rc == 0:
@@ -115,26 +164,26 @@ def write_value64(stream, address: int, value: int, flags: int = CU_STREAM_WRITE
     """Queues on ``stream`` (a torch.cuda.Stream) the store of u64 ``value`` at device address ``address`` (8-byte
     aligned), after the work queued before it. Raises TzipDaemonError TZIP_CUDA."""
     d = _drv()
-    d.check("cuStreamWriteValue64", d.write64(_handle(stream), address, value, flags))
+    d.stream_op("cuStreamWriteValue64", stream, d.write64, address, value, flags)
 
 
 def wait_value64(stream, address: int, value: int, flags: int = CU_STREAM_WAIT_VALUE_GEQ) -> None:
     """Queues on ``stream`` a GPU-side wait until the u64 at ``address`` is >= ``value`` (``flags`` GEQ; EQ and the
     others of cuda.h work too). No CPU wait. Raises TzipDaemonError TZIP_CUDA."""
     d = _drv()
-    d.check("cuStreamWaitValue64", d.wait64(_handle(stream), address, value, flags))
+    d.stream_op("cuStreamWaitValue64", stream, d.wait64, address, value, flags)
 
 
 def write_value32(stream, address: int, value: int, flags: int = CU_STREAM_WRITE_VALUE_DEFAULT) -> None:
     """:func:`write_value64` for a u32 (4-byte aligned)."""
     d = _drv()
-    d.check("cuStreamWriteValue32", d.write32(_handle(stream), address, value, flags))
+    d.stream_op("cuStreamWriteValue32", stream, d.write32, address, value, flags)
 
 
 def wait_value32(stream, address: int, value: int, flags: int = CU_STREAM_WAIT_VALUE_GEQ) -> None:
     """:func:`wait_value64` for a u32."""
     d = _drv()
-    d.check("cuStreamWaitValue32", d.wait32(_handle(stream), address, value, flags))
+    d.stream_op("cuStreamWaitValue32", stream, d.wait32, address, value, flags)
 
 
 #: cudaHostRegisterPortable | cudaHostRegisterMapped (cuda_runtime_api.h): pinned for every context, and mapped into
