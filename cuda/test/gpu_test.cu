@@ -4,6 +4,9 @@
 //            [--profile] [--codecs LIST] [FILE[:DTYPE]...]
 //   --codecs: benchmark only these codecs (comma-separated labels, e.g. fast,raw).
 //   --profile: one encode + decode (fast and max) of a bf16 tensor, nothing else (for ncu).
+//   --small-calls: the fixed cost of one call, nothing else: per size (one bf16 element to 25 MB) and codec, the
+//     host's enqueue time, the round trip (enqueue, then poll an event until the GPU is done: what the daemon's ring
+//     thread does) and the device time, for encode() and decode(); next to an empty kernel and an 8-byte copy.
 //   TZIP_GPU_DEBUG=1: the corrupt-frame decode prints (device printf) each rejected chunk and the failing check.
 //   TZIP_GPU_BF16_KERNEL=0: bf16 fast frames decode in the fp32 kernel (Tuning::bf16_kernel off), for comparisons.
 //   TZIP_GPU_RING_PAIRS=0: the bf16 kernel fills its ring one tile at a time (Tuning::ring_pairs off).
@@ -25,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -43,6 +47,7 @@
 #include "errors.h"
 #include "frame.h"
 #include "gpu/codec.h"
+#include "gpu/scratch.h"
 #include "tzip/format.h"
 
 using namespace tzip;
@@ -622,6 +627,99 @@ double time_ms(F f, int runs, cudaStream_t s) {
   return median(t);
 }
 
+__global__ void empty_kernel() {}
+
+/// --small-calls (see the header comment). Synthetic weight-like bf16 data; sizes 2 bytes (one element) to 25 MB.
+void small_calls(int runs) {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  gpu::keep_scratch(s);
+  cudaEvent_t done;
+  CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  void* pinned = nullptr;
+  CK(cudaHostAlloc(&pinned, 4096, cudaHostAllocPortable));
+  using Clk = std::chrono::steady_clock;
+  auto us = [](Clk::time_point a, Clk::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
+  auto spin = [&]() {
+    CK(cudaEventRecord(done, s));
+    while (cudaEventQuery(done) == cudaErrorNotReady) {
+    }
+  };
+  // f() enqueues; returns {host enqueue us, round trip us, device us} medians.
+  auto measure = [&](auto f) {
+    for (int i = 0; i < 20; ++i) { f(); spin(); }
+    std::vector<double> h, rt;
+    for (int i = 0; i < runs; ++i) {
+      const auto t0 = Clk::now();
+      f();
+      const auto t1 = Clk::now();
+      spin();
+      const auto t2 = Clk::now();
+      h.push_back(us(t0, t1));
+      rt.push_back(us(t0, t2));
+    }
+    double host_us = 0;
+    const double dev = device_ms(f, std::min(runs, 200), s, &host_us) * 1e3;
+    return std::array<double, 3>{median(h), median(rt), dev};
+  };
+  std::printf("\nsmall calls (stream of its own, sm_budget 10, medians of %d; us):\n", runs);
+  std::printf("%-28s %10s %10s %10s\n", "call", "enqueue", "round trip", "device");
+  auto row = [](const std::string& name, std::array<double, 3> r) {
+    std::printf("%-28s %10.1f %10.1f %10.1f\n", name.c_str(), r[0], r[1], r[2]);
+  };
+  row("empty kernel", measure([&] { empty_kernel<<<1, 32, 0, s>>>(); }));
+  DevBuf d8(8);
+  row("8-byte copy to pinned", measure([&] { CK(cudaMemcpyAsync(pinned, d8.p, 8, cudaMemcpyDeviceToHost, s)); }));
+  for (uint64_t nb : {2ull, 4096ull, 65536ull, 1ull << 20, 25000000ull}) {
+    std::vector<uint8_t> h(nb);
+    fill(h, Dtype::BF16, kWeights, 11);
+    DevBuf din(nb), dfr(max_frame_bytes(nb, 1, 65536)), dout(nb), dsz(8), derr(4);
+    CK(cudaMemcpy(din.p, h.data(), nb, cudaMemcpyHostToDevice));
+    const uint64_t shape[1] = {nb / 2};
+    for (int codec : {1, 0, 2}) {
+      if (codec == 2 && nb > (1u << 20)) continue;
+      gpu::EncodeItem it;
+      it.data = din.p; it.nbytes = nb; it.dtype = uint8_t(Dtype::BF16); it.codec = uint8_t(codec); it.ndim = 1;
+      it.shape = shape; it.frame = dfr.p;
+      gpu::EncodeOptions eo;
+      eo.sm_budget = 10;
+      eo.stream = s;
+      auto enc = [&] { check_status(gpu::encode(&it, 1, eo, reinterpret_cast<uint64_t*>(dsz.p)), "encode"); };
+      const std::string label = std::string(codec_label(codec)) + " " + std::to_string(nb) + " B";
+      row("encode " + label, measure(enc));
+      // What the ring thread does around it (addon/ring_gpu.cpp): a scratch block for the sizes, the copy back.
+      row("  + ring steps", measure([&] {
+        void* d_res = nullptr;
+        check_status(gpu::scratch_alloc(&d_res, 8, s), "scratch_alloc");
+        check_status(gpu::encode(&it, 1, eo, static_cast<uint64_t*>(d_res)), "encode");
+        CK(cudaMemcpyAsync(pinned, d_res, 8, cudaMemcpyDeviceToHost, s));
+        gpu::scratch_free(d_res, s);
+      }));
+      enc();
+      CK(cudaStreamSynchronize(s));
+      uint64_t fb = 0;
+      CK(cudaMemcpy(&fb, dsz.p, 8, cudaMemcpyDeviceToHost));
+      gpu::DecodeItem di;
+      di.frame = dfr.p; di.frame_bytes = fb; di.out = dout.p; di.out_bytes = nb;
+      gpu::DecodeOptions dopt;
+      dopt.sm_budget = 10;
+      dopt.stream = s;
+      row("decode " + label, measure([&] { check_status(gpu::decode(&di, 1, dopt, reinterpret_cast<int32_t*>(derr.p)), "decode"); }));
+      int32_t err = -1;
+      CK(cudaMemcpy(&err, derr.p, 4, cudaMemcpyDeviceToHost));
+      if (err != 0) fail("small calls: decode %s: %d", label.c_str(), err);
+      std::vector<uint8_t> back(nb);
+      CK(cudaMemcpy(back.data(), dout.p, nb, cudaMemcpyDeviceToHost));
+      if (back != h) fail("small calls: %s round trip differs", label.c_str());
+    }
+  }
+  gpu::release_scratch(s);
+  CK(cudaStreamSynchronize(s));
+  cudaFreeHost(pinned);
+  cudaEventDestroy(done);
+  cudaStreamDestroy(s);
+}
+
 struct DataSrc {
   std::string name;
   Dtype dtype;
@@ -822,7 +920,7 @@ bool dtype_from_name(const std::string& s, Dtype* d) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool small = false, do_bench = true, only_bench = false, cpu_check = true, profile = false;
+  bool small = false, do_bench = true, only_bench = false, cpu_check = true, profile = false, small_only = false;
   uint64_t bench_mib = 0;
   int runs = 10;
   std::string golden = "test/golden";
@@ -834,6 +932,7 @@ int main(int argc, char** argv) {
     else if (a == "--bench-only") only_bench = true;
     else if (a == "--no-cpu-check") cpu_check = false;
     else if (a == "--profile") profile = true;
+    else if (a == "--small-calls") small_only = true;
     else if (a == "--verbose") g_verbose = true;
     else if (a == "--bench-mib" && i + 1 < argc) bench_mib = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--runs" && i + 1 < argc) runs = std::atoi(argv[++i]);
@@ -879,6 +978,11 @@ int main(int argc, char** argv) {
   std::printf("device %d: %s, %d SMs, %.1f GiB, L2 %d MiB, cc %d.%d\n", dev, prop.name, prop.multiProcessorCount,
               prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize >> 20, prop.major, prop.minor);
 
+  if (small_only) {
+    small_calls(runs > 100 ? runs : 2000);
+    std::printf("%s\n", g_fail ? "RESULT: FAIL" : "RESULT: PASS");
+    return g_fail ? 1 : 0;
+  }
   if (profile) {
     // One encode and one decode (fast, then max) for ncu: of the first data file tiled to --bench-mib MiB (default
     // 256), or of a weight-like bf16 tensor when no file is given.
