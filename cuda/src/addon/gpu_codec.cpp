@@ -342,6 +342,7 @@ class GpuCompressWorker : public GpuWorker {
       eo.chunk_bytes = opt_.chunk;
       eo.sm_budget = opt_.sm_budget;
       eo.stream = stream;
+      eo.device = opt_.device;  // every range passed the checker above
       gpu::Status st = gpu::encode(items.data(), n, eo, static_cast<uint64_t*>(d_results));
       if (!st.ok()) throw status_error(st, "gpuCompress");
       st = gpu::gather_frame_bytes(spans.data(), spans.size(), kOffCodec, 1,
@@ -470,6 +471,7 @@ class GpuDecompressWorker : public GpuWorker {
       dopt.sm_budget = opt_.sm_budget;
       dopt.verify = opt_.verify;
       dopt.stream = stream;
+      dopt.device = opt_.device;  // every range passed the checker above
       gpu::Status st = gpu::decode(items.data(), n, dopt, static_cast<int32_t*>(d_results));
       if (!st.ok()) throw status_error(st, "gpuDecompress");
       st = gpu::gather_frame_bytes(spans.data(), n, 0, uint32_t(kPrefix), static_cast<uint8_t*>(d_results) + prefix_off,

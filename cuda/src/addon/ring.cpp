@@ -351,8 +351,10 @@ bool RingCore::run_batch(std::vector<Sqe>& batch) {
       return std::chrono::duration<double, std::micro>(b - a).count();
     };
     std::fprintf(stderr, "tzip ring trace: op %u, %zu SQEs, %s, codec %u, SM budget %d: waiting for produced %.1f us, "
-                 "running %.1f us, CQEs %.1f us\n", unsigned(op), n, on_gpu ? "GPU" : "CPU", unsigned(batch[0].codec),
-                 budget, us(t0, t_ready), us(t_ready, t_ran), us(t_ran, Clock::now()));
+                 "running %.1f us (GPU enqueue %.1f us, GPU wait %.1f us, codec call %.1f us), CQEs %.1f us\n", unsigned(op),
+                 n, on_gpu ? "GPU" : "CPU", unsigned(batch[0].codec), budget, us(t0, t_ready), us(t_ready, t_ran),
+                 on_gpu ? gpu_->last_enqueue_us() : 0.0, on_gpu ? gpu_->last_wait_us() : 0.0,
+                 on_gpu ? gpu_->last_codec_us() : 0.0, us(t_ran, Clock::now()));
   }
   return ok;
 }

@@ -108,6 +108,7 @@ void RingGpu::bind_thread() {
 
 void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget, Cqe* out) {
   Impl& g = *impl_;
+  const Clock::time_point t_start = Clock::now();
   const bool encode = sqes[0].op == ring::kCompress;
   int32_t status = ring::kOk;  // a failure of the whole batch
   std::string message;
@@ -156,6 +157,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
     const gpu::Status st = gpu::scratch_alloc(&d_results, result_bytes, g.stream);
     if (!st.ok()) gpu_failure(st, &status, &message);
   }
+  const Clock::time_point t_codec = Clock::now();
   if (status == ring::kOk) {
     gpu::Status st;
     if (encode) {
@@ -163,6 +165,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
       eo.chunk_bytes = kDefaultChunkBytes;
       eo.sm_budget = sm_budget;
       eo.stream = g.stream;
+      eo.device = device_;  // the regions were checked to be device memory of the ring's device when registered
       st = gpu::encode(enc.data(), n, eo, static_cast<uint64_t*>(d_results));
       if (st.ok() && !spans.empty())
         st = gpu::gather_frame_bytes(spans.data(), spans.size(), kOffCodec, 1,
@@ -172,10 +175,12 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
       dopt.sm_budget = sm_budget;
       dopt.verify = verify;
       dopt.stream = g.stream;
+      dopt.device = device_;  // as for encode
       st = gpu::decode(dec.data(), n, dopt, static_cast<int32_t*>(d_results));
     }
     if (!st.ok()) gpu_failure(st, &status, &message);
   }
+  codec_us_ = std::chrono::duration<double, std::micro>(Clock::now() - t_codec).count();
   if (status == ring::kOk) {
     const cudaError_t e = cudaMemcpyAsync(pinned.data(), d_results, result_bytes, cudaMemcpyDeviceToHost, g.stream);
     copy_queued = e == cudaSuccess;
@@ -185,8 +190,12 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
   // Wait for everything queued (the codec may have launched some kernels before one failed): the regions must not be
   // released, nor the pinned buffer reused, while it runs.
   cudaError_t e = cudaEventRecord(g.done, g.stream);
+  const Clock::time_point t_queued = Clock::now();
   if (e == cudaSuccess) e = g.wait_done();
   else e = cudaStreamSynchronize(g.stream);
+  const Clock::time_point t_done = Clock::now();
+  enqueue_us_ = std::chrono::duration<double, std::micro>(t_queued - t_start).count();
+  wait_us_ = std::chrono::duration<double, std::micro>(t_done - t_queued).count();
   if (e != cudaSuccess) {
     pinned.poison();
     if (status == ring::kOk) cuda_failure(e, "GPU batch", &status, &message);

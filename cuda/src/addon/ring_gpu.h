@@ -32,10 +32,18 @@ class RingGpu {
   /// sleeps in short steps). `out[i]` gets SQE i's status, codec and result.
   void run(const ring::Sqe* sqes, const ring::Resolved* res, size_t n, int sm_budget, ring::Cqe* out);
 
+  /// Where the last run()'s time went, in microseconds (for TZIP_TRACE): building the codec's items and queueing its
+  /// launch sequence and the copy of the results, then waiting for the GPU to finish them.
+  double last_enqueue_us() const { return enqueue_us_; }
+  double last_wait_us() const { return wait_us_; }
+  /// The part of last_enqueue_us() spent in the codec's call (gpu::encode or gpu::decode, and the gather of codecs).
+  double last_codec_us() const { return codec_us_; }
+
  private:
   struct Impl;
   Impl* impl_ = nullptr;
   int device_ = -1;
+  double enqueue_us_ = 0, wait_us_ = 0, codec_us_ = 0;
 };
 
 }  // namespace tzip::addon

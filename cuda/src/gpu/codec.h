@@ -64,6 +64,10 @@ struct EncodeOptions {
   uint32_t chunk_bytes = 65536;  // multiple of 256 in [4096, 65536]
   int sm_budget = 10;            // SMs the launch sequence may occupy at a time (<= 0: all SMs of the device)
   void* stream = nullptr;        // cudaStream_t on the device that owns the pointers (nullptr: legacy default stream)
+  int device = -1;               // >= 0: the caller has checked that every pointer of the call (the items' and
+                                 // d_frame_bytes) is device memory of this device, as the addon does for each range
+                                 // (addon/device.h, check_device_range): no cudaPointerGetAttributes per pointer (two
+                                 // per tensor otherwise). -1: the pointers are looked up.
 };
 
 /// Encodes a batch of tensors into one frame each. All pointers must be on the same device (that device is made
@@ -86,6 +90,7 @@ struct DecodeOptions {
   int sm_budget = 10;
   bool verify = true;  // check each chunk's digest (the header digest and the checksum are always checked)
   void* stream = nullptr;
+  int device = -1;     // as EncodeOptions::device (the items' pointers and d_errors)
 };
 
 /// Decodes a batch of frames. Per frame, d_errors[i] (device array of `count` int32) receives kOk or the error code the
@@ -127,6 +132,8 @@ class DeviceGuard {
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
   Status bind(const void* const* ptrs, size_t n);
+  /// bind() for pointers the caller has checked are all on `device` (EncodeOptions::device): makes it current.
+  Status bind_device(int device);
   int device() const { return dev_; }
   int sm_count() const { return sms_; }
 

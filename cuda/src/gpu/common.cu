@@ -116,17 +116,20 @@ Status DeviceGuard::bind(const void* const* ptrs, size_t n) {
       return st;
     }
   }
+  return bind_device(dev);
+}
+
+Status DeviceGuard::bind_device(int device) {
   cudaError_t e = cudaGetDevice(&prev_);
   if (e != cudaSuccess) return cuda_status(e, "cudaGetDevice");
-  if (dev < 0) dev = prev_;
-  dev_ = dev;
+  dev_ = device < 0 ? prev_ : device;
   if (dev_ != prev_) {
     e = cudaSetDevice(dev_);
     if (e != cudaSuccess) return cuda_status(e, "cudaSetDevice");
   }
   e = cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev_);
   if (e != cudaSuccess) return cuda_status(e, "cudaDeviceGetAttribute");
-  return st;
+  return Status{};
 }
 
 Status persistent_grid(const void* kernel, int threads, size_t* dyn_smem, int sm_budget, int sm_count, uint64_t want,
