@@ -255,7 +255,7 @@ class GpuArena:
         size = max(self.MIN_BUFFER, 1 << max(0, (nbytes - 1).bit_length()))
         if size > self._keep:  # will not be kept: no rounding beyond the allocator's 2 MiB
             size = max(self.MIN_BUFFER, -(-nbytes // (2 << 20)) * (2 << 20))
-        with torch.cuda.stream(stream):
+        with stream_scope(stream):
             u8 = torch.empty(size, dtype=torch.uint8, device=self.device)
         return GpuBuffer(u8, self._share_fn(u8.untyped_storage()), stream)
 
@@ -381,6 +381,46 @@ def _int_alias(t: torch.Tensor) -> torch.Tensor:
     return int_alias(t)
 
 
+class stream_scope:
+    """``with torch.cuda.stream(stream)`` for a stream of the current device (the callers enter
+    ``torch.cuda.device(stream's device)`` first), at a fraction of its cost: PyTorch's StreamContext asks for the
+    current stream twice through Python helpers that look the device type up each time (14.4 µs a context on the
+    H200 host, against about 1 µs for this; docs/benchmarks.md, "client time per GPU request"). It reads and sets the
+    current stream with the two C calls ``torch.cuda.set_stream`` and ``current_stream`` are made of, and does
+    nothing when ``stream`` already is the current one. Where this PyTorch lacks them, it is PyTorch's context."""
+
+    __slots__ = ("_stream", "_prev", "_ctx")
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._prev = None
+        self._ctx = None
+
+    def __enter__(self):
+        s = self._stream
+        if _get_stream is None:
+            self._ctx = torch.cuda.stream(s)
+            return self._ctx.__enter__()
+        prev = _get_stream(s.device_index)
+        if prev[0] != s.stream_id:
+            self._prev = prev
+            _set_stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+        return s
+
+    def __exit__(self, *exc) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+        elif self._prev is not None:
+            sid, index, dtype = self._prev
+            _set_stream(stream_id=sid, device_index=index, device_type=dtype)
+
+
+_get_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
+_set_stream = getattr(torch._C, "_cuda_setStream", None)
+if _set_stream is None:
+    _get_stream = None
+
+
 def gpu_copy_from_bytes(out: torch.Tensor, src_u8: torch.Tensor) -> None:
     """Writes C-order bytes ``src_u8`` (contiguous uint8 on out's device, exactly out's nbytes) into ``out`` (any layout)."""
     dst = _int_alias(out.detach())
@@ -413,8 +453,35 @@ def regions_of(u8: torch.Tensor, regions: list[tuple[int, int]]) -> list[torch.T
 def gpu_copy_many(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
     """``dsts[i].copy_(srcs[i])`` for every i (uint8 tensors of equal sizes on one device), queued on the current
     stream by one ``torch._foreach_copy_``: a few kernel launches for the whole list, where a ``copy_`` per pair costs
-    a launch and ~7 µs of host time each (cProfile of the 200-parameter batch on the H200 host, docs/benchmarks.md)."""
+    a launch and ~7 µs of host time each (cProfile of the 200-parameter batch on the H200 host, docs/benchmarks.md).
+    One contiguous pair (a single tensor's request) is one ``cuMemcpyDtoDAsync`` on the current stream
+    (:func:`tzip._memops.copy_device`), where the driver can be called."""
     if len(dsts) == 1:
-        dsts[0].copy_(srcs[0])
+        d, s = dsts[0], srcs[0]
+        n = d.numel()
+        if (_raw_stream is not None and n == s.numel() and d.dtype == s.dtype == torch.uint8 and d.is_cuda and s.is_cuda
+                and d.is_contiguous()
+                and s.is_contiguous() and _copy_device_ok()):
+            if n:
+                from ._memops import copy_device
+
+                index = d.get_device()
+                copy_device(d.data_ptr(), s.data_ptr(), n, index, _raw_stream(index))
+            return
+        d.copy_(s)
     elif dsts:
         torch._foreach_copy_(dsts, srcs)
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_copy_ok: bool | None = None
+
+
+def _copy_device_ok() -> bool:
+    """Whether :func:`gpu_copy_many` may call the driver (asked once)."""
+    global _copy_ok
+    if _copy_ok is None:
+        from ._memops import available
+
+        _copy_ok = available() is None
+    return _copy_ok

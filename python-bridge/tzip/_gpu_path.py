@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ._cuda import stream_scope
 from ._dlpack import from_bytes
 from ._errors import DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError
 from ._fallback import _compress_raw, _decompress_raw, _on_cpu, _place, _to_device
@@ -67,6 +68,8 @@ class _Gpu:
     arena: Any
     events: Any
     daemon_events: Any
+    #: _gpu_reachable's answer and the daemon hello (``Client._daemon``, replaced on reconnect) it was read from
+    reach: tuple[Any, bool] | None = None
 
 
 @dataclass
@@ -139,9 +142,15 @@ class GpuPath:
         return g
 
     def _gpu_reachable(self, g: _Gpu) -> bool:
+        """Whether the daemon's hello lists ``g`` (and no request found it unreachable since)."""
         if g.norm in self._gpu_unreachable:
             return False
-        return any(_normalize_uuid(d.get("uuid", "")) == g.norm for d in (self._daemon.get("gpus") or []) if isinstance(d, dict))
+        info = self._daemon
+        if g.reach is not None and g.reach[0] is info:
+            return g.reach[1]
+        ok = any(_normalize_uuid(d.get("uuid", "")) == g.norm for d in (info.get("gpus") or []) if isinstance(d, dict))
+        g.reach = (info, ok)
+        return ok
 
     def _gpu_reason(self, g: _Gpu) -> str:
         if not self._daemon.get("gpu"):
@@ -244,7 +253,7 @@ class GpuPath:
             else:
                 remote.append(i)
         try:
-            with torch.cuda.device(g.index), torch.cuda.stream(stream):
+            with torch.cuda.device(g.index), stream_scope(stream):
                 items = [self._plan_gpu(tensors[i]) for i in remote]
 
                 def stage_of(it: _GpuItem) -> int:
@@ -309,7 +318,7 @@ class GpuPath:
             return self._decompress_gpu_via_cpu(g, cts, outs, verify, self._gpu_reason(g))
         results: list[torch.Tensor | None] = [None] * len(cts)
         try:
-            with torch.cuda.device(g.index), torch.cuda.stream(stream):
+            with torch.cuda.device(g.index), stream_scope(stream):
                 plans = []
                 for k, (ct, o) in enumerate(zip(cts, outs)):
                     if ct.nbytes == 0:

@@ -22,6 +22,7 @@ from ._codec_choice import codec_for
 from ._cpu_path import DEDICATED_MIN_BYTES
 from ._dlpack import copy_from_bytes, from_bytes, int_alias
 from ._errors import DaemonUnavailableError, TzipDaemonError
+from ._cuda import stream_scope
 from ._gpu_path import _Gpu, _NoDevice, _stream_for
 from ._job import _sm_budget, _stream_tag
 from ._wire import _ALIGN, MAX_STAGE_BYTES, _align, _sqe_layout, cuda_device, cuda_region, shm_region
@@ -214,6 +215,10 @@ class RingPath:
                 ring.seq = 0  # type: ignore[attr-defined]  # the last produced / signal value used
                 ring.gpu_lock = threading.Lock()  # type: ignore[attr-defined]
                 ring.order_stream = torch.cuda.Stream(device=g.device)  # type: ignore[attr-defined]  # see _gpu_submit
+                with torch.cuda.device(key):
+                    # One event for every submission: recorded and waited for under gpu_lock, so each wait takes the
+                    # record just before it (an event's wait uses its state when queued).
+                    ring.order_event = torch.cuda.Event()  # type: ignore[attr-defined]
                 body["device"] = cuda_device(ordinal)
             reply = self._call("ring_open", body, timeout=self.connect_timeout)
         except Exception as e:  # noqa: BLE001 - any refusal: ZeroMQ instead
@@ -505,6 +510,10 @@ class RingPath:
 
     def _ring_gpu_buffer(self, ring: _ring.Ring, g: "_Gpu", buf) -> _ring.Region:
         """The region of the whole staging buffer ``buf`` on ``ring`` (registered once per buffer)."""
+        with self._release_lock:
+            known = ring.regions.get(("gpubuf", buf))
+        if known is not None:
+            return known
         ordinal = self._daemon_ordinal(g)
         spec = cuda_region(ordinal, buf.share.handle, buf.share.offset, buf.size)
         return self._ring_regions(ring, [(("gpubuf", buf), spec)])[0]
@@ -526,7 +535,7 @@ class RingPath:
             v = self._ring_next_value(ring)
             vbox.append(v)
             with torch.cuda.device(g.index):
-                ev = torch.cuda.Event()
+                ev = ring.order_event  # type: ignore[attr-defined]
                 ev.record(stream)
                 ring.order_stream.wait_event(ev)  # type: ignore[attr-defined]
                 write_value64(ring.order_stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
@@ -550,7 +559,7 @@ class RingPath:
 
         n = len(plan)
         h = _ring.Handle(ring, n)
-        with torch.cuda.device(g.index), torch.cuda.stream(stream):
+        with torch.cuda.device(g.index), stream_scope(stream):
             buf = self._staging_take(g, stage, stream)
             try:
                 region = self._ring_gpu_buffer(ring, g, buf)
@@ -583,7 +592,7 @@ class RingPath:
                 _drop_staging(g, buf, stream, submitted=bool(vbox))
                 return fallback(res)
             v = vbox[0]
-            with torch.cuda.device(g.index), torch.cuda.stream(stream):
+            with torch.cuda.device(g.index), stream_scope(stream):
                 try:
                     err = _ring.Handle.error_of(res)
                     if err is not None:
@@ -790,7 +799,7 @@ class RingPath:
         budget = self._ring_sm_budget() or 0
         n = len(cts)
         h = _ring.Handle(ring, n)
-        with torch.cuda.device(g.index), torch.cuda.stream(stream):
+        with torch.cuda.device(g.index), stream_scope(stream):
             frames = []
             for ct in cts:
                 f = ct.payload.detach()
@@ -840,7 +849,7 @@ class RingPath:
                     if s is not state["copied"][0] and state["copied"][1] is not None:
                         s.wait_event(state["copied"][1])
                     return
-                with torch.cuda.device(g.index), torch.cuda.stream(s):
+                with torch.cuda.device(g.index), stream_scope(s):
                     self._gpu_wait_done(ring, s, vbox[0])
                     direct, srcs = [], []
                     for f, ct, o, oo in zip(flats, cts, outs, out_offs):
