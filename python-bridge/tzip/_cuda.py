@@ -474,6 +474,26 @@ def gpu_copy_many(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def plain(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory holds its values in C order as they are (contiguous, no lazy conjugate or negative):
+    then its bytes can be copied raw."""
+    return t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+def copy_raw(dst: int, src: int, nbytes: int, index: int, stream) -> bool:
+    """Queues a copy of ``nbytes`` from device address ``src`` to ``dst`` on ``stream`` (a torch.cuda.Stream of
+    device ``index``) by one ``cuMemcpyDtoDAsync``, without making tensors of the two ranges first (a single tensor's
+    staging copies: about 5 µs of PyTorch views and checks fewer than :func:`gpu_copy_many`). False, with nothing
+    queued, where the driver cannot be called: the caller copies with PyTorch."""
+    if not _copy_device_ok():
+        return False
+    if nbytes:
+        from ._memops import copy_device
+
+        copy_device(dst, src, nbytes, index, stream.cuda_stream)
+    return True
 _copy_ok: bool | None = None
 
 

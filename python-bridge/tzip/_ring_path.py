@@ -555,7 +555,7 @@ class RingPath:
 
     def _compress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", plan: list[tuple], stage: int, codec: str, stream, budget: int,
                             tag: int, post, fallback) -> _ring.Handle:
-        from ._cuda import gpu_bytes_of, gpu_copy_many, regions_of
+        from ._cuda import copy_raw, gpu_bytes_of, gpu_copy_many, plain, regions_of
 
         n = len(plan)
         h = _ring.Handle(ring, n)
@@ -569,18 +569,18 @@ class RingPath:
                 ud = h.ud
                 outs = []
                 staged: list[tuple[int, int]] = []
-                srcs: list[torch.Tensor] = []
                 off = 0
                 for k, (t, _dtype, _shape, (nbytes, dcode, ndim, dims, cap), _z) in enumerate(plan):
                     staged.append((off, nbytes))
-                    srcs.append(gpu_bytes_of(t))
                     soff = off
                     off += (nbytes + _A) & ~_A
                     outs.append(off)
                     _PACK(sq, k * _SQE_BYTES, ud + k, _OP_COMPRESS, _LINK, ccode, dcode, ndim, budget, tag, rid, rgen, soff,
                           nbytes, rid, rgen, off, cap, *dims, 0, 0)
                     off += (cap + _A) & ~_A
-                gpu_copy_many(regions_of(buf.u8, staged), srcs)
+                t = plan[0][0]
+                if not (n == 1 and plain(t) and copy_raw(buf.u8.data_ptr(), t.data_ptr(), staged[0][1], g.index, stream)):
+                    gpu_copy_many(regions_of(buf.u8, staged), [gpu_bytes_of(p[0]) for p in plan])
             except BaseException:
                 g.arena.give(buf, stream)
                 raise
@@ -605,7 +605,8 @@ class RingPath:
                     self._gpu_wait_done(ring, stream, v)
                     # Each payload an allocation of its own (a view of a shared one would make torch.save write them all).
                     payloads = [torch.empty(m, dtype=torch.uint8, device=g.device) for m in sizes]
-                    gpu_copy_many(payloads, regions_of(buf.u8, [(o, m) for o, m in zip(outs, sizes)]))
+                    if not (n == 1 and copy_raw(payloads[0].data_ptr(), buf.u8.data_ptr() + outs[0], sizes[0], g.index, stream)):
+                        gpu_copy_many(payloads, regions_of(buf.u8, [(o, m) for o, m in zip(outs, sizes)]))
                 finally:
                     _give_staging(g, buf, stream)
             names = _ring.CODEC_NAMES
@@ -794,7 +795,7 @@ class RingPath:
 
     def _decompress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", cts: list[CompressedTensor], outs: list, verify: bool,
                               stream, tag: int, post, fallback) -> _ring.Handle:
-        from ._cuda import gpu_copy_from_bytes, gpu_copy_many, regions_of
+        from ._cuda import copy_raw, gpu_copy_from_bytes, gpu_copy_many, regions_of
 
         budget = self._ring_sm_budget() or 0
         n = len(cts)
@@ -826,7 +827,8 @@ class RingPath:
                     _PACK(sq, k * _SQE_BYTES, ud + k, _OP_DECOMPRESS, flags, 0, 0, 0, budget, tag, rid, rgen, soff, fbytes,
                           rid, rgen, off, nbytes, *_ZERO8)
                     off += (nbytes + _A) & ~_A
-                gpu_copy_many(regions_of(buf.u8, staged), frames)
+                if not (n == 1 and copy_raw(buf.u8.data_ptr(), frames[0].data_ptr(), staged[0][1], g.index, stream)):
+                    gpu_copy_many(regions_of(buf.u8, staged), frames)
                 # The results exist now (written in stream order once the daemon is done: see queue_copies); new ones
                 # as bytes seen as their dtype (every dtype, the sub-byte ones too).
                 flats = [None if o is not None else torch.empty(ct.nbytes, dtype=torch.uint8, device=g.device)
@@ -852,7 +854,10 @@ class RingPath:
                 with torch.cuda.device(g.index), stream_scope(s):
                     self._gpu_wait_done(ring, s, vbox[0])
                     direct, srcs = [], []
+                    one = flats[0] if n == 1 and flats[0] is not None else None
                     for f, ct, o, oo in zip(flats, cts, outs, out_offs):
+                        if one is not None and copy_raw(one.data_ptr(), buf.u8.data_ptr() + oo, ct.nbytes, g.index, s):
+                            break  # a single new result: one raw copy
                         src = buf.u8[oo : oo + ct.nbytes]
                         if f is not None:
                             direct.append(f)

@@ -30,7 +30,8 @@ the tensors staying on the GPU; timed to the end of the work queued on the strea
 (staged through the registered arena, ordered by the ring's stream memory words), against the addon's
 gpuCompress/gpuDecompress called directly from a Node process on the same GPU (device buffers allocated once,
 one batched call for the 200 parameters; default SM budget in both; the codec a CUDA tensor gets by default, `fast`
-(tzip._codec_choice), in both).
+(tzip._codec_choice), in both). The ring's throughput rows run interleaved among themselves, after the ZeroMQ rows
+(whose deferred work in the daemon, closing CUDA IPC mappings, would otherwise run beside them).
 
 Unless ``--socket`` is given, a private daemon is started for the run and stopped afterwards.
 """
@@ -489,14 +490,18 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
             "batch_decompress": lambda: client.decompress(cts),
             "batch_decompress_handed_over": lambda: handing.decompress(cts),
         }
+        daemon_t = _median_times_cuda(fns, repeat)
         if has_ring:
-            fns.update({
+            # The ring's rows in a loop of their own: interleaved with the ZeroMQ rows, they ran beside the daemon's
+            # deferred work for those (closing CUDA IPC mappings, freeing), and the ring thread's codec call for the
+            # bucket took 84 us instead of 23 (TZIP_TRACE, H200, docs/benchmarks.md). A job on the ring has no such
+            # neighbour.
+            daemon_t.update(_median_times_cuda({
                 "ring_bucket_compress": lambda: ring.compress(bucket),
                 "ring_bucket_decompress": lambda: ring.decompress(ct),
                 "ring_batch_compress": lambda: ring.compress(params),
                 "ring_batch_decompress": lambda: ring.decompress(cts),
-            })
-        daemon_t = _median_times_cuda(fns, repeat)
+            }, repeat))
         direct_runs.append(_direct_gpu(device_uuid(0), bucket, params, repeat, n))
         direct = {k: (median(direct_runs[0][k] + direct_runs[1][k]) if isinstance(direct_runs[0][k], list) else direct_runs[0][k])
                   for k in direct_runs[0] if not k.startswith("one_")}
