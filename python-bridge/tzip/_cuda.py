@@ -385,7 +385,7 @@ class stream_scope:
     """``with torch.cuda.stream(stream)`` for a stream of the current device (the callers enter
     ``torch.cuda.device(stream's device)`` first), at a fraction of its cost: PyTorch's StreamContext asks for the
     current stream twice through Python helpers that look the device type up each time (14.4 µs a context on the
-    H200 host, against about 1 µs for this; docs/benchmarks.md, "client time per GPU request"). It reads and sets the
+    H200 host, against about 1 µs for this; docs/benchmarks.md, "Daemon fast lane, second round"). It reads and sets the
     current stream with the two C calls ``torch.cuda.set_stream`` and ``current_stream`` are made of, and does
     nothing when ``stream`` already is the current one. Where this PyTorch lacks them, it is PyTorch's context."""
 
@@ -485,8 +485,8 @@ def plain(t: torch.Tensor) -> bool:
 def copy_raw(dst: int, src: int, nbytes: int, index: int, stream) -> bool:
     """Queues a copy of ``nbytes`` from device address ``src`` to ``dst`` on ``stream`` (a torch.cuda.Stream of
     device ``index``) by one ``cuMemcpyDtoDAsync``, without making tensors of the two ranges first (a single tensor's
-    staging copies: about 5 µs of PyTorch views and checks fewer than :func:`gpu_copy_many`). False, with nothing
-    queued, where the driver cannot be called: the caller copies with PyTorch."""
+    staging copies, which :func:`gpu_copy_many` would take as uint8 views, each checked). False, with nothing queued,
+    where the driver cannot be called: the caller copies with PyTorch."""
     if not _copy_device_ok():
         return False
     if nbytes:

@@ -191,9 +191,10 @@ def wait_value32(stream, address: int, value: int, flags: int = CU_STREAM_WAIT_V
 def copy_device(dst: int, src: int, nbytes: int, index: int, raw_stream: int) -> None:
     """Queues a copy of ``nbytes`` from device address ``src`` to ``dst`` (both memory of device ``index``) on the
     CUstream ``raw_stream`` (``cuMemcpyDtoDAsync``): what ``dst_tensor.copy_(src_tensor)`` does for two contiguous
-    byte tensors, without PyTorch's dispatch (8.3 µs a copy_ on the H200 host against about 2 µs;
-    docs/benchmarks.md, "client time per GPU request"). The caller keeps both alive until the stream has run it, as
-    the caching allocator does for the current stream. Raises TzipDaemonError TZIP_CUDA."""
+    byte tensors, without PyTorch's dispatch around it. (Under MPS on the H200 host the driver call itself takes about
+    10 µs, a ``copy_`` of 2 bytes 8.3: docs/benchmarks.md, "Daemon fast lane, second round".) The caller keeps both
+    alive until the stream has run it, as the caching allocator does for the current stream. Raises TzipDaemonError
+    TZIP_CUDA."""
     d = _drv()
     d.in_context("cuMemcpyDtoDAsync", index, d.copy_dtod, dst, src, nbytes, raw_stream)
 
