@@ -401,19 +401,24 @@ def _direct_gpu(uuid: str, bucket: torch.Tensor, params: list[torch.Tensor], rep
 
 
 def _timed_cuda(fn, n: int, warmup: int = 200) -> dict[str, float]:
-    """Round trips of ``fn`` timed to the end of the work it queued on the current stream."""
+    """Round trips of ``fn`` timed to the end of the work it queued on the current stream (looked up once: the lookup
+    costs 6.7 µs on the H200 host, an idle synchronize 1.4)."""
+    stream = torch.cuda.current_stream()
+
     def once():
         fn()
-        torch.cuda.current_stream().synchronize()
+        stream.synchronize()
 
     return _timed(once, n, warmup)
 
 
 def _median_times_cuda(fns: dict, repeat: int) -> dict[str, float]:
+    stream = torch.cuda.current_stream()
+
     def synced(fn):
         def run_():
             fn()
-            torch.cuda.current_stream().synchronize()
+            stream.synchronize()
         return run_
 
     return _median_times({k: synced(f) for k, f in fns.items()}, repeat)
