@@ -387,7 +387,8 @@ class stream_scope:
     current stream twice through Python helpers that look the device type up each time (14.4 µs a context on the
     H200 host, against about 1 µs for this; docs/benchmarks.md, "Daemon fast lane, second round"). It reads and sets the
     current stream with the two C calls ``torch.cuda.set_stream`` and ``current_stream`` are made of, and does
-    nothing when ``stream`` already is the current one. Where this PyTorch lacks them, it is PyTorch's context."""
+    nothing when ``stream`` already is the current one. Where this PyTorch lacks them, or the current device is not
+    the stream's, it is PyTorch's context."""
 
     __slots__ = ("_stream", "_prev", "_ctx")
 
@@ -398,7 +399,8 @@ class stream_scope:
 
     def __enter__(self):
         s = self._stream
-        if _get_stream is None:
+        if _get_stream is None or _get_device() != s.device_index:
+            # (Setting another device's stream makes that device current: PyTorch's context restores both.)
             self._ctx = torch.cuda.stream(s)
             return self._ctx.__enter__()
         prev = _get_stream(s.device_index)
@@ -417,7 +419,8 @@ class stream_scope:
 
 _get_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
 _set_stream = getattr(torch._C, "_cuda_setStream", None)
-if _set_stream is None:
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+if _set_stream is None or _get_device is None:
     _get_stream = None
 
 
