@@ -457,20 +457,16 @@ def gpu_copy_many(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
     """``dsts[i].copy_(srcs[i])`` for every i (uint8 tensors of equal sizes on one device), queued on the current
     stream by one ``torch._foreach_copy_``: a few kernel launches for the whole list, where a ``copy_`` per pair costs
     a launch and ~7 µs of host time each (cProfile of the 200-parameter batch on the H200 host, docs/benchmarks.md).
-    One contiguous pair (a single tensor's request) is one ``cuMemcpyDtoDAsync`` on the current stream
-    (:func:`tzip._memops.copy_device`), where the driver can be called."""
+    One contiguous pair (a single tensor's request) is one :func:`copy_raw` on the current stream, where the driver
+    can be called."""
     if len(dsts) == 1:
         d, s = dsts[0], srcs[0]
         n = d.numel()
         if (_raw_stream is not None and n == s.numel() and d.dtype == s.dtype == torch.uint8 and d.is_cuda and s.is_cuda
-                and d.is_contiguous()
-                and s.is_contiguous() and _copy_device_ok()):
-            if n:
-                from ._memops import copy_device
-
-                index = d.get_device()
-                copy_device(d.data_ptr(), s.data_ptr(), n, index, _raw_stream(index))
-            return
+                and d.is_contiguous() and s.is_contiguous()):
+            index = d.get_device()
+            if copy_raw(d.data_ptr(), s.data_ptr(), n, index, _raw_stream(index)):
+                return
         d.copy_(s)
     elif dsts:
         torch._foreach_copy_(dsts, srcs)
@@ -485,17 +481,17 @@ def plain(t: torch.Tensor) -> bool:
     return t.is_contiguous() and not t.is_conj() and not t.is_neg()
 
 
-def copy_raw(dst: int, src: int, nbytes: int, index: int, stream) -> bool:
-    """Queues a copy of ``nbytes`` from device address ``src`` to ``dst`` on ``stream`` (a torch.cuda.Stream of
-    device ``index``) by one ``cuMemcpyDtoDAsync``, without making tensors of the two ranges first (a single tensor's
-    staging copies, which :func:`gpu_copy_many` would take as uint8 views, each checked). False, with nothing queued,
-    where the driver cannot be called: the caller copies with PyTorch."""
+def copy_raw(dst: int, src: int, nbytes: int, index: int, raw_stream: int) -> bool:
+    """Queues a copy of ``nbytes`` from device address ``src`` to ``dst`` on the CUstream ``raw_stream`` (of device
+    ``index``; ``torch.cuda.Stream.cuda_stream``) by one ``cuMemcpyDtoDAsync``, without making tensors of the two
+    ranges (a single tensor's staging copies, which :func:`gpu_copy_many` would take as uint8 views, each checked).
+    False, with nothing queued, where the driver cannot be called: the caller copies with PyTorch."""
     if not _copy_device_ok():
         return False
     if nbytes:
         from ._memops import copy_device
 
-        copy_device(dst, src, nbytes, index, stream.cuda_stream)
+        copy_device(dst, src, nbytes, index, raw_stream)
     return True
 _copy_ok: bool | None = None
 

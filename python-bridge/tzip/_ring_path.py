@@ -579,7 +579,7 @@ class RingPath:
                           nbytes, rid, rgen, off, cap, *dims, 0, 0)
                     off += (cap + _A) & ~_A
                 t = plan[0][0]
-                if not (n == 1 and plain(t) and copy_raw(buf.u8.data_ptr(), t.data_ptr(), staged[0][1], g.index, stream)):
+                if not (n == 1 and plain(t) and copy_raw(buf.u8.data_ptr(), t.data_ptr(), staged[0][1], g.index, stream.cuda_stream)):
                     gpu_copy_many(regions_of(buf.u8, staged), [gpu_bytes_of(p[0]) for p in plan])
             except BaseException:
                 g.arena.give(buf, stream)
@@ -605,7 +605,7 @@ class RingPath:
                     self._gpu_wait_done(ring, stream, v)
                     # Each payload an allocation of its own (a view of a shared one would make torch.save write them all).
                     payloads = [torch.empty(m, dtype=torch.uint8, device=g.device) for m in sizes]
-                    if not (n == 1 and copy_raw(payloads[0].data_ptr(), buf.u8.data_ptr() + outs[0], sizes[0], g.index, stream)):
+                    if not (n == 1 and copy_raw(payloads[0].data_ptr(), buf.u8.data_ptr() + outs[0], sizes[0], g.index, stream.cuda_stream)):
                         gpu_copy_many(payloads, regions_of(buf.u8, [(o, m) for o, m in zip(outs, sizes)]))
                 finally:
                     _give_staging(g, buf, stream)
@@ -827,7 +827,7 @@ class RingPath:
                     _PACK(sq, k * _SQE_BYTES, ud + k, _OP_DECOMPRESS, flags, 0, 0, 0, budget, tag, rid, rgen, soff, fbytes,
                           rid, rgen, off, nbytes, *_ZERO8)
                     off += (nbytes + _A) & ~_A
-                if not (n == 1 and copy_raw(buf.u8.data_ptr(), frames[0].data_ptr(), staged[0][1], g.index, stream)):
+                if not (n == 1 and copy_raw(buf.u8.data_ptr(), frames[0].data_ptr(), staged[0][1], g.index, stream.cuda_stream)):
                     gpu_copy_many(regions_of(buf.u8, staged), frames)
                 # The results exist now (written in stream order once the daemon is done: see queue_copies); new ones
                 # as bytes seen as their dtype (every dtype, the sub-byte ones too).
@@ -853,21 +853,21 @@ class RingPath:
                     return
                 with torch.cuda.device(g.index), stream_scope(s):
                     self._gpu_wait_done(ring, s, vbox[0])
-                    direct, srcs = [], []
-                    one = flats[0] if n == 1 and flats[0] is not None else None
-                    for f, ct, o, oo in zip(flats, cts, outs, out_offs):
-                        if one is not None and copy_raw(one.data_ptr(), buf.u8.data_ptr() + oo, ct.nbytes, g.index, s):
-                            break  # a single new result: one raw copy
-                        src = buf.u8[oo : oo + ct.nbytes]
-                        if f is not None:
-                            direct.append(f)
-                            srcs.append(src)
-                        elif o.is_contiguous():
-                            direct.append(_u8_of(o))
-                            srcs.append(src)
-                        else:
-                            gpu_copy_from_bytes(o, src)  # any layout: a copy of its own
-                    gpu_copy_many(direct, srcs)
+                    one = flats[0]  # a single new result: one raw copy
+                    if not (n == 1 and one is not None and
+                            copy_raw(one.data_ptr(), buf.u8.data_ptr() + out_offs[0], cts[0].nbytes, g.index, s.cuda_stream)):
+                        direct, srcs = [], []
+                        for f, ct, o, oo in zip(flats, cts, outs, out_offs):
+                            src = buf.u8[oo : oo + ct.nbytes]
+                            if f is not None:
+                                direct.append(f)
+                                srcs.append(src)
+                            elif o.is_contiguous():
+                                direct.append(_u8_of(o))
+                                srcs.append(src)
+                            else:
+                                gpu_copy_from_bytes(o, src)  # any layout: a copy of its own
+                        gpu_copy_many(direct, srcs)
                     ev = torch.cuda.Event()
                     ev.record(s)
                     state["copied"] = (s, ev)
