@@ -52,6 +52,20 @@ function limits() {
   return { ...defaultLimits(), leaseMs: 30_000 };
 }
 
+/** A daemon at `path` with one client that said hello as job `job` (user tester) while `body` runs; both go after. */
+async function withJobDaemon(path: string, job: string, body: () => Promise<void>): Promise<void> {
+  const d = await Daemon.start({ socketPath: path, limits: limits(), log: () => undefined });
+  const conn = new DaemonConn(d.endpoint, 'rank0');
+  try {
+    const h = await conn.req({ op: 'hello', versions: [1, 2, 3], pid: conn.pid, shm_prefix: conn.prefix, name: 'rank0', job: { name: job, user: 'tester' } });
+    expect(h.ok, JSON.stringify(h)).toBe(true);
+    await body();
+  } finally {
+    conn.close();
+    await d.stop('test done');
+  }
+}
+
 let socket: string;
 let daemon: Daemon | undefined;
 
@@ -197,21 +211,14 @@ describe('tzip top with stdout not a terminal', () => {
   it('prints one screen as text, as top -b -n 1 does, and exits 3 when no daemon answers', async () => {
     ensureBuilt();
     const path = join(tmp(), 'batch', 'tzip.sock');
-    const d = await Daemon.start({ socketPath: path, limits: limits(), log: () => undefined });
-    const conn = new DaemonConn(d.endpoint, 'rank0');
-    try {
-      const h = await conn.req({ op: 'hello', versions: [1, 2, 3], pid: conn.pid, shm_prefix: conn.prefix, name: 'rank0', job: { name: 'batch-job', user: 'tester' } });
-      expect(h.ok, JSON.stringify(h)).toBe(true);
+    await withJobDaemon(path, 'batch-job', async () => {
       const r = await runTzip(['top', '--socket', path], tmp());
       expect(r.code, r.stderr).toBe(0);
       expect(r.stdout).toContain(`daemon pid ${process.pid}`);
       expect(r.stdout).toMatch(/^batch-job\s+attached tester/m);
       expect(r.stdout).not.toContain('\x1b['); // plain text: no alternate screen, no colours
       expect(r.stdout).not.toContain('q quit');
-    } finally {
-      conn.close();
-      await d.stop('test done');
-    }
+    });
     const gone = await runTzip(['top', '--socket', path], tmp());
     expect(gone.code).toBe(3);
     expect(gone.stdout).toContain('daemon not reachable: no tzip daemon at');
@@ -221,11 +228,7 @@ describe('tzip top with stdout not a terminal', () => {
   it('--json prints one snapshot, the document `tzip jobs --json` prints, and exits (on a terminal too); 3 with a JSON error when no daemon answers', async () => {
     ensureBuilt();
     const path = join(tmp(), 'json', 'tzip.sock');
-    const d = await Daemon.start({ socketPath: path, limits: limits(), log: () => undefined });
-    const conn = new DaemonConn(d.endpoint, 'rank0');
-    try {
-      const h = await conn.req({ op: 'hello', versions: [1, 2, 3], pid: conn.pid, shm_prefix: conn.prefix, name: 'rank0', job: { name: 'json-job', user: 'tester' } });
-      expect(h.ok, JSON.stringify(h)).toBe(true);
+    await withJobDaemon(path, 'json-job', async () => {
       const [top, jobs] = [await runTzip(['top', '--json', '--socket', path], tmp()), await runTzip(['jobs', '--json', '--socket', path], tmp())];
       expect(top.code, top.stderr).toBe(0);
       const doc = JSON.parse(top.stdout) as JobsReport;
@@ -253,10 +256,7 @@ describe('tzip top with stdout not a terminal', () => {
           tmux('kill-session', '-t', 'topjson');
         }
       }
-    } finally {
-      conn.close();
-      await d.stop('test done');
-    }
+    });
     const gone = await runTzip(['top', '--json', '--socket', path], tmp());
     expect(gone.code).toBe(3);
     expect((JSON.parse(gone.stdout) as { error: { code: string; message: string } }).error.message).toContain('no tzip daemon at');
