@@ -206,7 +206,9 @@ PinnedBuffer::PinnedBuffer(size_t bytes) {
   }
   size_t size = 4096;
   while (size < bytes) size *= 2;
-  cuda_check(cudaHostAlloc(&ptr_, size, cudaHostAllocPortable), "cudaHostAlloc(" + std::to_string(size) + " bytes)");
+  // Mapped: the ring's GPU batches let kernels write their results straight into it (ring_gpu.cpp).
+  cuda_check(cudaHostAlloc(&ptr_, size, cudaHostAllocPortable | cudaHostAllocMapped),
+             "cudaHostAlloc(" + std::to_string(size) + " bytes)");
   bytes_ = size;
 }
 
