@@ -193,6 +193,25 @@ def test_packed_sqes_are_published_as_linked_chains_of_at_most_max_batch():
         r.close()
 
 
+def test_the_segment_table_knows_an_allocation_by_base_and_buffer_id():
+    """tzip._cuda_segments.SegmentTable: an allocation made again at a freed one's base (a new buffer id) is another
+    entry, and the old one's region is handed back for release; past the limit the oldest go; clear() hands back all."""
+    from tzip._cuda_segments import SegmentTable, segment_key
+
+    t = SegmentTable(limit=3)
+    assert t.add(0x1000, 7) == [] and t.known(0x1000, 7) and not t.known(0x1000, 8)
+    assert t.add(0x1000, 8) == [segment_key(0x1000, 7)]  # freed and made again at the same address
+    assert t.known(0x1000, 8) and not t.known(0x1000, 7)
+    assert t.add(0x1000, 8) == []  # the same one again: nothing to release
+    assert t.add(0x2000, 1) == [] and t.add(0x3000, 2) == []
+    assert t.add(0x4000, 3) == [segment_key(0x1000, 8)]  # the oldest past the limit
+    assert len(t) == 3
+    t.refuse(0x5000, 4)
+    assert t.was_refused(0x5000, 4) and not t.was_refused(0x5000, 5)
+    assert sorted(t.clear()) == sorted([segment_key(0x2000, 1), segment_key(0x3000, 2), segment_key(0x4000, 3)])
+    assert len(t) == 0 and not t.was_refused(0x5000, 4)
+
+
 @pytest.fixture(scope="module")
 def clients(shared_daemon):
     """(ring client, ZeroMQ-only client) on the module's daemon."""
@@ -724,3 +743,125 @@ def test_gpu_handles_finished_by_the_background_reaper(gpu_client):
         backs = d.result()
         torch.cuda.synchronize()
         assert all(same_bits(b, t) for b, t in zip(backs, ts))
+
+
+@needs_cuda
+def test_gpu_ring_reads_and_writes_the_callers_memory_in_place(gpu_client, monkeypatch):
+    """Contiguous CUDA tensors, frames and results are named in the caller's own allocations, registered on the ring
+    once (tzip._cuda_segments): a compress copies only its frames out of the staging buffer, a decompress copies
+    nothing; a non-contiguous tensor in the same batch is staged. Bit-exact both ways, the frames the ZeroMQ path's."""
+    from tzip import _memops, _ring_path
+
+    c = gpu_client
+    plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
+    copies = {"raw": 0, "many": 0}
+    raw, many = _ring_path.copy_raw, _ring_path.gpu_copy_many
+
+    def count_raw(*a):
+        copies["raw"] += 1
+        return raw(*a)
+
+    def count_many(dsts, srcs):
+        copies["many"] += 1
+        return many(dsts, srcs)
+
+    try:
+        one = random_tensor(torch.bfloat16, (1000, 300), seed=3).cuda()
+        c.decompress(c.compress(one))  # registers the allocations used below
+        torch.cuda.synchronize()
+        monkeypatch.setattr(_ring_path, "copy_raw", count_raw)
+        monkeypatch.setattr(_ring_path, "gpu_copy_many", count_many)
+        ct = c.compress(one, codec="fast")
+        assert copies == {"raw": 1, "many": 0}  # the frame out of the staging buffer, nothing in
+        back = c.decompress(ct)
+        out = torch.empty_like(one)
+        c.decompress(ct, out=out)
+        torch.cuda.synchronize()
+        assert copies == {"raw": 1, "many": 0}, copies  # frames read and results written in place
+        assert same_bits(back, one) and same_bits(out, one)
+        ring = c._rings[0]
+        for t in (one, ct.payload, back, out):
+            a = _memops.allocation_of(t.data_ptr(), 0)
+            assert a.ipc and ring.segments.known(a.base, a.buffer_id)
+        # a batch with a view at an odd offset (in place) and a non-contiguous tensor (staged)
+        w = random_tensor(torch.float32, (64, 48), seed=4).cuda()
+        ts = [one, w.t(), w.reshape(-1)[7:1007], random_tensor(torch.int8, (5, 7), seed=5).cuda()]
+        cts = c.compress(ts, codec="fast")
+        backs = c.decompress(cts)
+        torch.cuda.synchronize()
+        assert all(same_bits(b, t) for b, t in zip(backs, ts))
+        refs = plain.compress(ts, codec="fast")
+        assert [x.payload.cpu().numpy().tobytes() for x in cts] == [x.payload.cpu().numpy().tobytes() for x in refs]
+    finally:
+        plain.close()
+
+
+@needs_cuda
+def test_a_segment_freed_and_made_again_at_its_address_is_registered_anew(gpu_client):
+    """The caching allocator frees a segment (torch.cuda.empty_cache) and a new one may get its address: the
+    registration is known by (base, buffer id), so requests on the new memory never use the old registration, the old
+    one is released, and every round trip stays bit-exact. release_gpu() lets go of them all; later requests register
+    again."""
+    from tzip import _memops
+
+    c = gpu_client
+    ring = c._rings[0]
+    seen: list[tuple[int, int]] = []
+    again = 0  # allocations made at the base of one freed before
+    for i in range(6):
+        # 16 MB (above the caching allocator's 10 MiB: a segment of its own, freed by empty_cache once unused)
+        x = random_tensor(torch.bfloat16, (8000, 1000), seed=10 + i).cuda()
+        a = _memops.allocation_of(x.data_ptr(), 0)
+        back = c.decompress(c.compress(x, codec="fast"))
+        torch.cuda.synchronize()
+        assert same_bits(back, x), i
+        assert ring.segments.known(a.base, a.buffer_id)
+        for base, bid in seen:
+            if base == a.base and bid != a.buffer_id:
+                again += 1
+                assert not ring.segments.known(base, bid)  # the old one is forgotten (its region released)
+        seen.append((a.base, a.buffer_id))
+        del x, back
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    assert again >= 1, seen  # the driver gave a freed segment's address to a new one at least once
+    assert c.release_gpu() >= 1
+    assert len(ring.segments) == 0
+    y = random_tensor(torch.float16, (777,), seed=20).cuda()
+    assert same_bits(c.decompress(c.compress(y)), y)
+    assert len(ring.segments) >= 1
+
+
+@needs_cuda
+def test_gpu_ordering_when_the_submitting_stream_changes(shared_daemon):
+    """The ring's produced word is written by the one stream that has submitted so far, and through the ring's own
+    stream once a second one submits (tzip._ring_path._gpu_submit): a fresh client submits from stream A, then from B
+    and A in turn, each right after a kernel that writes the input on that stream; every round trip bit-exact."""
+    c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+    try:
+        if not c.daemon_info.get("gpu"):
+            pytest.skip(f"the daemon serves no GPU: {c.daemon_info.get('gpu_reason')}")
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        base = embedding().cuda().reshape(-1)[:200_000]
+        torch.cuda.synchronize()
+        xs = {id(a): torch.empty_like(base), id(b): torch.empty_like(base)}
+        bad = []
+        for i in range(300):
+            s = a if i < 20 or i % 3 else b
+            with torch.cuda.stream(s):
+                x = xs[id(s)]
+                x.copy_(base)
+                x[i % x.numel()] = float(i % 251)  # the producer kernel, right before the submission
+                want = x.clone()
+                ct = c.compress_async(x, codec="fast").result()
+                d = c.decompress_async(ct)
+                d.wait(s)
+                y = d.result()
+                if not torch.equal(y.view(torch.int16), want.view(torch.int16)):
+                    bad.append(i)
+        torch.cuda.synchronize()
+        assert not bad, bad[:10]
+        assert c._rings[0].home_stream is False  # the second stream switched the ring to its own stream
+    finally:
+        c.close()

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 import torch
 
-from ._cuda import stream_scope
+from ._cuda import current_stream, stream_scope
 from ._dlpack import from_bytes
 from ._errors import DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError
 from ._fallback import _compress_raw, _decompress_raw, _on_cpu, _place, _to_device
@@ -41,16 +41,16 @@ def _caller_streams(tensors: Iterable[torch.Tensor | None]) -> dict[int, Any]:
     streams: dict[int, Any] = {}
     for t in tensors:
         if t is not None and t.is_cuda:
-            i = t.device.index or 0
+            i = t.get_device()
             if i not in streams:
-                streams[i] = torch.cuda.current_stream(i)
+                streams[i] = current_stream(i)
     return streams
 
 
 def _stream_for(streams: dict[int, Any] | None, index: int):
     if streams and index in streams:
         return streams[index]
-    return torch.cuda.current_stream(index)
+    return current_stream(index)
 
 
 class _NoDevice(Exception):
@@ -431,8 +431,9 @@ class GpuPath:
     def release_gpu(self) -> int:
         """Asks the daemon to close its mappings of this client's GPU memory (they are opened again when needed).
         Call it after ``torch.cuda.empty_cache()``: a segment the caching allocator freed stays allocated on the GPU
-        while the daemon maps it. Returns how many of this session's allocations the daemon let go of (one that
-        another session also maps, or that a running request uses, is counted but closed later).
+        while the daemon maps it. This covers the allocations named in ZeroMQ requests and those registered on the
+        submission rings (tzip._cuda_segments). Returns how many of this session's allocations the daemon let go of
+        (one that another session also maps, or that a running request uses, is counted but closed later).
 
         Raises:
             TzipDaemonError: the daemon refused the request (e.g. an unknown session).
@@ -441,7 +442,19 @@ class GpuPath:
         with self._release_lock:
             handles = list(self._gpu_handles)
             self._gpu_handles.clear()
-        if not handles or self._sid is None:
+        # The caller's allocations registered on the rings (tzip._cuda_segments): released too, registered again when
+        # a request needs them.
+        segments = 0
+        for ring in list(self._rings.values()):
+            if ring.device is not None:
+                keys = ring.segments.clear()
+                segments += len(keys)
+                self._release_region_keys(ring, keys)
+        if self._sid is None:
             return 0
+        if segments:
+            self._flush_ring_releases()
+        if not handles:
+            return segments
         reply = self._call("release", {"handles": handles}, timeout=10.0)
-        return int(reply.get("released", 0))
+        return int(reply.get("released", 0)) + segments

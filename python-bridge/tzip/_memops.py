@@ -13,6 +13,9 @@ ordering flags").
 * :func:`host_register` / :func:`host_unregister` -- ``cudaHostRegister`` (portable, mapped) of host memory such as the
   ring file's header page, where the ordering words live, and the device address the stream operations use for it
   (``cuMemHostGetDevicePointer``).
+* :func:`allocation_of` -- ``cuPointerGetAttributes``: the CUDA allocation holding a device address (its base, size,
+  buffer id and whether it can be shared by a legacy CUDA IPC handle), and :func:`ipc_handle` -- ``cuIpcGetMemHandle``
+  of an allocation's base: how the client registers the caller's memory on a ring (tzip._cuda_segments).
 
 The entry points are the ``_v2`` ones of libcuda.so.1 (CUDA 11.7+; the only ones in CUDA 12 headers), found with
 ctypes; the CUstream is ``torch.cuda.Stream.cuda_stream``. Nothing here initialises CUDA: the caller's PyTorch did.
@@ -29,13 +32,18 @@ import threading
 from ._errors import TzipDaemonError
 
 __all__ = ["available", "write_value64", "wait_value64", "write_value32", "wait_value32", "copy_device", "host_register",
-           "host_unregister", "CU_STREAM_WAIT_VALUE_GEQ",
+           "host_unregister", "allocation_of", "ipc_handle", "Allocation", "CU_STREAM_WAIT_VALUE_GEQ",
            "CU_STREAM_WAIT_VALUE_EQ", "CU_STREAM_WRITE_VALUE_DEFAULT"]
 
 # cuda.h: CUstreamWaitValue_flags, CUstreamWriteValue_flags
 CU_STREAM_WAIT_VALUE_GEQ = 0x0
 CU_STREAM_WAIT_VALUE_EQ = 0x1
 CU_STREAM_WRITE_VALUE_DEFAULT = 0x0
+# cuda.h: CUpointer_attribute
+_CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
+_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
+_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
+_CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 
 _lock = threading.Lock()
 _driver: "_Driver | None" = None
@@ -67,6 +75,10 @@ class _Driver:
         self.copy_dtod.argtypes = [u64, u64, ctypes.c_size_t, ptr]
         self.host_dptr = entry("cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
         self.host_dptr.argtypes = [ctypes.POINTER(ctypes.c_uint64), ptr, ctypes.c_uint]
+        self.pointer_attrs = entry("cuPointerGetAttributes")
+        self.pointer_attrs.argtypes = [ctypes.c_uint, ptr, ptr, u64]
+        self.ipc_get = entry("cuIpcGetMemHandle")
+        self.ipc_get.argtypes = [ptr, u64]
         pctx = ctypes.POINTER(ctypes.c_void_p)
         self.ctx_get = entry("cuCtxGetCurrent")
         self.ctx_get.argtypes = [pctx]
@@ -186,6 +198,47 @@ def wait_value32(stream, address: int, value: int, flags: int = CU_STREAM_WAIT_V
     """:func:`wait_value64` for a u32."""
     d = _drv()
     d.in_context("cuStreamWaitValue32", stream.device_index, d.wait32, stream.cuda_stream, address, value, flags)
+
+
+class Allocation:
+    """The CUDA allocation holding a device address (:func:`allocation_of`): ``base`` and ``size`` in bytes,
+    ``buffer_id`` (CU_POINTER_ATTRIBUTE_BUFFER_ID: the driver never gives two allocations of a process the same one, so
+    an allocation freed and another made at the same address are told apart) and ``ipc`` (whether
+    ``cuIpcGetMemHandle`` can share it: false for PyTorch's expandable segments and other cuMemCreate memory)."""
+
+    __slots__ = ("base", "size", "buffer_id", "ipc")
+
+    def __init__(self, base: int, size: int, buffer_id: int, ipc: bool):
+        self.base, self.size, self.buffer_id, self.ipc = base, size, buffer_id, ipc
+
+
+_attr_ids = (ctypes.c_int * 4)(_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, _CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                               _CU_POINTER_ATTRIBUTE_BUFFER_ID, _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)
+_attr_local = threading.local()
+
+
+def allocation_of(address: int, index: int) -> Allocation:
+    """The allocation holding device address ``address`` of device ``index`` (one ``cuPointerGetAttributes``; about
+    2 µs on the H200 host under MPS, docs/benchmarks.md). Raises TzipDaemonError TZIP_CUDA (e.g. an address that is
+    no device memory: CUDA_ERROR_INVALID_VALUE)."""
+    d = _drv()
+    bufs = getattr(_attr_local, "bufs", None)
+    if bufs is None:  # per thread: the out-values of the call
+        start, size, bid, ipc = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_int()
+        ptrs = (ctypes.c_void_p * 4)(*(ctypes.addressof(v) for v in (start, size, bid, ipc)))
+        bufs = _attr_local.bufs = (start, size, bid, ipc, ptrs)
+    start, size, bid, ipc, ptrs = bufs
+    d.in_context("cuPointerGetAttributes", index, d.pointer_attrs, 4, _attr_ids, ptrs, address)
+    return Allocation(int(start.value), int(size.value), int(bid.value), bool(ipc.value))
+
+
+def ipc_handle(base: int, index: int) -> bytes:
+    """The 64-byte CUDA IPC memory handle (cudaIpcMemHandle_t) of the allocation whose base is ``base`` on device
+    ``index`` (``cuIpcGetMemHandle``). Raises TzipDaemonError TZIP_CUDA."""
+    d = _drv()
+    out = (ctypes.c_char * 64)()
+    d.in_context("cuIpcGetMemHandle", index, d.ipc_get, out, base)
+    return bytes(out)
 
 
 def copy_device(dst: int, src: int, nbytes: int, index: int, raw_stream: int) -> None:

@@ -42,6 +42,7 @@ import time
 import weakref
 from typing import Any, Callable, Sequence
 
+from ._cuda_segments import SegmentTable
 from ._errors import ERROR_CODES, DaemonUnavailableError, TzipDaemonError
 
 __all__ = ["MAGIC", "HEADER_BYTES", "SQE_BYTES", "CQE_BYTES", "SQE", "CQE", "OP_NOP", "OP_COMPRESS", "OP_DECOMPRESS",
@@ -337,6 +338,7 @@ class Ring:
         self.sid: str | None = None  # the session it belongs to
         self.device: int | None = None  # the CUDA index it serves (None: CPU only)
         self.regions: dict[Any, Region] = {}  # the client's cache of registered regions (client.py's keys)
+        self.segments = SegmentTable()  # the caller's CUDA allocations registered on it (GPU rings)
         self._alive = alive
         self._mask = entries - 1
         self._sq_base = HEADER_BYTES
@@ -455,6 +457,11 @@ class Ring:
         if n == 0:
             return
         step = self.max_batch
+        if n <= step:  # one chain (every single-tensor call): no split
+            buf[(n - 1) * SQE_BYTES + SQE_OFF_FLAGS] &= ~F_LINK & 0xFF
+            self._publish(memoryview(buf), 0, n, handle)
+            self.ring_doorbell()
+            return
         for e in (*range(step - 1, n - 1, step), n - 1):
             buf[e * SQE_BYTES + SQE_OFF_FLAGS] &= ~F_LINK & 0xFF
         mv = memoryview(buf)
