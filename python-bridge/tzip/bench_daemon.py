@@ -331,16 +331,18 @@ def _inputs() -> tuple[torch.Tensor, list[torch.Tensor], str]:
     return bucket, params, source
 
 
-def _median_times(fns: dict, repeat: int) -> dict[str, float]:
-    """Median seconds of each function; rounds interleave the functions so load changes hit them alike."""
+def _median_times(fns: dict, repeat: int, back_to_back: bool = False) -> dict[str, float]:
+    """Median seconds of each function; rounds interleave the functions so load changes hit them alike, or, with
+    ``back_to_back``, each function runs its ``repeat`` calls in a row (as the direct addon calls do)."""
     for fn in fns.values():
         fn()  # warm-up (arena segments, mappings)
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
+    order = [k for k in fns for _ in range(repeat)] if back_to_back else [k for _ in range(repeat) for k in fns]
+    for k in order:
+        fn = fns[k]
+        t = time.perf_counter()
+        fn()
+        times[k].append(time.perf_counter() - t)
     return {k: median(v) for k, v in times.items()}
 
 
@@ -412,7 +414,7 @@ def _timed_cuda(fn, n: int, warmup: int = 200) -> dict[str, float]:
     return _timed(once, n, warmup)
 
 
-def _median_times_cuda(fns: dict, repeat: int) -> dict[str, float]:
+def _median_times_cuda(fns: dict, repeat: int, back_to_back: bool = False) -> dict[str, float]:
     stream = torch.cuda.current_stream()
 
     def synced(fn):
@@ -421,7 +423,7 @@ def _median_times_cuda(fns: dict, repeat: int) -> dict[str, float]:
             stream.synchronize()
         return run_
 
-    return _median_times({k: synced(f) for k, f in fns.items()}, repeat)
+    return _median_times({k: synced(f) for k, f in fns.items()}, repeat, back_to_back)
 
 
 @contextlib.contextmanager
@@ -500,13 +502,16 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
             # The ring's rows in a loop of their own: interleaved with the ZeroMQ rows, they ran beside the daemon's
             # deferred work for those (closing CUDA IPC mappings, freeing), and the ring thread's codec call for the
             # bucket took 84 us instead of 23 (TZIP_TRACE, H200, docs/benchmarks.md). A job on the ring has no such
-            # neighbour.
+            # neighbour. Each row's calls run back to back, as the direct addon calls they are compared with do: a call
+            # right after the same call is faster than one after other work or after idle time (the ring's bucket
+            # compress: 515 us back to back, 660 interleaved with the other rows, 617-682 after 1-10 ms idle; H200,
+            # docs/benchmarks.md), so only the same pattern on both sides compares like with like.
             daemon_t.update(_median_times_cuda({
                 "ring_bucket_compress": lambda: ring.compress(bucket),
                 "ring_bucket_decompress": lambda: ring.decompress(ct),
                 "ring_batch_compress": lambda: ring.compress(params),
                 "ring_batch_decompress": lambda: ring.decompress(cts),
-            }, repeat))
+            }, repeat, back_to_back=True))
         direct_runs.append(_direct_gpu(device_uuid(0), bucket, params, repeat, n))
         direct = {k: (median(direct_runs[0][k] + direct_runs[1][k]) if isinstance(direct_runs[0][k], list) else direct_runs[0][k])
                   for k in direct_runs[0] if not k.startswith("one_")}
