@@ -47,6 +47,14 @@ export const RING_MAGIC = 'TZRING01';
  * ring costs nothing.
  */
 export const RING_SPIN_US = 250;
+/**
+ * The same for a ring that serves a GPU (ring_open with `device`): a GPU request's client spends longer between two
+ * requests (its own GPU work, the copies of results) than 250 µs, so a thread that slept by then paid a futex wake-up
+ * on every request, about 200 µs on the lent H200 VMs: a 25 MB bucket's ring round trip took 1.46x the direct addon
+ * call with 250 µs and 1.05x with 2000 (docs/benchmarks.md, "Daemon fast lane, third round"). What it costs: a core
+ * spinning for up to 2 ms after each GPU batch of the ring, on a GPU host.
+ */
+export const RING_GPU_SPIN_US = 2000;
 
 /** The stream names of the SQE's `stream` tag (docs/ring.md: 0 other, 1 gradients, 2 optimizer, 3 checkpoint, 4 sendrecv). */
 const STREAM_TAGS: readonly StreamName[] = ['other', 'gradients', 'optimizer', 'checkpoint', 'sendrecv'];
@@ -275,7 +283,7 @@ export class SessionRings {
         entries: req.entries,
         ...settingsOf(req.sm_budget),
         cpuThreads: this.limits.threads ?? native.defaultThreads(),
-        spinUs: RING_SPIN_US,
+        spinUs: device !== undefined ? RING_GPU_SPIN_US : RING_SPIN_US,
         inflightBytes: this.session.inflightShared,
         maxInflightBytes: this.limits.maxInflightBytesPerSession,
         // Counted even after the session ended: the work was done (jobs.ts counts it under the job's name).
