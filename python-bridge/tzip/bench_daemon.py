@@ -331,9 +331,10 @@ def _inputs() -> tuple[torch.Tensor, list[torch.Tensor], str]:
     return bucket, params, source
 
 
-def _median_times(fns: dict, repeat: int, back_to_back: bool = False) -> dict[str, float]:
+def _median_times(fns: dict, repeat: int, back_to_back: bool = False, spread: dict | None = None) -> dict[str, float]:
     """Median seconds of each function; rounds interleave the functions so load changes hit them alike, or, with
-    ``back_to_back``, each function runs its ``repeat`` calls in a row (as the direct addon calls do)."""
+    ``back_to_back``, each function runs its ``repeat`` calls in a row (as the direct addon calls do). ``spread``, when
+    given, gets each function's 10th, 50th and 90th percentile in µs."""
     for fn in fns.values():
         fn()  # warm-up (arena segments, mappings)
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -343,6 +344,10 @@ def _median_times(fns: dict, repeat: int, back_to_back: bool = False) -> dict[st
         t = time.perf_counter()
         fn()
         times[k].append(time.perf_counter() - t)
+    if spread is not None:
+        for k, v in times.items():
+            v = sorted(v)
+            spread[k] = [round(v[int(q * (len(v) - 1))] * 1e6, 1) for q in (0.1, 0.5, 0.9)]
     return {k: median(v) for k, v in times.items()}
 
 
@@ -414,7 +419,7 @@ def _timed_cuda(fn, n: int, warmup: int = 200) -> dict[str, float]:
     return _timed(once, n, warmup)
 
 
-def _median_times_cuda(fns: dict, repeat: int, back_to_back: bool = False) -> dict[str, float]:
+def _median_times_cuda(fns: dict, repeat: int, back_to_back: bool = False, spread: dict | None = None) -> dict[str, float]:
     stream = torch.cuda.current_stream()
 
     def synced(fn):
@@ -423,7 +428,7 @@ def _median_times_cuda(fns: dict, repeat: int, back_to_back: bool = False) -> di
             stream.synchronize()
         return run_
 
-    return _median_times({k: synced(f) for k, f in fns.items()}, repeat, back_to_back)
+    return _median_times({k: synced(f) for k, f in fns.items()}, repeat, back_to_back, spread)
 
 
 @contextlib.contextmanager
@@ -444,7 +449,7 @@ def _daemon_socket(socket: str | None):
             daemon.wait(10)
 
 
-def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
+def run_cuda(socket: str | None, n: int, repeat: int, ring_spin_s: float | None = None) -> dict:
     """The GPU measurements (see the module docstring)."""
     from ._cuda import device_uuid
 
@@ -452,7 +457,7 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
         raise SystemExit("--cuda: no CUDA GPU visible to PyTorch")
     result: dict = {"machine": f"{platform.node()}, {torch.cuda.get_device_name(0)}, Python {platform.python_version()}, torch {torch.__version__}"}
     with _daemon_socket(socket) as socket:
-        client = Client(socket, spawn=False, strict=True)
+        client = Client(socket, spawn=False, strict=True, **({} if ring_spin_s is None else {"ring_spin_s": ring_spin_s}))
         if not client.daemon_info.get("gpu"):
             raise SystemExit(f"--cuda: the daemon serves no GPU ({client.daemon_info.get('gpu_reason')})")
         handing = Client(socket, spawn=False, strict=True, gpu_share_min_bytes=0, ring_entries=0)
@@ -511,10 +516,12 @@ def run_cuda(socket: str | None, n: int, repeat: int) -> dict:
                 "ring_bucket_decompress": lambda: ring.decompress(ct),
                 "ring_batch_compress": lambda: ring.compress(params),
                 "ring_batch_decompress": lambda: ring.decompress(cts),
-            }, repeat, back_to_back=True))
+            }, repeat, back_to_back=True, spread=result.setdefault("ring_spread_us", {})))
         direct_runs.append(_direct_gpu(device_uuid(0), bucket, params, repeat, n))
         direct = {k: (median(direct_runs[0][k] + direct_runs[1][k]) if isinstance(direct_runs[0][k], list) else direct_runs[0][k])
                   for k in direct_runs[0] if not k.startswith("one_")}
+        result["direct_runs_us"] = {k.removesuffix("_s"): [median(run[k]) * 1e6 for run in direct_runs]
+                                    for k in direct_runs[0] if k.endswith("_s") and not k.startswith("one_")}
         for k in ("one_compress_s", "one_decompress_s"):
             direct[k] = _percentiles(direct_runs[0][k] + direct_runs[1][k])
         pbytes = sum(p.numel() for p in params) * 2
@@ -571,6 +578,10 @@ def _report_cuda(r: dict) -> str:
                                  ("batch_decompress_s", "direct_decompress_s", "200 params decompress")]:
             src = b if key.startswith("bucket") else bt
             lines.append(f"  {label}: ring / direct addon time {r['ring'][key] / src[dkey]:.2f} (goal <= 1.10)")
+        for k, (p10, p50, p90) in r.get("ring_spread_us", {}).items():
+            d = r["direct_runs_us"].get(k.removeprefix("ring_"))
+            lines.append(f"  {k.removeprefix('ring_')}: ring p10/p50/p90 {p10:.0f}/{p50:.0f}/{p90:.0f} us"
+                         + (f"; direct addon, median of each run {' / '.join(f'{x:.0f}' for x in d)} us" if d else ""))
     return "\n".join(lines)
 
 
@@ -725,9 +736,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="runs per throughput measurement (default 5)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
     ap.add_argument("--cuda", action="store_true", help="measure CUDA tensors on cuda:0 instead (daemon vs the addon's GPU codec)")
+    ap.add_argument("--ring-spin-us", type=float, default=None,
+                    help="--cuda: µs the ring client polls for a completion before it sleeps (default: the client's, 200)")
     args = ap.parse_args(argv)
     if args.cuda:
-        r = run_cuda(args.socket, args.n, args.repeat)
+        r = run_cuda(args.socket, args.n, args.repeat, None if args.ring_spin_us is None else args.ring_spin_us * 1e-6)
         print(json.dumps(r, indent=2) if args.json else _report_cuda(r))
         return 0
     r = run(args.socket, args.n, args.repeat)
