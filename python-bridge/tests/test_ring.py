@@ -212,6 +212,19 @@ def test_the_segment_table_knows_an_allocation_by_base_and_buffer_id():
     assert len(t) == 0 and not t.was_refused(0x5000, 4)
 
 
+def test_a_gpu_sqes_src_and_dst_are_in_place_or_staged_in_order():
+    """tzip._ring_path._placed: an SQE's src and dst are where the caller's memory is, or the next aligned bytes of the
+    staging buffer, src before dst, each rounded up to the regions' alignment."""
+    from tzip._ring_path import _placed
+    from tzip._wire import _ALIGN
+
+    a = _ALIGN
+    assert _placed(None, 5, None, 7, 0, 3, 9) == ((3, 9, 0), (3, 9, a), 0, a, 2 * a)
+    assert _placed((1, 2, 40), 5, None, 7, a, 3, 9) == ((1, 2, 40), (3, 9, a), None, a, 2 * a)
+    assert _placed(None, a + 1, (4, 5, 6), 7, 0, 3, 9) == ((3, 9, 0), (4, 5, 6), 0, None, 2 * a)
+    assert _placed((1, 2, 40), 5, (4, 5, 6), 7, 3 * a, 3, 9) == ((1, 2, 40), (4, 5, 6), None, None, 3 * a)
+
+
 @pytest.fixture(scope="module")
 def clients(shared_daemon):
     """(ring client, ZeroMQ-only client) on the module's daemon."""

@@ -159,6 +159,24 @@ def _drop_staging(g: _Gpu, buf, stream, submitted: bool) -> None:
         _give_staging(g, buf, stream)
 
 
+def _placed(sp, sbytes: int, dp, dbytes: int, off: int, rid: int, rgen: int):
+    """Where one GPU SQE's ``src`` (``sbytes``) and ``dst`` (``dbytes``) are: at their place in the caller's memory
+    (``sp``, ``dp``: (region id, generation, offset), from :meth:`RingPath._caller_places`) or, where that is None, at
+    the next aligned bytes of the staging buffer (region ``rid``/``rgen``) from offset ``off``. Returns (src, dst, the
+    staging offset of src or None, that of dst or None, the staging offset after them)."""
+    if sp is None:
+        src, s_at = (rid, rgen, off), off
+        off += (sbytes + _A) & ~_A
+    else:
+        src, s_at = sp, None
+    if dp is None:
+        dst, d_at = (rid, rgen, off), off
+        off += (dbytes + _A) & ~_A
+    else:
+        dst, d_at = dp, None
+    return src, dst, s_at, d_at, off
+
+
 def _gather(parts: list[tuple[list[int], _ring.Handle]], n: int, single: bool) -> _ring.Handle:
     return _Gathered(parts, n, single)
 
@@ -672,20 +690,11 @@ class RingPath:
                 off = 0
                 for k, ((t, _dtype, _shape, (nbytes, dcode, ndim, dims, cap), _z), sp, dp) in enumerate(
                         zip(plan, src_places, dst_places)):
-                    if sp is None:
-                        staged.append((off, nbytes))
+                    (sid, sgen, soff), (did, dgen, doff), s_at, d_at, off = _placed(sp, nbytes, dp, cap, off, rid, rgen)
+                    if s_at is not None:
+                        staged.append((s_at, nbytes))
                         srcs.append(t)
-                        sid, sgen, soff = rid, rgen, off
-                        off += (nbytes + _A) & ~_A
-                    else:
-                        sid, sgen, soff = sp
-                    if dp is None:
-                        did, dgen, doff = rid, rgen, off
-                        outs.append(off)
-                        off += (cap + _A) & ~_A
-                    else:
-                        did, dgen, doff = dp
-                        outs.append(None)
+                    outs.append(d_at)
                     _PACK(sq, k * _SQE_BYTES, ud + k, _OP_COMPRESS, _LINK, ccode, dcode, ndim, budget, tag, sid, sgen, soff,
                           nbytes, did, dgen, doff, cap, *dims, 0, 0)
                 if srcs and not (len(srcs) == 1 and plain(srcs[0]) and copy_raw(
@@ -953,20 +962,11 @@ class RingPath:
                 off = 0
                 for k, (f, ct, sp, dp) in enumerate(zip(frames, cts, src_places, dst_places)):
                     fbytes, nbytes = f.numel(), ct.nbytes
-                    if sp is None:
-                        staged.append((off, fbytes))
+                    (sid, sgen, soff), (did, dgen, doff), s_at, d_at, off = _placed(sp, fbytes, dp, nbytes, off, rid, rgen)
+                    if s_at is not None:
+                        staged.append((s_at, fbytes))
                         staged_frames.append(f)
-                        sid, sgen, soff = rid, rgen, off
-                        off += (fbytes + _A) & ~_A
-                    else:
-                        sid, sgen, soff = sp
-                    if dp is None:
-                        did, dgen, doff = rid, rgen, off
-                        out_offs.append(off)
-                        off += (nbytes + _A) & ~_A
-                    else:
-                        did, dgen, doff = dp
-                        out_offs.append(None)
+                    out_offs.append(d_at)
                     _PACK(sq, k * _SQE_BYTES, ud + k, _OP_DECOMPRESS, flags, 0, 0, 0, budget, tag, sid, sgen, soff, fbytes,
                           did, dgen, doff, nbytes, *_ZERO8)
                 if staged and not (len(staged) == 1 and copy_raw(buf.u8.data_ptr() + staged[0][0], staged_frames[0].data_ptr(),
