@@ -210,6 +210,13 @@ def test_the_segment_table_knows_an_allocation_by_base_and_buffer_id():
     assert t.was_refused(0x5000, 4) and not t.was_refused(0x5000, 5)
     assert sorted(t.clear()) == sorted([segment_key(0x2000, 1), segment_key(0x3000, 2), segment_key(0x4000, 3)])
     assert len(t) == 0 and not t.was_refused(0x5000, 4)
+    # the heartbeat's sweep: what the driver says holds each base now
+    for base, bid in ((0x10000, 1), (0x20000, 2), (0x30000, 3)):
+        t.add(base, bid)
+    now = {0x10000: (0x10000, 1), 0x20000: (0, 0), 0x30000: (0x30000, 9)}  # alive; freed; freed and made again
+    assert sorted(t.sweep(lambda b: now[b])) == sorted([segment_key(0x20000, 2), segment_key(0x30000, 3)])
+    assert t.known(0x10000, 1) and len(t) == 1
+    assert t.sweep(lambda b: now[b]) == []
 
 
 def test_a_gpu_sqes_src_and_dst_are_in_place_or_staged_in_order():

@@ -16,8 +16,10 @@ same address are two entries, and the old one's region is released when the new 
 CUDA IPC cannot share (PyTorch's expandable segments, other ``cuMemCreate`` memory) is staged as before.
 
 Lifetime: the daemon keeps the allocation mapped while the region is registered, as it does for allocations named in
-ZeroMQ requests; ``Client.release_gpu()`` (after ``torch.cuda.empty_cache()``) lets go of all of them. At most
-:data:`MAX_SEGMENTS` allocations per ring stay registered; the oldest go first.
+ZeroMQ requests, and a segment PyTorch frees stays allocated on the GPU while the daemon maps it. So the client's
+heartbeat thread asks the driver about each registered allocation (:meth:`SegmentTable.sweep`, one query each) and
+releases those that are gone; ``Client.release_gpu()`` (after ``torch.cuda.empty_cache()``) lets go of all of them at
+once. At most :data:`MAX_SEGMENTS` allocations per ring stay registered; the oldest go first.
 """
 
 from __future__ import annotations
@@ -75,6 +77,20 @@ class SegmentTable:
                 b = next(iter(self._ids))
                 drop.append(segment_key(b, self._ids.pop(b)))
         return drop
+
+    def sweep(self, allocation_at) -> list[tuple[str, int, int]]:
+        """Forgets the allocations that are gone: ``allocation_at(base)`` says which (base, buffer id) holds ``base``
+        now ((0, 0) for none, as ``cuPointerGetAttributes`` answers for freed memory); an entry it no longer matches
+        was freed (``torch.cuda.empty_cache()``) or made anew. Returns the keys of their regions, to release: the
+        daemon's mapping would keep freed memory allocated on the GPU until then."""
+        with self._lock:
+            items = list(self._ids.items())
+        gone = [(b, i) for b, i in items if allocation_at(b) != (b, i)]
+        with self._lock:
+            for b, i in gone:
+                if self._ids.get(b) == i:
+                    del self._ids[b]
+        return [segment_key(b, i) for b, i in gone]
 
     def clear(self) -> list[tuple[str, int, int]]:
         """Forgets every entry; the keys of their regions, to release."""

@@ -604,6 +604,23 @@ class RingPath:
                 out.append(None if reg is None else (reg.id, reg.generation, r[0] - a.base))
         return out
 
+    def _sweep_segments(self, ring: _ring.Ring) -> None:
+        """Queues the release of the caller's allocations registered on GPU ``ring`` that are gone (freed by the
+        caching allocator, or made anew at their address): see tzip._cuda_segments, "Lifetime". The heartbeat thread
+        calls it."""
+        index = ring.device
+
+        def allocation_at(base: int) -> tuple[int, int]:
+            try:
+                a = allocation_of(base, index)
+            except TzipDaemonError:
+                return (0, 0)
+            return (a.base, a.buffer_id)
+
+        keys = ring.segments.sweep(allocation_at)
+        if keys:
+            self._release_region_keys(ring, keys)
+
     def _release_region_keys(self, ring: _ring.Ring, keys: list) -> None:
         """Queues the ``ring_release`` of the regions cached under ``keys`` on ``ring`` (sent by the heartbeat, or by
         :meth:`_flush_ring_releases`)."""

@@ -561,6 +561,8 @@ class Client(RingPath, CpuPath, GpuPath):
             for ring in list(self._rings.values()):
                 if ring.device is not None:
                     self._gpu_buffer_regions(ring)
+                    if len(ring.segments):
+                        self._sweep_segments(ring)
             self._flush_ring_releases()
             with self._release_lock:
                 names, self._pending_release = self._pending_release, []
