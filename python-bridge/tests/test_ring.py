@@ -204,8 +204,10 @@ def test_the_segment_table_knows_an_allocation_by_base_and_buffer_id():
     assert t.known(0x1000, 8) and not t.known(0x1000, 7)
     assert t.add(0x1000, 8) == []  # the same one again: nothing to release
     assert t.add(0x2000, 1) == [] and t.add(0x3000, 2) == []
-    assert t.add(0x4000, 3) == [segment_key(0x1000, 8)]  # the oldest past the limit
+    assert t.known(0x1000, 8)  # used again: now the most recently used
+    assert t.add(0x4000, 3) == [segment_key(0x2000, 1)]  # the least recently used past the limit
     assert len(t) == 3
+    assert t.add(0x2000, 1) == [segment_key(0x3000, 2)] and t.add(0x3000, 2) == [segment_key(0x1000, 8)]
     t.refuse(0x5000, 4)
     assert t.was_refused(0x5000, 4) and not t.was_refused(0x5000, 5)
     assert sorted(t.clear()) == sorted([segment_key(0x2000, 1), segment_key(0x3000, 2), segment_key(0x4000, 3)])

@@ -19,7 +19,8 @@ Lifetime: the daemon keeps the allocation mapped while the region is registered,
 ZeroMQ requests, and a segment PyTorch frees stays allocated on the GPU while the daemon maps it. So the client's
 heartbeat thread asks the driver about each registered allocation (:meth:`SegmentTable.sweep`, one query each) and
 releases those that are gone; ``Client.release_gpu()`` (after ``torch.cuda.empty_cache()``) lets go of all of them at
-once. At most :data:`MAX_SEGMENTS` allocations per ring stay registered; the oldest go first.
+once. At most :data:`MAX_SEGMENTS` allocations per ring stay registered; the least recently used go first. A request
+queued behind such a release fails TZIP_HANDLE in the daemon and is done again through ZeroMQ.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def segment_key(base: int, buffer_id: int) -> tuple[str, int, int]:
 
 
 class SegmentTable:
-    """One ring's registered allocations of the caller: base -> buffer id, oldest first. The regions themselves are
-    in the ring's region cache under :func:`segment_key`."""
+    """One ring's registered allocations of the caller: base -> buffer id, least recently used first. The regions
+    themselves are in the ring's region cache under :func:`segment_key`."""
 
     __slots__ = ("_ids", "_refused", "_lock", "limit")
 
@@ -61,12 +62,16 @@ class SegmentTable:
         return (base, buffer_id) in self._refused
 
     def known(self, base: int, buffer_id: int) -> bool:
-        """Whether the allocation at ``base`` with ``buffer_id`` is registered."""
-        return self._ids.get(base) == buffer_id
+        """Whether the allocation at ``base`` with ``buffer_id`` is registered (it becomes the most recently used)."""
+        with self._lock:
+            if self._ids.get(base) != buffer_id:
+                return False
+            self._ids[base] = self._ids.pop(base)  # to the end: the limit lets go of the least recently used first
+            return True
 
     def add(self, base: int, buffer_id: int) -> list[tuple[str, int, int]]:
         """Records a registration; returns the keys of the regions to release: an older allocation at the same base
-        (freed since), and the oldest ones past :attr:`limit`."""
+        (freed since), and the least recently used ones past :attr:`limit`."""
         drop = []
         with self._lock:
             old = self._ids.pop(base, None)

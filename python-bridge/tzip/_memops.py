@@ -219,8 +219,9 @@ _attr_local = threading.local()
 
 def allocation_of(address: int, index: int) -> Allocation:
     """The allocation holding device address ``address`` of device ``index`` (one ``cuPointerGetAttributes``; about
-    2 µs on the H200 host under MPS, docs/benchmarks.md). Raises TzipDaemonError TZIP_CUDA (e.g. an address that is
-    no device memory: CUDA_ERROR_INVALID_VALUE)."""
+    2 µs on the H200 host under MPS, docs/benchmarks.md). An address that no allocation holds (freed memory) gives
+    base, size and buffer id 0: ``cuPointerGetAttributes`` answers with defaults there rather than an error. Raises
+    TzipDaemonError TZIP_CUDA when the driver call fails."""
     d = _drv()
     bufs = getattr(_attr_local, "bufs", None)
     if bufs is None:  # per thread: the out-values of the call

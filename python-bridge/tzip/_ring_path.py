@@ -177,6 +177,13 @@ def _placed(sp, sbytes: int, dp, dbytes: int, off: int, rid: int, rgen: int):
     return src, dst, s_at, d_at, off
 
 
+def _region_gone(err: TzipDaemonError) -> bool:
+    """Whether a GPU ring request failed because a region it names was released while it was queued (the oldest of a
+    ring's registered caller allocations, or all of them by ``release_gpu()``, let go by another thread): the request
+    is then done again through ZeroMQ, as for a ring that stopped, rather than failing the caller's call."""
+    return err.code == "TZIP_HANDLE"
+
+
 def _gather(parts: list[tuple[list[int], _ring.Handle]], n: int, single: bool) -> _ring.Handle:
     return _Gathered(parts, n, single)
 
@@ -436,20 +443,25 @@ class RingPath:
             stage += ((lay[0] + _A) & ~_A) + ((lay[4] + _A) & ~_A)
         return plans, stage
 
-    def _compress_submit(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None) -> _ring.Handle | None:
-        """The call as ring requests, submitted now (a Handle of the call's return value), or None: not for the ring."""
+    def _compress_submit(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None,
+                         blocking: bool = False) -> _ring.Handle | None:
+        """The call as ring requests, submitted now (a Handle of the call's return value), or None: not for the ring.
+        ``blocking``: the caller waits for the result before it returns (then the daemon may read CUDA tensors in
+        place; an asynchronous call's tensors are copied in stream order at submission, so the caller may go on
+        writing them, as before)."""
         starters = self._compress_ring_plan(items, codec, streams)
         if starters is None:
             return None
         n = len(items)
         if len(starters) == 1:  # one device: its request's handle is the call's
             _idx, key, planned, extra, tag, codec = starters[0]
-            return self._compress_start(key, planned, codec, extra, tag, _first if single else _same)
-        parts = [(idx, self._compress_start(key, planned, codec, extra, tag, _same))
+            return self._compress_start(key, planned, codec, extra, tag, _first if single else _same, blocking)
+        parts = [(idx, self._compress_start(key, planned, codec, extra, tag, _same, blocking))
                  for idx, key, planned, extra, tag, codec in starters]
         return _gather(parts, n, single)
 
-    def _compress_start(self, key: int | None, planned: tuple[list[tuple], int], codec: str, extra, tag: int, post) -> _ring.Handle:
+    def _compress_start(self, key: int | None, planned: tuple[list[tuple], int], codec: str, extra, tag: int, post,
+                        blocking: bool = False) -> _ring.Handle:
         plan, stage = planned
         streams = None if key is None else {key: extra[0]}
         ctx = contextvars.copy_context()  # the fallback runs with the caller's stream tag and SM budget
@@ -467,7 +479,8 @@ class RingPath:
         try:
             if key is None:
                 return self._compress_start_cpu(ring, plan, stage, codec, tag, post, fallback)
-            return self._compress_start_gpu(ring, self._gpu(key), plan, stage, codec, extra[0], extra[1], tag, post, fallback)
+            return self._compress_start_gpu(ring, self._gpu(key), plan, stage, codec, extra[0], extra[1], tag, post, fallback,
+                                            blocking)
         except (DaemonUnavailableError, TzipDaemonError) as e:
             return _done_handle(fallback, e)
 
@@ -678,15 +691,15 @@ class RingPath:
         wait_value64(stream, ring.done_dptr, v)  # type: ignore[attr-defined]
 
     def _compress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", plan: list[tuple], stage: int, codec: str, stream, budget: int,
-                            tag: int, post, fallback) -> _ring.Handle:
+                            tag: int, post, fallback, blocking: bool = False) -> _ring.Handle:
         n = len(plan)
         h = _ring.Handle(ring, n)
         with device_scope(g.index), stream_scope(stream):
-            # The tensors are read where they are and a small tensor's frame is written straight into its payload
-            # (tzip._cuda_segments); the other tensors and frames go through the staging buffer.
+            # A blocking call's tensors are read where they are, and a small tensor's frame is written straight into
+            # its payload (tzip._cuda_segments); the other tensors and frames go through the staging buffer.
             fulls = [torch.empty(p[3][4], dtype=torch.uint8, device=g.device) if p[3][0] <= IN_PAYLOAD_MAX_BYTES else None
                      for p in plan]
-            places = self._caller_places(ring, g, [(p[0].data_ptr(), p[3][0]) if plain(p[0]) else None for p in plan] +
+            places = self._caller_places(ring, g, [(p[0].data_ptr(), p[3][0]) if blocking and plain(p[0]) else None for p in plan] +
                                          [None if f is None else (f.data_ptr(), f.numel()) for f in fulls])
             src_places, dst_places = places[:n], places[n:]
             stage = sum((((p[3][0] + _A) & ~_A) if sp is None else 0) + (((p[3][4] + _A) & ~_A) if dp is None else 0)
@@ -733,6 +746,8 @@ class RingPath:
                 try:
                     err = _ring.Handle.error_of(res)
                     if err is not None:
+                        if _region_gone(err):
+                            return fallback(err)
                         raise err
                     # No GPU wait on the done word here: a CQE is written after the batch's GPU work finished
                     # (docs/ring.md), so the frames are complete for any work queued from now on.
@@ -771,8 +786,11 @@ class RingPath:
 
     # --- decompress ---------------------------------------------------------------------------------------------
     def _decompress_submit(self, items: list, outs: list, single: bool, verify: bool,
-                           streams: dict[int, Any] | None) -> _ring.Handle | None:
-        """The call as ring requests, submitted now, or None: not for the ring (then ZeroMQ, as before)."""
+                           streams: dict[int, Any] | None, blocking: bool = False) -> _ring.Handle | None:
+        """The call as ring requests, submitted now, or None: not for the ring (then ZeroMQ, as before).
+        ``blocking``: as for :meth:`_compress_submit` (an asynchronous call's ``out=`` tensors are written in stream
+        order once the daemon is done, as before; new results, which the caller cannot touch before ``result()``,
+        are written in place either way)."""
         if self._ring_caps is None or self._sid is None or not items:
             return None
         groups: dict[int | None, list[int]] = {}
@@ -808,13 +826,13 @@ class RingPath:
         n = len(items)
         if len(groups) == 1:
             key, idx = next(iter(groups.items()))
-            return self._decompress_start(key, items, outs, verify, streams, tag, _first if single else _same)
+            return self._decompress_start(key, items, outs, verify, streams, tag, _first if single else _same, blocking)
         parts = [(idx, self._decompress_start(key, [items[i] for i in idx], [outs[i] for i in idx], verify, streams, tag,
-                                              _same)) for key, idx in groups.items()]
+                                              _same, blocking)) for key, idx in groups.items()]
         return _gather(parts, n, single)
 
     def _decompress_start(self, key: int | None, cts: list[CompressedTensor], outs: list, verify: bool,
-                          streams: dict[int, Any] | None, tag: int, post) -> _ring.Handle:
+                          streams: dict[int, Any] | None, tag: int, post, blocking: bool = False) -> _ring.Handle:
         stream = None if key is None else _stream_for(streams, key)
         ctx = contextvars.copy_context()
 
@@ -829,7 +847,7 @@ class RingPath:
         try:
             if key is None:
                 return self._decompress_start_cpu(ring, cts, outs, verify, tag, post, fallback)
-            return self._decompress_start_gpu(ring, self._gpu(key), cts, outs, verify, stream, tag, post, fallback)
+            return self._decompress_start_gpu(ring, self._gpu(key), cts, outs, verify, stream, tag, post, fallback, blocking)
         except (DaemonUnavailableError, TzipDaemonError) as e:
             return _done_handle(fallback, e)
 
@@ -939,17 +957,20 @@ class RingPath:
         return self._ring_submit(ring, h, sq, n)
 
     def _decompress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", cts: list[CompressedTensor], outs: list, verify: bool,
-                              stream, tag: int, post, fallback) -> _ring.Handle:
+                              stream, tag: int, post, fallback, blocking: bool = False) -> _ring.Handle:
         budget = self._ring_sm_budget() or 0
         n = len(cts)
         h = _ring.Handle(ring, n)
         with device_scope(g.index), stream_scope(stream):
             frames = []
+            temps = []  # whether frames[k] is a copy made here: it dies with this call, so it is staged, never named
             for ct in cts:
                 f = ct.payload.detach()
-                if f.device != g.device:
-                    f = f.to(g.device)
-                frames.append(f if f.is_contiguous() else f.contiguous())
+                made = f.get_device() != g.index or not f.is_contiguous()
+                if made:
+                    f = f.to(g.device).contiguous()
+                frames.append(f)
+                temps.append(made)
             # The results exist now (written by the daemon, or copied out of the staging buffer in stream order once
             # it is done: see queue_copies); new ones as bytes seen as their dtype (every dtype, the sub-byte ones too).
             flats = [None if o is not None else torch.empty(ct.nbytes, dtype=torch.uint8, device=g.device)
@@ -957,8 +978,8 @@ class RingPath:
             results = [o if o is not None else from_bytes(f, ct.dtype, ct.shape) for ct, o, f in zip(cts, outs, flats)]
             # Frames read and results written where they are (tzip._cuda_segments) where the daemon can; the others
             # through the staging buffer.
-            dsts = [f if f is not None else (o if plain(o) else None) for f, o in zip(flats, outs)]
-            places = self._caller_places(ring, g, [(f.data_ptr(), f.numel()) for f in frames] +
+            dsts = [f if f is not None else (o if blocking and plain(o) else None) for f, o in zip(flats, outs)]
+            places = self._caller_places(ring, g, [None if t else (f.data_ptr(), f.numel()) for f, t in zip(frames, temps)] +
                                          [None if d is None else (d.data_ptr(), ct.nbytes) for d, ct in zip(dsts, cts)])
             src_places, dst_places = places[:n], places[n:]
             stage = sum((_align(f.numel()) if sp is None else 0) + (_align(ct.nbytes) if dp is None else 0)
@@ -1049,6 +1070,8 @@ class RingPath:
                     if state["copied"] is None:
                         _give_staging(g, buf, stream)
                         state["copied"] = (stream, None)
+                if _region_gone(err):
+                    return fallback(err)
                 raise err
             for ct, (_st, _c, n, _m) in zip(cts, res):
                 if n != ct.nbytes:

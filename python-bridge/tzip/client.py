@@ -656,10 +656,10 @@ class Client(RingPath, CpuPath, GpuPath):
         ``result()`` reaps the completion. CUDA tensors: their bytes are read after the work queued so far on the
         caller's current stream (a ``cuStreamWriteValue64`` the daemon's stream waits for, no CPU wait);
         ``wait(stream)`` makes ``stream`` wait on the GPU for the frames; ``result()`` gives CompressedTensors whose
-        payloads are ready in the caller's stream order. The daemon reads contiguous CUDA tensors where they are (no
-        staging copy, docs/ring.md "The caller's GPU memory"): as with NCCL's asynchronous operations, do not write
-        them until the handle is done (``result()`` returned, or ``done()``). Otherwise (ZeroMQ): the call runs on the
-        client's worker threads, ordered the same way; ``wait(stream)`` then waits on the host.
+        payloads are ready in the caller's stream order. The tensors are copied in the caller's stream order at
+        submission, so the caller may write them right away (the blocking :meth:`compress` lets the daemon read them
+        in place instead: docs/ring.md "The caller's GPU memory"). Otherwise (ZeroMQ): the call runs on the client's
+        worker threads, ordered the same way; ``wait(stream)`` then waits on the host.
 
         Raises: as :meth:`compress`, from ``result()`` (an invalid ``sm_budget`` at once)."""
         self._check_pid()
@@ -706,7 +706,7 @@ class Client(RingPath, CpuPath, GpuPath):
         self._check_pid()
         self._check_compress_args(items, codec)
         if use_ring and self._ring_caps and self._sid is not None:
-            h = self._compress_submit(items, single, codec, streams)
+            h = self._compress_submit(items, single, codec, streams, blocking=True)
             if h is not None:
                 return self._wait_handle(h)
         out = None
@@ -776,9 +776,10 @@ class Client(RingPath, CpuPath, GpuPath):
         Through the submission ring (protocol version 4), for CUDA results: the frames are read after the work
         queued so far on the caller's current stream, ``wait(stream)`` makes ``stream`` wait on the GPU (no CPU wait)
         and then copy the results into place: tensors used on ``stream`` afterwards hold the decompressed values
-        (the tensors are ``result()``'s; a failed request raises from ``result()``). The daemon reads the frames and
-        writes contiguous results (``out`` included) where they are: do not touch them until the handle is done or
-        waited for. Otherwise (ZeroMQ, CPU): as :meth:`compress_async`.
+        (the tensors are ``result()``'s; a failed request raises from ``result()``). The daemon reads the frames where
+        they are (do not change a CompressedTensor's payload until the handle is done) and writes new results in
+        place; ``out=`` tensors are written in stream order once it is done. Otherwise (ZeroMQ, CPU): as
+        :meth:`compress_async`.
 
         Raises: as :meth:`decompress`, from ``result()`` (argument errors at once)."""
         self._check_pid()
@@ -830,7 +831,7 @@ class Client(RingPath, CpuPath, GpuPath):
         self._check_pid()
         self._check_decompress_args(items, outs)
         if use_ring and self._ring_caps and self._sid is not None and self._ring_worth(items, outs):
-            h = self._decompress_submit(items, outs, single, verify, streams)
+            h = self._decompress_submit(items, outs, single, verify, streams, blocking=True)
             if h is not None:
                 return self._wait_handle(h)
         results: list[torch.Tensor | None] = [None] * len(items)
