@@ -666,18 +666,24 @@ class RingPath:
             home = ring.home_stream  # type: ignore[attr-defined]
             if home is None:
                 home = ring.home_stream = stream  # type: ignore[attr-defined]
-            if home is not False and home == stream:
-                write_value64(stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
-            else:
-                with device_scope(g.index):
-                    ev = ring.order_event  # type: ignore[attr-defined]
-                    if home is not False:  # the home stream's writes so far come first
-                        ev.record(home)
+            try:
+                if home is not False and home == stream:
+                    write_value64(stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
+                else:
+                    with device_scope(g.index):
+                        ev = ring.order_event  # type: ignore[attr-defined]
+                        if home is not False:  # the home stream's writes so far come first
+                            ev.record(home)
+                            ring.order_stream.wait_event(ev)  # type: ignore[attr-defined]
+                            ring.home_stream = False  # type: ignore[attr-defined]
+                        ev.record(stream)
                         ring.order_stream.wait_event(ev)  # type: ignore[attr-defined]
-                        ring.home_stream = False  # type: ignore[attr-defined]
-                    ev.record(stream)
-                    ring.order_stream.wait_event(ev)  # type: ignore[attr-defined]
-                    write_value64(ring.order_stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
+                        write_value64(ring.order_stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
+            except BaseException:
+                # Nothing of the batch reached the ring: the caller gives its staging buffer back. (The value is spent;
+                # later batches wait for later values, which produced reaches in order all the same.)
+                vbox.clear()
+                raise
             last = (n - 1) * _SQE_BYTES
             sq[_ring.SQE_OFF_FLAGS] |= _ring.F_WAIT
             _U64(sq, _ring.SQE_OFF_WAIT, v)
