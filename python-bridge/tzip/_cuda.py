@@ -522,6 +522,8 @@ def copy_raw(dst: int, src: int, nbytes: int, index: int, raw_stream: int) -> bo
 
         copy_device(dst, src, nbytes, index, raw_stream)
     return True
+
+
 _copy_ok: bool | None = None
 
 

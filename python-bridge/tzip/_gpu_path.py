@@ -432,8 +432,9 @@ class GpuPath:
         """Asks the daemon to close its mappings of this client's GPU memory (they are opened again when needed).
         Call it after ``torch.cuda.empty_cache()``: a segment the caching allocator freed stays allocated on the GPU
         while the daemon maps it. This covers the allocations named in ZeroMQ requests and those registered on the
-        submission rings (tzip._cuda_segments). Returns how many of this session's allocations the daemon let go of
-        (one that another session also maps, or that a running request uses, is counted but closed later).
+        submission rings (tzip._cuda_segments). Returns how many of this session's allocations were let go of: those
+        the daemon reports for the ZeroMQ requests' (one that another session also maps, or that a running request
+        uses, is counted but closed later), plus the ring registrations released.
 
         Raises:
             TzipDaemonError: the daemon refused the request (e.g. an unknown session).

@@ -457,11 +457,6 @@ class Ring:
         if n == 0:
             return
         step = self.max_batch
-        if n <= step:  # one chain (every single-tensor call): no split
-            buf[(n - 1) * SQE_BYTES + SQE_OFF_FLAGS] &= ~F_LINK & 0xFF
-            self._publish(memoryview(buf), 0, n, handle)
-            self.ring_doorbell()
-            return
         for e in (*range(step - 1, n - 1, step), n - 1):
             buf[e * SQE_BYTES + SQE_OFF_FLAGS] &= ~F_LINK & 0xFF
         mv = memoryview(buf)
