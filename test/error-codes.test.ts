@@ -180,7 +180,10 @@ describe('TZIP_OUT_OF_MEMORY', () => {
         process.stdout.write(JSON.stringify(r));
       })().catch((e) => { process.stdout.write(JSON.stringify({ failed: String(e && e.stack) })); });`;
     const out = await new Promise<string>((resolve, reject) => {
-      execFile(process.execPath, ['-e', child], { timeout: 60_000 }, (err, stdout, stderr) =>
+      // The new space fixed at 16 MiB per semi-space (min = max: V8 never resizes it), so that V8's own heap never
+      // has to commit more pages under the limit: with a growing new space the child itself died at random ("Committing
+      // semi space failed") instead of the addon's allocations failing.
+      execFile(process.execPath, ['--min-semi-space-size=16', '--max-semi-space-size=16', '-e', child], { timeout: 60_000 }, (err, stdout, stderr) =>
         err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout));
     });
     const r = JSON.parse(out) as Record<string, unknown>;
