@@ -548,11 +548,6 @@ class RingPath:
             h._complete(e)  # nothing (or not all) of it was taken: its fallback runs now
         return h
 
-    def _ring_next_value(self, ring: _ring.Ring) -> int:
-        with self._ring_lock:
-            ring.seq += 1  # type: ignore[attr-defined]
-            return ring.seq  # type: ignore[attr-defined]
-
     def _ring_gpu_buffer(self, ring: _ring.Ring, g: "_Gpu", buf) -> _ring.Region:
         """The region of the whole staging buffer ``buf`` on ``ring`` (registered once per buffer)."""
         with self._release_lock:
@@ -661,7 +656,7 @@ class RingPath:
         submission from another stream makes the ring's stream wait for the home stream's last write, and from then on
         every submission goes through the ring's stream."""
         with ring.gpu_lock:  # type: ignore[attr-defined]
-            v = self._ring_next_value(ring)
+            v = ring.seq = ring.seq + 1  # type: ignore[attr-defined]  # (only ever taken under gpu_lock)
             vbox.append(v)
             home = ring.home_stream  # type: ignore[attr-defined]
             if home is None:

@@ -120,7 +120,8 @@ from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailable
 from ._fallback import _compress_raw, _decompress_raw, _on_cpu
 from ._gpu_path import GPU_ARENA_KEEP_BYTES, GPU_SHARE_MIN_BYTES, GpuPath, _caller_streams, _Gpu, _stream_for
 from ._job import MAX_SM_BUDGET, STREAMS, _checked_sm_budget, _sm_budget, _stream_tag, _with_sm_budget, job_info, tagged
-from ._ring_path import RING_ENTRIES, RING_SPIN_S, RingPath, _done_handle, _raiser
+from ._ring_one import RingOne
+from ._ring_path import RING_ENTRIES, RING_SPIN_S, _done_handle, _raiser
 from ._spawn import (daemon_pid, daemon_running, default_ipc_path, default_socket_path, normalize_endpoint, pid_alive,
                      spawn_daemon)
 from ._transport import Transport
@@ -197,10 +198,11 @@ def _curve_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes]:
                                      f"first, or pass curve_dir=): {e}") from None
 
 
-class Client(RingPath, CpuPath, GpuPath):
+class Client(RingOne, CpuPath, GpuPath):
     """A connection to the tzip daemon (see the module docstring). Use :func:`connect` to make one.
 
-    The request paths are its parts (:class:`tzip._ring_path.RingPath`, :class:`tzip._cpu_path.CpuPath`,
+    The request paths are its parts (:class:`tzip._ring_path.RingPath` with the lean single-tensor GPU calls of
+    :class:`tzip._ring_one.RingOne`, :class:`tzip._cpu_path.CpuPath`,
     :class:`tzip._gpu_path.GpuPath`): they use the session and the state this class makes in ``__init__``."""
 
     def __init__(self, socket: str | None = None, spawn: bool = True, strict: bool = False, *, name: str | None = None,
@@ -706,6 +708,10 @@ class Client(RingPath, CpuPath, GpuPath):
         self._check_pid()
         self._check_compress_args(items, codec)
         if use_ring and self._ring_caps and self._sid is not None:
+            if single and streams is None and items[0].is_cuda:
+                one = self._compress_one(items[0], codec)
+                if one is not None:
+                    return one
             h = self._compress_submit(items, single, codec, streams, blocking=True)
             if h is not None:
                 return self._wait_handle(h)
@@ -831,6 +837,10 @@ class Client(RingPath, CpuPath, GpuPath):
         self._check_pid()
         self._check_decompress_args(items, outs)
         if use_ring and self._ring_caps and self._sid is not None and self._ring_worth(items, outs):
+            if single and streams is None:
+                one = self._decompress_one(items[0], outs[0], verify)
+                if one is not None:
+                    return one
             h = self._decompress_submit(items, outs, single, verify, streams, blocking=True)
             if h is not None:
                 return self._wait_handle(h)

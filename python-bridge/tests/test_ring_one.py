@@ -1,0 +1,170 @@
+"""The lean path of blocking single-tensor GPU calls through the ring (tzip._ring_one): which calls take it, that they
+round-trip bit-exact with the frames of the ZeroMQ path, stream order both ways without host synchronisation, flat
+memory, and the finishing step's outcomes (on the CPU). The GPU tests skip with the reason without a GPU."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+import torch
+
+import tzip.client as tz
+from tzip import _ring
+from tzip._errors import DaemonUnavailableError, TzipDaemonError
+from tzip._ring_one import _AGAIN, _outcome
+
+from test_client_support import shared_daemon  # noqa: F401
+from test_ring import CUDA, data_ops, embedding, needs_cuda, random_tensor, record_zmq, same_bits
+
+
+def test_the_outcome_of_a_one_sqe_request():
+    """A good CQE gives the check's value; a ring that stopped, a daemon gone or a region released while queued
+    (TZIP_HANDLE) give _AGAIN (the call is done again without the ring); any other CQE error raises its code."""
+    seen = []
+
+    def check(codec, result):
+        seen.append((codec, result))
+        return "value"
+
+    assert _outcome([(0, 1, 40, "")], check) == "value" and seen == [(1, 40)]
+    assert _outcome(_ring.RingClosed("the ring stopped"), check) is _AGAIN
+    assert _outcome(DaemonUnavailableError("gone"), check) is _AGAIN
+    assert _outcome([(_ring.ERROR_CODES["TZIP_HANDLE"], 0, 0, "region 3 was released")], check) is _AGAIN
+    with pytest.raises(TzipDaemonError) as e:
+        _outcome([(_ring.ERROR_CODES["TZIP_CORRUPT"], 0, 0, "bad frame")], check)
+    assert e.value.code == "TZIP_CORRUPT"
+    with pytest.raises(ValueError):
+        _outcome(ValueError("a bug of the finishing step"), check)  # not a ring outcome: raised as it is
+    assert len(seen) == 1
+
+
+@pytest.fixture(scope="module")
+def one_client(shared_daemon):  # noqa: F811
+    if not CUDA:
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False): run on the GPU host")
+    c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+    if not c.daemon_info.get("gpu"):
+        c.close()
+        pytest.skip(f"the daemon serves no GPU: {c.daemon_info.get('gpu_reason')}")
+    c.decompress(c.compress(torch.ones(4, device="cuda")))  # opens the GPU ring (the lean path never opens one)
+    yield c
+    c.close()
+
+
+def _general_path_refused(c: tz.Client, monkeypatch) -> None:
+    """Makes the general ring path fail the test if a call reaches it."""
+    def refuse(*_a, **_k):
+        raise AssertionError("the call took the general ring path")
+
+    monkeypatch.setattr(c, "_compress_submit", refuse)
+    monkeypatch.setattr(c, "_decompress_submit", refuse)
+
+
+@needs_cuda
+def test_one_small_cuda_tensor_takes_the_lean_path_both_ways(one_client, monkeypatch):
+    c = one_client
+    plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
+    try:
+        w = random_tensor(torch.float32, (64, 48), seed=4).cuda()
+        ts = [torch.ones(1, dtype=torch.bfloat16, device="cuda"), torch.tensor(-0.0, device="cuda"),
+              w.reshape(-1)[7:107]]  # a view at an odd offset in a larger allocation
+        ts += [random_tensor(d, (7, 33), seed=1).cuda() for d in
+               (torch.bfloat16, torch.float16, torch.float32, torch.int8, torch.int64, torch.bool)]
+        refs = [plain.compress(t, codec=codec) for t in ts for codec in ("fast", "raw")]
+        torch.cuda.synchronize()
+        _general_path_refused(c, monkeypatch)
+        ops = record_zmq(c)
+        cts = [c.compress(t, codec=codec) for t in ts for codec in ("fast", "raw")]
+        backs = [c.decompress(ct) for ct in cts]
+        outs = [torch.empty_like(t) for t in ts for _ in range(2)]
+        into = [c.decompress(ct, out=o, verify=False) for ct, o in zip(cts, outs)]
+        torch.cuda.synchronize()
+        assert data_ops(ops) == [], ops
+        for k, (ct, ref) in enumerate(zip(cts, refs)):
+            t = ts[k // 2]
+            assert ct.payload.device == t.device and ct.codec == ref.codec and ct.nbytes == t.nbytes
+            assert ct.payload.cpu().numpy().tobytes() == ref.payload.cpu().numpy().tobytes(), k
+            assert same_bits(backs[k], t) and into[k] is outs[k] and same_bits(outs[k], t), k
+        # A frame of a large tensor is read in place too (the result is new, or out=).
+        big = random_tensor(torch.bfloat16, (1000, 300), seed=3).cuda()
+        monkeypatch.undo()
+        ct = c.compress(big, codec="fast")  # (more than IN_PAYLOAD_MAX_BYTES: the general path)
+        _general_path_refused(c, monkeypatch)
+        out = torch.empty_like(big)
+        assert same_bits(c.decompress(ct), big) and same_bits(c.decompress(ct, out=out), big)
+        torch.cuda.synchronize()
+        assert data_ops(ops) == [], ops
+    finally:
+        plain.close()
+
+
+@needs_cuda
+def test_calls_the_lean_path_does_not_take_go_the_general_way(one_client, monkeypatch):
+    """Larger or non-contiguous tensors, a result on another layout, batches and asynchronous calls: the general
+    ring path, bit-exact as before."""
+    c = one_client
+    taken = []
+    for name in ("_compress_submit", "_decompress_submit"):
+        real = getattr(c, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            taken.append(_name)
+            return _real(*a, **k)
+
+        monkeypatch.setattr(c, name, spy)
+    w = random_tensor(torch.bfloat16, (64, 48), seed=6).cuda()
+    big = random_tensor(torch.bfloat16, (1000, 300), seed=7).cuda()
+    for t in (big, w.t()):
+        taken.clear()
+        assert same_bits(c.decompress(c.compress(t)), t)
+        assert taken[0] == "_compress_submit", taken
+    ct = c.compress(w)
+    taken.clear()
+    strided = torch.empty(w.shape[1], w.shape[0], dtype=w.dtype, device="cuda").t()
+    assert c.decompress(ct, out=strided) is strided and same_bits(strided, w)
+    assert taken == ["_decompress_submit"], taken
+    taken.clear()
+    assert same_bits(c.decompress([c.compress([w])[0]])[0], w) and taken == ["_compress_submit", "_decompress_submit"]
+    taken.clear()
+    assert same_bits(c.decompress_async(c.compress_async(w).result()).result(), w)
+    torch.cuda.synchronize()
+
+
+@needs_cuda
+def test_lean_calls_follow_the_callers_stream_both_ways(one_client):
+    """A kernel writes the small input on a side stream right before compress(); another reads decompress()'s result
+    on that stream right after it returns: no host synchronisation in between, every round trip bit-exact."""
+    c = one_client
+    s = torch.cuda.Stream()
+    base = embedding().cuda().reshape(-1)[:1000]  # 2000 bytes of bf16: the lean path
+    n = int(os.environ.get("TZIP_RING_ORDER_ITERS", "10000")) // 5
+    bad = []
+    with torch.cuda.stream(s):
+        x = torch.empty_like(base)
+        for i in range(n):
+            torch.mul(base, 1.0, out=x)  # the producer kernel, right before the submission
+            x[i % x.numel()] = float(i % 251)
+            want = x.clone()
+            y = c.decompress(c.compress(x, codec="fast"))
+            if not torch.equal(y.view(torch.int16), want.view(torch.int16)):  # the consumer kernel, on s
+                bad.append(i)
+    torch.cuda.synchronize()
+    assert not bad, bad[:10]
+
+
+@needs_cuda
+def test_lean_calls_keep_the_callers_memory_flat(one_client):
+    c = one_client
+    x = torch.ones(1, dtype=torch.bfloat16, device="cuda")
+    for _ in range(50):
+        c.decompress(c.compress(x))
+    torch.cuda.synchronize()
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    for _ in range(int(os.environ.get("TZIP_RING_MEMORY_ITERS", "10000"))):
+        c.decompress(c.compress(x))
+    torch.cuda.synchronize()
+    gc.collect()
+    assert torch.cuda.memory_allocated() - before <= 1 << 20, (before, torch.cuda.memory_allocated())

@@ -1,0 +1,155 @@
+"""Blocking calls on one CUDA tensor through the submission ring, with as little Python as the request needs.
+
+``Client.compress(t)`` of one small CUDA tensor and ``Client.decompress(ct)`` of one frame on a GPU are the calls whose
+time is mostly the client's own (a 1-element compress: about 60 µs of Python per request before this path, against
+the ring thread's 22 µs batch; docs/benchmarks.md, "Daemon fast lane"). :class:`RingOne` does them without the
+general path's planning for batches, device groups, staging and asynchronous ordering: it reads the tensor and writes
+the result where they are (tzip._cuda_segments), packs one SQE and waits for its completion on the calling thread.
+
+It takes a call only when all of that applies: the device's ring is open and serving, both ranges lie in allocations
+the daemon can map, a compressed frame fits a payload of the frame bound (tensors of at most
+:data:`tzip._ring_path.IN_PAYLOAD_MAX_BYTES`), a decompressed result is a whole number of bytes of its dtype. Any
+other call, and any call it gives up on before submitting, takes the general path (:class:`tzip._ring_path.RingPath`),
+as does a call whose ring stopped or whose region was released while it was queued (then through ZeroMQ, as there).
+The SQE, its ordering after the caller's stream (``_gpu_submit``) and the completion are the general path's, so the
+daemon cannot tell the two apart."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _ring
+from ._codec_choice import codec_for
+from ._cuda import current_stream, plain
+from ._errors import DaemonUnavailableError, TzipDaemonError
+from ._job import _stream_tag
+from ._ring_path import (_OP_COMPRESS, _OP_DECOMPRESS, _PACK, _SQE_BYTES, _WHOLE_BYTE_DTYPES, _ZERO8,
+                         IN_PAYLOAD_MAX_BYTES, RingPath, _ct, _region_gone)
+from ._wire import _sqe_layout
+from .compressed import CompressedTensor
+
+#: What a finishing step returns when the request must be done again without the ring.
+_AGAIN = object()
+
+
+def _outcome(res, check):
+    """The finishing step of a one-SQE request: ``check(codec, result)``'s value for a good completion; :data:`_AGAIN`
+    where the ring stopped or a region went away (the call is then done without the ring); else raises the CQE's
+    error."""
+    if isinstance(res, BaseException):
+        if isinstance(res, (DaemonUnavailableError, TzipDaemonError)):
+            return _AGAIN
+        raise res
+    status, codec, result, message = res[0]
+    if status:
+        err = _ring.status_error(status, message, 0)
+        if _region_gone(err):
+            return _AGAIN
+        raise err
+    return check(codec, result)
+
+
+class RingOne(RingPath):
+    """The lean path for blocking single-tensor GPU calls (see the module docstring)."""
+
+    def _one_ring(self, t: torch.Tensor):
+        """(ring, gpu, stream, SM budget, stream tag) for a request on ``t``'s GPU through its ring as it stands (open
+        and serving), or None."""
+        index = t.get_device()
+        ring = self._rings.get(index)
+        if ring is None or ring.sid != self._sid or not ring.usable:
+            return None
+        g = self._gpus.get(index)
+        budget = self._ring_sm_budget()
+        if g is None or budget is None or not self._gpu_reachable(g):
+            return None
+        return ring, g, current_stream(index), budget, _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
+
+    def _one_places(self, ring, g, src: int, sbytes: int, dst: int, dbytes: int):
+        """(source, destination) places of the request's two ranges in the caller's memory (region id, generation,
+        offset each), or None where either must be staged, or registering them failed (the general path then)."""
+        try:
+            places = self._caller_places(ring, g, [(src, sbytes), (dst, dbytes)])
+        except (DaemonUnavailableError, TzipDaemonError):
+            return None
+        return None if places[0] is None or places[1] is None else places
+
+    def _one_submit(self, ring, g, stream, h: _ring.Handle, sq: bytearray):
+        """Submits ``h``'s one SQE, then waits for its value; :data:`_AGAIN` where the request never reached the ring
+        or must be done again."""
+        try:
+            self._gpu_submit(ring, g, stream, h, sq, 1, [])
+        except (DaemonUnavailableError, TzipDaemonError):
+            return _AGAIN
+        return self._wait_handle(h)
+
+    def _compress_one(self, t: torch.Tensor, codec: str | None) -> CompressedTensor | None:
+        """``compress(t)`` for a CUDA tensor ``t`` (its arguments checked), or None when it is not for this path."""
+        lay = _sqe_layout(t.dtype, t.shape)
+        if lay is None or lay[0] > IN_PAYLOAD_MAX_BYTES or not plain(t):
+            return None
+        ccode = _ring.CODEC_CODES.get(codec_for(codec, True))
+        got = self._one_ring(t)
+        if ccode is None or got is None:
+            return None
+        ring, g, stream, budget, tag = got
+        nbytes, dcode, ndim, dims, cap = lay
+        # The frame is written straight into a payload of the frame bound, returned as a view of its first bytes.
+        payload = torch.empty(cap, dtype=torch.uint8, device=g.device)
+        places = self._one_places(ring, g, t.data_ptr(), nbytes, payload.data_ptr(), cap)
+        if places is None:
+            return None
+        h = _ring.Handle(ring, 1)
+        sq = bytearray(_SQE_BYTES)
+        _PACK(sq, 0, h.ud, _OP_COMPRESS, 0, ccode, dcode, ndim, budget, tag, *places[0], nbytes, *places[1], cap, *dims, 0, 0)
+        dtype, shape = t.dtype, t.shape
+
+        def check(c: int, m: int):
+            if not 0 < m <= cap:
+                raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {m} bytes (capacity {cap})")
+            return _ct(payload[:m], dtype, shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes)
+
+        h._finish = lambda res: _outcome(res, check)
+        out = self._one_submit(ring, g, stream, h, sq)
+        if out is _AGAIN:
+            return self._compress([t], True, codec, None, False)
+        return out
+
+    def _decompress_one(self, ct: CompressedTensor, out: torch.Tensor | None, verify: bool) -> torch.Tensor | None:
+        """``decompress(ct, out)`` of a frame on a GPU (its arguments checked), or None when it is not for this path."""
+        frame, nbytes = ct.payload, ct.nbytes
+        fbytes = frame.numel()
+        if not frame.is_cuda or nbytes == 0 or fbytes == 0 or not frame.is_contiguous():
+            return None
+        if out is not None and (out.get_device() != frame.get_device() or not plain(out)):
+            return None
+        got = self._one_ring(frame)
+        if got is None:
+            return None
+        ring, g, stream, budget, tag = got
+        if out is None:
+            if ct.dtype not in _WHOLE_BYTE_DTYPES:
+                return None
+            dst = torch.empty(ct.shape, dtype=ct.dtype, device=g.device)
+            if dst.nbytes != nbytes:
+                return None  # (a shape that does not hold nbytes: the general path raises for it)
+        else:
+            dst = out
+        places = self._one_places(ring, g, frame.data_ptr(), fbytes, dst.data_ptr(), nbytes)
+        if places is None:
+            return None
+        h = _ring.Handle(ring, 1)
+        sq = bytearray(_SQE_BYTES)
+        _PACK(sq, 0, h.ud, _OP_DECOMPRESS, _ring.F_VERIFY if verify else 0, 0, 0, 0, budget, tag, *places[0], fbytes,
+              *places[1], nbytes, *_ZERO8)
+
+        def check(_c: int, m: int):
+            if m != nbytes:
+                raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {m} bytes, the CompressedTensor says {nbytes}")
+            return dst
+
+        h._finish = lambda res: _outcome(res, check)
+        got = self._one_submit(ring, g, stream, h, sq)
+        if got is _AGAIN:
+            return self._decompress([ct], [out], True, verify, None, False)
+        return got
