@@ -168,3 +168,33 @@ def test_lean_calls_keep_the_callers_memory_flat(one_client):
     torch.cuda.synchronize()
     gc.collect()
     assert torch.cuda.memory_allocated() - before <= 1 << 20, (before, torch.cuda.memory_allocated())
+
+
+@needs_cuda
+def test_small_ring_batches_replayed_from_cuda_graphs_stay_exact(one_client):
+    """The ring's batches of a few tensors are replayed from CUDA graphs kept per launch shape (cuda/src/gpu/graph.h):
+    the same shape again and again with new values each time gives the frames of the ZeroMQ path (no graphs) and
+    bit-exact round trips; a corrupt frame of a replayed shape is still rejected with its code, and the next good one
+    still decodes."""
+    c = one_client
+    plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
+    try:
+        for i in range(40):
+            for dtype, shape in ((torch.bfloat16, (1,)), (torch.float32, (7, 33)), (torch.int8, (300,))):
+                x = random_tensor(dtype, shape, seed=100 + i).cuda()
+                ct = c.compress(x, codec="fast")
+                ref = plain.compress(x, codec="fast")
+                assert ct.payload.cpu().numpy().tobytes() == ref.payload.cpu().numpy().tobytes(), (i, dtype)
+                assert same_bits(c.decompress(ct), x), (i, dtype)
+        x = random_tensor(torch.float32, (7, 33), seed=7).cuda()
+        ct = c.compress(x, codec="fast")
+        for k in range(3):
+            bad = ct.payload.clone()
+            bad[-1 - k] ^= 0x5A  # a byte of the last chunk's coded data
+            with pytest.raises(TzipDaemonError) as e:
+                c.decompress(type(ct)(bad, ct.dtype, ct.shape, ct.codec, ct.nbytes))
+            assert e.value.code in ("TZIP_CORRUPT", "TZIP_CHECKSUM", "TZIP_TRUNCATED"), e.value
+            assert same_bits(c.decompress(ct), x)
+        torch.cuda.synchronize()
+    finally:
+        plain.close()

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <vector>
@@ -339,6 +340,14 @@ long gpu_spin_us() {
     return v ? std::max(0L, std::strtol(v, nullptr, 10)) : 2000L;
   }();
   return us;
+}
+
+bool ring_graphs() {
+  static const bool on = [] {
+    const char* v = std::getenv("TZIP_RING_GRAPHS");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
 }
 
 }  // namespace tzip::addon

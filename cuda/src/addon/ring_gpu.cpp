@@ -13,6 +13,7 @@
 #include "addon/device.h"
 #include "gpu/codec.h"
 #include "gpu/gather.h"
+#include "gpu/graph.h"
 #include "gpu/scratch.h"
 #include "tzip/format.h"
 
@@ -91,6 +92,7 @@ RingGpu::~RingGpu() {
   try {
     DeviceScope scope(device_);
     cudaStreamSynchronize(impl_->stream);
+    gpu::release_graphs(impl_->stream);
     gpu::release_scratch(impl_->stream);
     cudaStreamSynchronize(impl_->stream);
     cudaEventDestroy(impl_->done);
@@ -171,6 +173,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
       eo.sm_budget = sm_budget;
       eo.stream = g.stream;
       eo.device = device_;  // the regions were checked to be device memory of the ring's device when registered
+      eo.graphs = ring_graphs();  // this thread waits for each batch before it takes the next (gpu/graph.h)
       st = gpu::encode(enc.data(), n, eo, static_cast<uint64_t*>(d_results));
       if (st.ok() && !spans.empty())
         st = gpu::gather_frame_bytes(spans.data(), spans.size(), kOffCodec, 1,
@@ -181,6 +184,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
       dopt.verify = verify;
       dopt.stream = g.stream;
       dopt.device = device_;  // as for encode
+      dopt.graphs = ring_graphs();
       st = gpu::decode(dec.data(), n, dopt, static_cast<int32_t*>(d_results));
     }
     if (!st.ok()) gpu_failure(st, &status, &message);

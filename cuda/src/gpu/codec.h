@@ -68,6 +68,9 @@ struct EncodeOptions {
                                  // d_frame_bytes) is device memory of this device, as the addon does for each range
                                  // (addon/device.h, check_device_range): no cudaPointerGetAttributes per pointer (two
                                  // per tensor otherwise). -1: the pointers are looked up.
+  bool graphs = false;           // a small call may be replayed from a CUDA graph kept for the stream (gpu/graph.h):
+                                 // only for a caller that never queues a call on the stream before its previous one
+                                 // has run, and that calls release_graphs(stream) before destroying the stream
 };
 
 /// Encodes a batch of tensors into one frame each. All pointers must be on the same device (that device is made
@@ -91,6 +94,7 @@ struct DecodeOptions {
   bool verify = true;  // check each chunk's digest (the header digest and the checksum are always checked)
   void* stream = nullptr;
   int device = -1;     // as EncodeOptions::device (the items' pointers and d_errors)
+  bool graphs = false;  // as EncodeOptions::graphs
 };
 
 /// Decodes a batch of frames. Per frame, d_errors[i] (device array of `count` int32) receives kOk or the error code the

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "gpu/codec.h"
+#include "gpu/graph.h"
 #include "tzip/async_copy.h"
 #include "tzip/bitpack.h"
 #include "tzip/format.h"
@@ -66,6 +67,8 @@ struct DecTensor {
 constexpr uint32_t kClasses = 4;  // 0 all chunks, 1 fast/raw, 2 max/bytes, 3 bf16 fast (Tuning::bf16_kernel)
 /// A batch's error keys (8 bytes a frame) up to this size go up with its descriptors instead of a memset (decode()).
 constexpr size_t kInitUploadBytes = size_t(64) << 10;
+// Calls of at most this many frames may be replayed from a CUDA graph (DecodeOptions::graphs).
+constexpr size_t kGraphMaxItems = 8;
 constexpr uint32_t kVerifyTasks = 2;  // per frame, in its class: header digest, frame checksum (verify_task)
 /// Ticket counter of a decode kernel (MODE = its class; 0 the fallback queue); [3] is the queue length.
 __host__ __device__ constexpr uint32_t ticket_of(int mode) { return mode == 0 ? 2 : mode == 3 ? 4 : uint32_t(mode - 1); }
@@ -1461,39 +1464,60 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
     free_async(ws, stream);
     return s;
   };
+  const cudaStream_t s = cudaStream_t(stream);
+  const int sms = guard.sm_count();
+  const uint32_t tile_ok = tune.use_tile_decode ? 1 : 0, defer_all = tune.defer_all ? 1 : 0;
+  // The kernels of the call, in order (queued after the descriptors' upload).
+  auto kernels = [&]() -> Status {
+    int grid = 0;
+    size_t smem = 0;
+    Status r = persistent_grid(reinterpret_cast<const void*>(parse_kernel), 1024, &smem, opt.sm_budget, sms, count,
+                               &grid);
+    if (!r.ok()) return r;
+    parse_kernel<<<grid, 1024, smem, s>>>(a);
+    if (!(r = check_launch("parse_kernel")).ok()) return r;
+    scan_kernel<<<1, 1024, 0, s>>>(a);
+    if (!(r = check_launch("scan_kernel")).ok()) return r;
+    if (!(r = run_part1(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
+    if (!(r = run_part2(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
+    if (a.bf16_class && !(r = run_part3(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
+    if (!(r = run_part0(a, opt.sm_budget, sms, s, 0, 0)).ok()) return r;
+    errors_kernel<<<(unsigned)std::min<size_t>((count + 255) / 256, 1024), 256, 0, s>>>(a);
+    return check_launch("errors_kernel");
+  };
   // The error keys start at ~0 (no error) and the tickets at 0. For a batch of up to kInitUploadBytes of them, they go
   // up with the descriptors: a small call's fixed cost is mostly its stream operations (gpu_test --small-calls), and
-  // this saves two of them.
+  // this saves two of them. Such a call of a caller that allows it (opt.graphs) is replayed from a CUDA graph of the
+  // whole sequence, kept per stream and everything the kernels' arguments are made of (gpu/graph.h).
   if (b_err <= kInitUploadBytes) {
     std::vector<uint8_t> image(b_t + b_err + b_tickets, 0);
     std::memcpy(image.data(), tensors.data(), sizeof(DecTensor) * count);
     std::memset(image.data() + b_t, 0xFF, 8 * count);
+    if (opt.graphs && count <= kGraphMaxItems) {
+      GraphKey key;
+      key.w = {1, uint64_t(guard.device()), uint64_t(reinterpret_cast<uintptr_t>(stream)), count, a.verify,
+               uint64_t(int64_t(opt.sm_budget)), queue_cap, uint64_t(reinterpret_cast<uintptr_t>(ws)),
+               uint64_t(reinterpret_cast<uintptr_t>(d_errors)), image.size(),
+               uint64_t(tile_ok | defer_all << 1 | a.bf16_class << 2 | a.ring_pairs << 3 | a.debug << 4), uint64_t(sms)};
+      bool launched = false;
+      st = launch_graph(key, image.data(), image.size(), stream, [&](const void* h_image) -> Status {
+        const cudaError_t e = cudaMemcpyAsync(a.t, h_image, image.size(), cudaMemcpyHostToDevice, s);
+        if (e != cudaSuccess) return Status{kCudaError, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(e)};
+        return kernels();
+      }, &launched);
+      if (!st.ok()) return fail(st);
+      if (launched) {
+        free_async(ws, stream);
+        return Status{};
+      }
+    }
     if (!(st = upload(a.t, image.data(), image.size(), stream)).ok()) return fail(st);
   } else {
     if (!(st = upload(a.t, tensors.data(), sizeof(DecTensor) * count, stream)).ok()) return fail(st);
     if (!(st = memset_async(a.err, 0xFF, 8 * count, stream)).ok()) return fail(st);
     if (!(st = memset_async(a.tickets, 0, 64, stream)).ok()) return fail(st);
   }
-
-  const cudaStream_t s = cudaStream_t(stream);
-  const int sms = guard.sm_count();
-  int grid = 0;
-  size_t smem = 0;
-  if (!(st = persistent_grid(reinterpret_cast<const void*>(parse_kernel), 1024, &smem, opt.sm_budget, sms, count,
-                             &grid)).ok())
-    return fail(st);
-  parse_kernel<<<grid, 1024, smem, s>>>(a);
-  if (!(st = check_launch("parse_kernel")).ok()) return fail(st);
-  scan_kernel<<<1, 1024, 0, s>>>(a);
-  if (!(st = check_launch("scan_kernel")).ok()) return fail(st);
-
-  const uint32_t tile_ok = tune.use_tile_decode ? 1 : 0, defer_all = tune.defer_all ? 1 : 0;
-  if (!(st = run_part1(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return fail(st);
-  if (!(st = run_part2(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return fail(st);
-  if (a.bf16_class && !(st = run_part3(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return fail(st);
-  if (!(st = run_part0(a, opt.sm_budget, sms, s, 0, 0)).ok()) return fail(st);
-  errors_kernel<<<(unsigned)std::min<size_t>((count + 255) / 256, 1024), 256, 0, s>>>(a);
-  if (!(st = check_launch("errors_kernel")).ok()) return fail(st);
+  if (!(st = kernels()).ok()) return fail(st);
   free_async(ws, stream);
   return Status{};
 }

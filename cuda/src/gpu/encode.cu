@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gpu/codec.h"
+#include "gpu/graph.h"
 #include "gpu/encode_args.cuh"
 #include "tzip/bitpack.h"
 #include "tzip/format.h"
@@ -925,6 +926,8 @@ __global__ void __launch_bounds__(256, 1) auto_resolve_kernel(EncArgs a) {
 
 /// Zeroed workspace (tickets, look-back words) up to this size goes up with the descriptors instead of a memset.
 constexpr size_t kZeroUploadBytes = size_t(64) << 10;
+// Calls of at most this many tensors may be replayed from a CUDA graph (EncodeOptions::graphs).
+constexpr size_t kGraphMaxItems = 8;
 
 Status invalid(const std::string& m) {
   Status s;
@@ -1046,55 +1049,77 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   // when they are few (kZeroUploadBytes), the zeroed tickets and look-back words too: a small call's fixed cost is
   // mostly its stream operations (gpu_test --small-calls), and this saves two of them.
   const bool zeros_too = b_tickets + b_status <= kZeroUploadBytes;
+  const cudaStream_t s = cudaStream_t(stream);
+  const int sms = guard.sm_count();
+  // The memsets and kernels of the call, in order (queued after the descriptors' upload).
+  auto kernels = [&]() -> Status {
+    Status r;
+    if (!zeros_too && !(r = memset_async(a.tickets, 0, b_tickets + b_status, stream)).ok()) return r;
+    if (n_auto && !(r = memset_async(a.auto_hist, 0, 8 * 256ull * n_auto, stream)).ok()) return r;
+    int grid = 0;
+    size_t smem = 0;
+    if (n_auto) {
+      if (!(r = persistent_grid(reinterpret_cast<const void*>(auto_hist_kernel), 1024, &smem, opt.sm_budget, sms,
+                                total_chunks, &grid)).ok())
+        return r;
+      auto_hist_kernel<<<grid, 1024, smem, s>>>(a);
+      if (!(r = check_launch("auto_hist_kernel")).ok()) return r;
+      smem = 0;
+      if (!(r = persistent_grid(reinterpret_cast<const void*>(auto_resolve_kernel), 256, &smem, opt.sm_budget, sms,
+                                (count + 7) / 8, &grid)).ok())
+        return r;
+      auto_resolve_kernel<<<grid, 256, smem, s>>>(a);
+      if (!(r = check_launch("auto_resolve_kernel")).ok()) return r;
+    }
+    if (need_fast && !(r = launch_fast_encode(a, opt.sm_budget, sms, s)).ok()) return r;
+    if (need_general) {
+      smem = 0;
+      if (!(r = persistent_grid(reinterpret_cast<const void*>(digest_kernel), 1024, &smem, opt.sm_budget, sms,
+                                total_chunks, &grid)).ok())
+        return r;
+      digest_kernel<<<grid, 1024, smem, s>>>(a);
+      if (!(r = check_launch("digest_kernel")).ok()) return r;
+      smem = sizeof(GroupSmem) * kGroups;
+      if (!(r = persistent_grid(reinterpret_cast<const void*>(encode_kernel), kGroups * kGroupThreads, &smem,
+                                opt.sm_budget, sms, (total_chunks + kGroups - 1) / kGroups, &grid)).ok())
+        return r;
+      encode_kernel<<<grid, kGroups * kGroupThreads, smem, s>>>(a);
+      if (!(r = check_launch("encode_kernel")).ok()) return r;
+    }
+    smem = 0;
+    if (!(r = persistent_grid(reinterpret_cast<const void*>(finalize_kernel), 1024, &smem, opt.sm_budget, sms, count,
+                              &grid)).ok())
+      return r;
+    finalize_kernel<<<grid, 1024, smem, s>>>(a);
+    return check_launch("finalize_kernel");
+  };
   {
     std::vector<uint8_t> image(b_tensors + b_shapes + (zeros_too ? b_tickets + b_status : 0), 0);
     std::memcpy(image.data(), tensors.data(), sizeof(EncTensor) * count);
     if (!shapes.empty()) std::memcpy(image.data() + b_tensors, shapes.data(), 8 * shapes.size());
+    // A small call of a caller that allows it (opt.graphs) is replayed from a CUDA graph of the whole sequence, kept
+    // per stream and everything the kernels' arguments are made of (gpu/graph.h).
+    if (opt.graphs && count <= kGraphMaxItems) {
+      GraphKey key;
+      key.w = {2, uint64_t(guard.device()), uint64_t(reinterpret_cast<uintptr_t>(stream)), count, cs, total_chunks,
+               shapes.size(), n_auto, uint64_t(need_fast | need_general << 1 | use_fast << 2 | zeros_too << 3),
+               uint64_t(int64_t(opt.sm_budget)), uint64_t(reinterpret_cast<uintptr_t>(ws)),
+               uint64_t(reinterpret_cast<uintptr_t>(d_frame_bytes)), image.size(), uint64_t(sms)};
+      bool launched = false;
+      st = launch_graph(key, image.data(), image.size(), stream, [&](const void* h_image) -> Status {
+        const cudaError_t e = cudaMemcpyAsync(a.tensors, h_image, image.size(), cudaMemcpyHostToDevice, s);
+        if (e != cudaSuccess) return Status{kCudaError, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(e)};
+        return kernels();
+      }, &launched);
+      if (!st.ok()) return fail(st);
+      if (launched) {
+        free_async(ws, stream);
+        return Status{};
+      }
+    }
     if (!(st = upload(a.tensors, image.data(), image.size(), stream)).ok()) return fail(st);
   }
-  if (!zeros_too && !(st = memset_async(a.tickets, 0, b_tickets + b_status, stream)).ok()) return fail(st);
-  if (n_auto && !(st = memset_async(a.auto_hist, 0, 8 * 256ull * n_auto, stream)).ok()) return fail(st);
-
-  const cudaStream_t s = cudaStream_t(stream);
-  const int sms = guard.sm_count();
-  int grid = 0;
-  size_t smem = 0;
-  if (n_auto) {
-    if (!(st = persistent_grid(reinterpret_cast<const void*>(auto_hist_kernel), 1024, &smem, opt.sm_budget, sms,
-                               total_chunks, &grid)).ok())
-      return fail(st);
-    auto_hist_kernel<<<grid, 1024, smem, s>>>(a);
-    if (!(st = check_launch("auto_hist_kernel")).ok()) return fail(st);
-    smem = 0;
-    if (!(st = persistent_grid(reinterpret_cast<const void*>(auto_resolve_kernel), 256, &smem, opt.sm_budget, sms,
-                               (count + 7) / 8, &grid)).ok())
-      return fail(st);
-    auto_resolve_kernel<<<grid, 256, smem, s>>>(a);
-    if (!(st = check_launch("auto_resolve_kernel")).ok()) return fail(st);
-  }
-  if (need_fast) {
-    if (!(st = launch_fast_encode(a, opt.sm_budget, sms, s)).ok()) return fail(st);
-  }
-  if (need_general) {
-    smem = 0;
-    if (!(st = persistent_grid(reinterpret_cast<const void*>(digest_kernel), 1024, &smem, opt.sm_budget, sms,
-                               total_chunks, &grid)).ok())
-      return fail(st);
-    digest_kernel<<<grid, 1024, smem, s>>>(a);
-    if (!(st = check_launch("digest_kernel")).ok()) return fail(st);
-    smem = sizeof(GroupSmem) * kGroups;
-    if (!(st = persistent_grid(reinterpret_cast<const void*>(encode_kernel), kGroups * kGroupThreads, &smem,
-                               opt.sm_budget, sms, (total_chunks + kGroups - 1) / kGroups, &grid)).ok())
-      return fail(st);
-    encode_kernel<<<grid, kGroups * kGroupThreads, smem, s>>>(a);
-    if (!(st = check_launch("encode_kernel")).ok()) return fail(st);
-  }
-  smem = 0;
-  if (!(st = persistent_grid(reinterpret_cast<const void*>(finalize_kernel), 1024, &smem, opt.sm_budget, sms, count,
-                             &grid)).ok())
-    return fail(st);
-  finalize_kernel<<<grid, 1024, smem, s>>>(a);
-  if (!(st = check_launch("finalize_kernel")).ok()) return fail(st);
+  if (!(st = kernels()).ok()) return fail(st);
   free_async(ws, stream);
   return Status{};
 }
