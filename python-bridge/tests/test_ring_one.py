@@ -198,3 +198,23 @@ def test_small_ring_batches_replayed_from_cuda_graphs_stay_exact(one_client):
         torch.cuda.synchronize()
     finally:
         plain.close()
+
+
+@needs_cuda
+def test_more_launch_shapes_than_graphs_kept_stay_exact(one_client):
+    """Tensors of 1 to 20 chunks: 20 launch shapes each way, more than the 16 graphs a ring keeps, each call three
+    times (run as usual, captured, replayed; or, past the limit, run as usual every time): every frame the ZeroMQ
+    path's, every round trip bit-exact."""
+    c = one_client
+    plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
+    try:
+        for k in range(1, 21):
+            x = random_tensor(torch.bfloat16, (k * 32768,), seed=200 + k).cuda()  # k chunks of 64 KiB
+            ref = plain.compress(x, codec="fast").payload.cpu().numpy().tobytes()
+            for _ in range(3):
+                ct = c.compress(x, codec="fast")
+                assert ct.payload.cpu().numpy().tobytes() == ref, k
+                assert same_bits(c.decompress(ct), x), k
+        torch.cuda.synchronize()
+    finally:
+        plain.close()

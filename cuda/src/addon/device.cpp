@@ -345,7 +345,7 @@ long gpu_spin_us() {
 bool ring_graphs() {
   static const bool on = [] {
     const char* v = std::getenv("TZIP_RING_GRAPHS");
-    return !(v && std::strcmp(v, "0") == 0);
+    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 || std::strcmp(v, "off") == 0));
   }();
   return on;
 }

@@ -125,7 +125,7 @@ class DeviceRangeChecker {
 long gpu_spin_us();
 
 /// Whether the ring's GPU batches of a few tensors are replayed from CUDA graphs (gpu/graph.h): yes unless
-/// TZIP_RING_GRAPHS=0 is in the environment (read once; for comparing the two in one benchmark run).
+/// TZIP_RING_GRAPHS is 0, false or off in the environment (read once; for comparing the two in one benchmark run).
 bool ring_graphs();
 
 /// TZIP_TRACE in the environment (read once): GPU calls and ring batches print where their time went to stderr.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -47,9 +48,17 @@ void gpu_failure(const gpu::Status& st, int32_t* status, std::string* message) {
 
 }  // namespace
 
+/// Result bytes of the batches whose results go into the ring's own page-locked buffer (8 compress results are 72).
+constexpr size_t kOwnResultBytes = 4096;
+
 struct RingGpu::Impl {
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;  // recorded after a batch's work
+  // The results of small batches: one mapped page-locked buffer of the ring's own, so that their CUDA graphs
+  // (gpu/graph.h), keyed by the result pointer among others, see the same one every time (the pool's buffers
+  // rotate). Null when it could not be made, or after a failed batch (a write into it may still be pending).
+  void* own_results = nullptr;
+  void* own_results_dev = nullptr;
 
   /// Waits for `done`: polls for gpu_spin_us() (device.h), then sleeps in growing steps (at most 1 ms). The batch's
   /// work must finish (it reads and writes the client's regions) before its regions may be released, so a stop does
@@ -76,6 +85,12 @@ RingGpu::RingGpu(int device) : device_(device) {
     cuda_check(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     gpu::keep_scratch(impl->stream);
     cuda_check(cudaEventCreateWithFlags(&impl->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    if (cudaHostAlloc(&impl->own_results, kOwnResultBytes, cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer(&impl->own_results_dev, impl->own_results, 0) != cudaSuccess) {
+      cudaGetLastError();  // (the pool's buffers then, as for larger batches)
+      if (impl->own_results) cudaFreeHost(impl->own_results);
+      impl->own_results = impl->own_results_dev = nullptr;
+    }
   } catch (...) {
     if (impl->done) cudaEventDestroy(impl->done);
     if (impl->stream) {
@@ -95,6 +110,7 @@ RingGpu::~RingGpu() {
     gpu::release_graphs(impl_->stream);
     gpu::release_scratch(impl_->stream);
     cudaStreamSynchronize(impl_->stream);
+    if (impl_->own_results) cudaFreeHost(impl_->own_results);
     cudaEventDestroy(impl_->done);
     cudaStreamDestroy(impl_->stream);
     cudaGetLastError();
@@ -154,10 +170,13 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
   // reached): no device scratch and no copy back, two stream operations and an allocation fewer per batch. Where the
   // buffer has no device address, into device scratch and copied back, as before.
   const size_t result_bytes = encode ? 8 * n + on_device.size() : 4 * n;
-  PinnedBuffer pinned(result_bytes);
-  void* d_results = nullptr;
+  const bool own = g.own_results && result_bytes <= kOwnResultBytes;
+  std::optional<PinnedBuffer> pooled;
+  if (!own) pooled.emplace(result_bytes);
+  void* const host_results = own ? g.own_results : pooled->data();
+  void* d_results = own ? g.own_results_dev : nullptr;
   bool copy_queued = false;
-  bool mapped = cudaHostGetDevicePointer(&d_results, pinned.data(), 0) == cudaSuccess;
+  bool mapped = own || cudaHostGetDevicePointer(&d_results, host_results, 0) == cudaSuccess;
   if (!mapped) {
     cudaGetLastError();
     d_results = nullptr;
@@ -193,7 +212,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
   if (status == ring::kOk && mapped) {
     copy_queued = true;  // written in place by the kernels
   } else if (status == ring::kOk) {
-    const cudaError_t e = cudaMemcpyAsync(pinned.data(), d_results, result_bytes, cudaMemcpyDeviceToHost, g.stream);
+    const cudaError_t e = cudaMemcpyAsync(host_results, d_results, result_bytes, cudaMemcpyDeviceToHost, g.stream);
     copy_queued = e == cudaSuccess;
     if (!copy_queued) cuda_failure(e, "cudaMemcpyAsync", &status, &message);
   }
@@ -208,7 +227,8 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
   enqueue_us_ = std::chrono::duration<double, std::micro>(t_queued - t_start).count();
   wait_us_ = std::chrono::duration<double, std::micro>(t_done - t_queued).count();
   if (e != cudaSuccess) {
-    pinned.poison();
+    if (own) g.own_results = g.own_results_dev = nullptr;  // never reused (nor freed: a write may still be pending)
+    else pooled->poison();
     if (status == ring::kOk) cuda_failure(e, "GPU batch", &status, &message);
   }
   for (size_t i = 0; i < n; ++i) {
@@ -221,7 +241,7 @@ void RingGpu::run(const Sqe* sqes, const Resolved* res, size_t n, int sm_budget,
     for (size_t i = 0; i < n; ++i) out[i].codec = 0;
     return;
   }
-  const auto* bytes = static_cast<const uint8_t*>(pinned.data());
+  const auto* bytes = static_cast<const uint8_t*>(host_results);
   if (encode) {
     for (size_t i = 0; i < n; ++i) {
       uint64_t sz = 0;

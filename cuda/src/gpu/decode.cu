@@ -67,8 +67,6 @@ struct DecTensor {
 constexpr uint32_t kClasses = 4;  // 0 all chunks, 1 fast/raw, 2 max/bytes, 3 bf16 fast (Tuning::bf16_kernel)
 /// A batch's error keys (8 bytes a frame) up to this size go up with its descriptors instead of a memset (decode()).
 constexpr size_t kInitUploadBytes = size_t(64) << 10;
-// Calls of at most this many frames may be replayed from a CUDA graph (DecodeOptions::graphs).
-constexpr size_t kGraphMaxItems = 8;
 constexpr uint32_t kVerifyTasks = 2;  // per frame, in its class: header digest, frame checksum (verify_task)
 /// Ticket counter of a decode kernel (MODE = its class; 0 the fallback queue); [3] is the queue length.
 __host__ __device__ constexpr uint32_t ticket_of(int mode) { return mode == 0 ? 2 : mode == 3 ? 4 : uint32_t(mode - 1); }
@@ -1412,7 +1410,7 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
   std::vector<DecTensor> tensors(count);
   std::vector<const void*> ptrs;
   ptrs.push_back(d_errors);
-  uint64_t queue_cap = 0;
+  uint64_t queue_cap = 0, out_total = 0;
   for (size_t i = 0; i < count; ++i) {
     const DecodeItem& it = items[i];
     if ((!it.frame && it.frame_bytes) || (!it.out && it.out_bytes)) {
@@ -1427,6 +1425,7 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
     t.out = static_cast<uint8_t*>(it.out);
     t.out_len = it.out_bytes;
     queue_cap += it.out_bytes / kMinChunkBytes + 1;
+    out_total += it.out_bytes;
     if (it.frame) ptrs.push_back(it.frame);
     if (it.out) ptrs.push_back(it.out);
   }
@@ -1493,20 +1492,13 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
     std::vector<uint8_t> image(b_t + b_err + b_tickets, 0);
     std::memcpy(image.data(), tensors.data(), sizeof(DecTensor) * count);
     std::memset(image.data() + b_t, 0xFF, 8 * count);
-    if (opt.graphs && count <= kGraphMaxItems) {
+    if (opt.graphs && count <= kGraphMaxItems && out_total <= kGraphMaxBytes) {
       GraphKey key;
       key.w = {1, uint64_t(guard.device()), uint64_t(reinterpret_cast<uintptr_t>(stream)), count, a.verify,
                uint64_t(int64_t(opt.sm_budget)), queue_cap, uint64_t(reinterpret_cast<uintptr_t>(ws)),
                uint64_t(reinterpret_cast<uintptr_t>(d_errors)), image.size(),
                uint64_t(tile_ok | defer_all << 1 | a.bf16_class << 2 | a.ring_pairs << 3 | a.debug << 4), uint64_t(sms)};
-      bool launched = false;
-      st = launch_graph(key, image.data(), image.size(), stream, [&](const void* h_image) -> Status {
-        const cudaError_t e = cudaMemcpyAsync(a.t, h_image, image.size(), cudaMemcpyHostToDevice, s);
-        if (e != cudaSuccess) return Status{kCudaError, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(e)};
-        return kernels();
-      }, &launched);
-      if (!st.ok()) return fail(st);
-      if (launched) {
+      if (launch_graph(key, image.data(), image.size(), a.t, stream, kernels)) {
         free_async(ws, stream);
         return Status{};
       }

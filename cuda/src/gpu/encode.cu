@@ -926,8 +926,6 @@ __global__ void __launch_bounds__(256, 1) auto_resolve_kernel(EncArgs a) {
 
 /// Zeroed workspace (tickets, look-back words) up to this size goes up with the descriptors instead of a memset.
 constexpr size_t kZeroUploadBytes = size_t(64) << 10;
-// Calls of at most this many tensors may be replayed from a CUDA graph (EncodeOptions::graphs).
-constexpr size_t kGraphMaxItems = 8;
 
 Status invalid(const std::string& m) {
   Status s;
@@ -951,7 +949,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   std::vector<uint64_t> shapes;
   std::vector<const void*> ptrs;
   ptrs.push_back(d_frame_bytes);
-  uint64_t total_chunks = 0;
+  uint64_t total_chunks = 0, in_total = 0;
   uint32_t n_auto = 0;
   const bool use_fast = get_tuning().fast_encoder;
   bool need_fast = false, need_general = false;
@@ -1006,6 +1004,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
     }
     for (uint32_t k = 0; k < it.ndim; ++k) shapes.push_back(it.shape[k]);
     total_chunks += nch;
+    in_total += it.nbytes;
     ptrs.push_back(it.frame);
     if (it.nbytes) ptrs.push_back(it.data);
   }
@@ -1099,20 +1098,13 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
     if (!shapes.empty()) std::memcpy(image.data() + b_tensors, shapes.data(), 8 * shapes.size());
     // A small call of a caller that allows it (opt.graphs) is replayed from a CUDA graph of the whole sequence, kept
     // per stream and everything the kernels' arguments are made of (gpu/graph.h).
-    if (opt.graphs && count <= kGraphMaxItems) {
+    if (opt.graphs && count <= kGraphMaxItems && in_total <= kGraphMaxBytes) {
       GraphKey key;
       key.w = {2, uint64_t(guard.device()), uint64_t(reinterpret_cast<uintptr_t>(stream)), count, cs, total_chunks,
                shapes.size(), n_auto, uint64_t(need_fast | need_general << 1 | use_fast << 2 | zeros_too << 3),
                uint64_t(int64_t(opt.sm_budget)), uint64_t(reinterpret_cast<uintptr_t>(ws)),
                uint64_t(reinterpret_cast<uintptr_t>(d_frame_bytes)), image.size(), uint64_t(sms)};
-      bool launched = false;
-      st = launch_graph(key, image.data(), image.size(), stream, [&](const void* h_image) -> Status {
-        const cudaError_t e = cudaMemcpyAsync(a.tensors, h_image, image.size(), cudaMemcpyHostToDevice, s);
-        if (e != cudaSuccess) return Status{kCudaError, std::string("cudaMemcpyAsync: ") + cudaGetErrorString(e)};
-        return kernels();
-      }, &launched);
-      if (!st.ok()) return fail(st);
-      if (launched) {
+      if (launch_graph(key, image.data(), image.size(), a.tensors, stream, kernels)) {
         free_async(ws, stream);
         return Status{};
       }

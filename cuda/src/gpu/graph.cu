@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -13,38 +14,38 @@ namespace gpu {
 
 namespace {
 
-/// Graphs kept per stream: a ring's calls need a few (compress and decompress of each batch size it sees); beyond
+/// Graphs kept per stream: a ring's calls need a few (compress and decompress of each batch shape it sees); beyond
 /// this, new keys run without a graph, so that a stream whose pointers keep changing cannot grow the cache.
 constexpr size_t kMaxGraphsPerStream = 16;
+/// Keys remembered per stream that have no graph yet (seen once): when full, they are forgotten, the graphs kept.
+constexpr size_t kMaxSeenPerStream = 64;
 
 struct Entry {
-  bool seen = false;    // a call of this key ran without a graph
-  bool failed = false;  // capturing or instantiating failed: never tried again
+  bool failed = false;  // capturing, instantiating or launching failed: never tried again
   cudaGraphExec_t exec = nullptr;
   void* host = nullptr;  // pinned: the descriptor image the graph's first node copies
 };
 
 struct StreamGraphs {
+  std::mutex mu;  // a stream's calls are serialised by their caller; this guards against any other
   std::map<detail::GraphKey, Entry> entries;
   size_t graphs = 0;
 };
 
-std::mutex g_mu;
+std::mutex g_mu;  // the map of streams only
 // Never destroyed: worker threads may still launch while the process exits.
 auto* g_streams = new std::map<void*, StreamGraphs>;
 
-Status cuda_status(cudaError_t e, const char* what) {
-  Status s;
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    s.code = e == cudaErrorMemoryAllocation ? kOutOfMemory : kCudaError;
-    s.message = std::string(what) + ": " + cudaGetErrorString(e);
-  }
-  return s;
+void drop(Entry& e) {
+  if (e.exec) cudaGraphExecDestroy(e.exec);
+  if (e.host) cudaFreeHost(e.host);
+  e.exec = nullptr;
+  e.host = nullptr;
 }
 
-/// Captures `enqueue` on `s` into an executable graph of `e` (its pinned image allocated first); false on failure.
-bool capture(Entry& e, size_t image_bytes, cudaStream_t s, const std::function<Status(const void*)>& enqueue) {
+/// Captures the image's upload to `d_image` and `kernels` on `s` into an executable graph of `e` (its pinned image
+/// allocated first); false on failure (then nothing is queued and the stream is out of capture mode).
+bool capture(Entry& e, size_t image_bytes, void* d_image, cudaStream_t s, const std::function<Status()>& kernels) {
   if (cudaHostAlloc(&e.host, image_bytes, cudaHostAllocPortable) != cudaSuccess) {  // (pinned for every device)
     cudaGetLastError();
     e.host = nullptr;
@@ -55,7 +56,13 @@ bool capture(Entry& e, size_t image_bytes, cudaStream_t s, const std::function<S
     cudaGetLastError();
     return false;
   }
-  const Status st = enqueue(e.host);
+  Status st;
+  try {
+    const cudaError_t copy = cudaMemcpyAsync(d_image, e.host, image_bytes, cudaMemcpyHostToDevice, s);
+    st = copy == cudaSuccess ? kernels() : Status{kCudaError, "cudaMemcpyAsync"};
+  } catch (...) {  // (an allocation failing in the launch geometry's caches): the stream must leave capture mode
+    st = Status{kOutOfMemory, "capture"};
+  }
   const cudaError_t end = cudaStreamEndCapture(s, &graph);  // always: the stream leaves capture mode
   bool ok = st.ok() && end == cudaSuccess && graph != nullptr;
   if (ok) ok = cudaGraphInstantiate(&e.exec, graph, 0) == cudaSuccess;
@@ -73,9 +80,9 @@ void release_graphs(void* stream) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_streams->find(stream);
   if (it == g_streams->end()) return;
-  for (auto& kv : it->second.entries) {
-    if (kv.second.exec) cudaGraphExecDestroy(kv.second.exec);
-    if (kv.second.host) cudaFreeHost(kv.second.host);
+  {
+    std::lock_guard<std::mutex> held(it->second.mu);
+    for (auto& kv : it->second.entries) drop(kv.second);
   }
   g_streams->erase(it);
   cudaGetLastError();
@@ -83,34 +90,44 @@ void release_graphs(void* stream) {
 
 namespace detail {
 
-Status launch_graph(const GraphKey& key, const void* image, size_t image_bytes, void* stream,
-                    const std::function<Status(const void* h_image)>& enqueue, bool* launched) {
-  *launched = false;
+bool launch_graph(const GraphKey& key, const void* image, size_t image_bytes, void* d_image, void* stream,
+                  const std::function<Status()>& kernels) {
   const cudaStream_t s = cudaStream_t(stream);
-  // One lock for the lookup, the capture and the launch: a stream's calls are serialised by their caller anyway.
-  std::lock_guard<std::mutex> lock(g_mu);
-  StreamGraphs& sg = (*g_streams)[stream];
-  auto it = sg.entries.find(key);
-  if (it == sg.entries.end()) {
-    if (sg.entries.size() >= 4 * kMaxGraphsPerStream) return Status{};  // (keys seen once, bounded too)
-    sg.entries[key].seen = true;
-    return Status{};
+  StreamGraphs* sg;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    sg = &(*g_streams)[stream];  // (std::map: the element stays where it is until release_graphs erases it)
+  }
+  std::lock_guard<std::mutex> lock(sg->mu);
+  auto it = sg->entries.find(key);
+  if (it == sg->entries.end()) {
+    if (sg->entries.size() >= sg->graphs + kMaxSeenPerStream) {
+      for (auto e = sg->entries.begin(); e != sg->entries.end();)  // forget the keys seen once, keep the graphs
+        e = e->second.exec || e->second.failed ? std::next(e) : sg->entries.erase(e);
+      if (sg->entries.size() >= sg->graphs + kMaxSeenPerStream) return false;  // (only failed ones left)
+    }
+    sg->entries.emplace(key, Entry{});  // seen once: this call runs as usual (and fills the geometry's caches)
+    return false;
   }
   Entry& e = it->second;
-  if (e.failed) return Status{};
+  if (e.failed) return false;
   if (!e.exec) {
-    if (sg.graphs >= kMaxGraphsPerStream) return Status{};
-    if (!capture(e, image_bytes, s, enqueue)) {
+    // Not with an error pending on this thread: the capture's launch checks would take it for their own.
+    if (sg->graphs >= kMaxGraphsPerStream || cudaPeekAtLastError() != cudaSuccess) return false;
+    if (!capture(e, image_bytes, d_image, s, kernels)) {
       e.failed = true;
-      return Status{};
+      drop(e);
+      return false;
     }
-    ++sg.graphs;
+    ++sg->graphs;
   }
   std::memcpy(e.host, image, image_bytes);
-  const cudaError_t r = cudaGraphLaunch(e.exec, s);
-  if (r != cudaSuccess) return cuda_status(r, "cudaGraphLaunch");
-  *launched = true;
-  return Status{};
+  if (cudaGraphLaunch(e.exec, s) != cudaSuccess) {
+    cudaGetLastError();  // nothing queued: the caller queues the call as usual, and sees a lasting failure itself
+    e.failed = true;
+    return false;
+  }
+  return true;
 }
 
 }  // namespace detail

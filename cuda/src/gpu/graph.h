@@ -34,17 +34,25 @@ struct GraphKey {
   bool operator<(const GraphKey& o) const { return w < o.w; }
 };
 
-/// Queues on `stream` the sequence `enqueue(h_image)` queues, from a graph kept for `key`, with `image`'s
-/// `image_bytes` bytes as its descriptor image. `enqueue` must queue only stream work on `stream` (the copy of the
-/// `image_bytes` bytes at `h_image`, a pinned host buffer, to the device first, then memsets and kernels), and make
-/// no allocation or synchronisation.
+/// Calls of at most this many tensors (encode) or frames (decode), and of at most kGraphMaxBytes of input (encode) or
+/// output (decode), may be replayed from a graph: the calls whose time is mostly their fixed cost (a graph saves
+/// 5-25 us of enqueue per call, docs/benchmarks.md), and few launch shapes per stream.
+constexpr size_t kGraphMaxItems = 8;
+constexpr uint64_t kGraphMaxBytes = uint64_t(4) << 20;
+
+/// Queues on `stream`, from a graph kept for `key`, the copy of `image`'s `image_bytes` bytes (the call's descriptor
+/// image) to `d_image`, then what `kernels()` queues. `kernels` must queue only stream work on `stream` (memsets and
+/// kernels), and make no allocation or synchronisation.
 ///
-/// *launched: true when it queued the sequence; false when the caller must queue it itself as usual. That is the
+/// `d_image` and every pointer `kernels` passes to a kernel must be functions of `key` (the capture bakes in those of
+/// the call that captures).
+///
+/// True when it queued the sequence; false when the caller must queue it itself as usual. That is the
 /// case the first time a key is seen (the launch geometry's caches are then filled by a normal call), when the
-/// stream already keeps kMaxGraphsPerStream graphs, and when capturing or instantiating failed (then never again for
-/// that key). A failure of cudaGraphLaunch itself is returned.
-Status launch_graph(const GraphKey& key, const void* image, size_t image_bytes, void* stream,
-                    const std::function<Status(const void* h_image)>& enqueue, bool* launched);
+/// stream already keeps its most graphs (16), when an error is pending on the calling thread, and when capturing,
+/// instantiating or launching failed (then never again for that key).
+bool launch_graph(const GraphKey& key, const void* image, size_t image_bytes, void* d_image, void* stream,
+                  const std::function<Status()>& kernels);
 
 }  // namespace detail
 
