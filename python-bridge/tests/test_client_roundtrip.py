@@ -200,6 +200,13 @@ def test_decompress_into_out(client):
     assert client.decompress(ct, out=shm_out) is shm_out and same_bits(shm_out, t)
     with pytest.raises(ValueError):
         client.decompress(ct, out=torch.empty(33, 64, dtype=torch.float16))
+    # A CompressedTensor made by hand whose byte count is not its shape's: refused before the daemon could write that
+    # many bytes into out's memory (its neighbours in the allocation untouched).
+    big = torch.zeros(2, 33, 65, dtype=torch.float16)
+    liar = tz.CompressedTensor(ct.payload, ct.dtype, (32, 65), ct.codec, ct.nbytes)
+    with pytest.raises(ValueError, match="says 4290 bytes"):
+        client.decompress(liar, out=big[0, :32])
+    assert not big.any()
 
 
 @pytest.mark.parametrize("codec", ["max", "raw"])  # raw: decoded in this process, max: by the daemon

@@ -8,7 +8,9 @@ the result where they are (tzip._cuda_segments), packs one SQE and waits for its
 
 It takes a call only when all of that applies: the device's ring is open and serving, both ranges lie in allocations
 the daemon can map, a compressed frame fits a payload of the frame bound (tensors of at most
-:data:`tzip._ring_path.IN_PAYLOAD_MAX_BYTES`), a decompressed result is a whole number of bytes of its dtype. Any
+:data:`tzip._ring_path.IN_PAYLOAD_MAX_BYTES`), a decompressed result is a whole number of bytes of its dtype, and a
+decompress's frame and result together are at most :data:`tzip._wire.MAX_STAGE_BYTES` (larger ones go through
+ZeroMQ, as on the general path). Any
 other call, and any call it gives up on before submitting, takes the general path (:class:`tzip._ring_path.RingPath`),
 as does a call whose ring stopped or whose region was released while it was queued (then through ZeroMQ, as there).
 The SQE, its ordering after the caller's stream (``_gpu_submit``) and the completion are the general path's, so the
@@ -25,7 +27,7 @@ from ._errors import DaemonUnavailableError, TzipDaemonError
 from ._job import _stream_tag
 from ._ring_path import (_OP_COMPRESS, _OP_DECOMPRESS, _PACK, _SQE_BYTES, _WHOLE_BYTE_DTYPES, _ZERO8,
                          IN_PAYLOAD_MAX_BYTES, RingPath, _ct, _region_gone)
-from ._wire import _sqe_layout
+from ._wire import MAX_STAGE_BYTES, _align, _sqe_layout
 from .compressed import CompressedTensor
 
 #: What a finishing step returns when the request must be done again without the ring.
@@ -123,6 +125,8 @@ class RingOne(RingPath):
             return None
         if out is not None and (out.get_device() != frame.get_device() or not plain(out)):
             return None
+        if _align(fbytes) + _align(nbytes) > MAX_STAGE_BYTES:
+            return None  # (the general path hands such a request over through ZeroMQ, as it would stage it)
         got = self._one_ring(frame)
         if got is None:
             return None

@@ -125,7 +125,7 @@ from ._ring_path import RING_ENTRIES, RING_SPIN_S, _done_handle, _raiser
 from ._spawn import (daemon_pid, daemon_running, default_ipc_path, default_socket_path, normalize_endpoint, pid_alive,
                      spawn_daemon)
 from ._transport import Transport
-from ._wire import MAX_STAGE_BYTES, _device
+from ._wire import MAX_STAGE_BYTES, _device, layout
 from .compressed import CompressedTensor
 
 # Names other modules and tests import from here (tzip.client is where they were defined, and where tests patch
@@ -882,6 +882,10 @@ class Client(RingOne, CpuPath, GpuPath):
                 _device(o)
                 if o.dtype != ct.dtype or tuple(o.shape) != tuple(ct.shape):
                     raise ValueError(f"out is {o.dtype} {tuple(o.shape)}, the compressed tensor {ct.dtype} {tuple(ct.shape)}")
+                if layout(o.dtype, tuple(o.shape)).nbytes != ct.nbytes:
+                    # (a CompressedTensor made by hand: the daemon would write its nbytes into out's memory)
+                    raise ValueError(f"the compressed tensor says {ct.nbytes} bytes, out ({o.dtype} {tuple(o.shape)}) "
+                                     f"holds {layout(o.dtype, tuple(o.shape)).nbytes}")
                 if has_internal_overlap(o):
                     raise ValueError(f"out (strides {o.stride()}, shape {tuple(o.shape)}) has elements that share memory "
                                      "(e.g. made by expand): it cannot hold the decompressed values; pass a tensor whose "
