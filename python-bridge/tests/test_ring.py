@@ -662,14 +662,20 @@ def test_closing_the_client_closes_its_rings_and_removes_the_files(shared_daemon
 
 
 # --- GPU (the lead runs these on the H200) -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def gpu_client(shared_daemon):
+def connect_gpu_client(socket: str) -> tz.Client:
+    """A client of the daemon at ``socket`` for GPU tests; skips the test without a GPU here or in the daemon."""
     if not CUDA:
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False): run on the GPU host")
-    c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
+    c = tz.connect(socket, spawn=False, strict=True)
     if not c.daemon_info.get("gpu"):
         c.close()
         pytest.skip(f"the daemon serves no GPU: {c.daemon_info.get('gpu_reason')}")
+    return c
+
+
+@pytest.fixture(scope="module")
+def gpu_client(shared_daemon):
+    c = connect_gpu_client(shared_daemon.socket)
     yield c
     c.close()
 
@@ -710,8 +716,21 @@ def test_gpu_ordering_both_ways_many_iterations(gpu_client):
     after wait(stream): no host synchronisation in between, every round trip bit-exact."""
     c = gpu_client
     s = torch.cuda.Stream()
-    base = embedding().cuda().reshape(-1)[:300_000]
-    n = int(os.environ.get("TZIP_RING_ORDER_ITERS", "10000"))
+
+    def round_trip(x):
+        d = c.decompress_async(c.compress_async(x, codec="fast").result())
+        d.wait(s)  # a GPU-side wait: the next kernel on s reads the decompressed tensor
+        return d.result()
+
+    bad = ordering_failures(s, embedding().cuda().reshape(-1)[:300_000],
+                            int(os.environ.get("TZIP_RING_ORDER_ITERS", "10000")), round_trip)
+    assert not bad, bad[:10]
+
+
+def ordering_failures(s: torch.cuda.Stream, base: torch.Tensor, n: int, round_trip) -> list[int]:
+    """``n`` round trips on stream ``s`` of a bf16 input that kernels on ``s`` write right before each call (``base``,
+    element i % numel set to i % 251), checked by a kernel on ``s`` right after it (no host synchronisation in
+    between): the iterations whose result (``round_trip(x)``) is not bit-exact."""
     bad = []
     with torch.cuda.stream(s):
         x = torch.empty_like(base)
@@ -719,15 +738,11 @@ def test_gpu_ordering_both_ways_many_iterations(gpu_client):
             x.copy_(base)
             x[i % x.numel()] = float(i % 251)  # the producer kernel, right before the submission
             want = x.clone()
-            h = c.compress_async(x, codec="fast")
-            ct = h.result()
-            d = c.decompress_async(ct)
-            d.wait(s)  # a GPU-side wait: the next kernel on s reads the decompressed tensor
-            y = d.result()
+            y = round_trip(x)
             if not torch.equal(y.view(torch.int16), want.view(torch.int16)):  # the consumer kernel, on s
                 bad.append(i)
     torch.cuda.synchronize()
-    assert not bad, bad[:10]
+    return bad
 
 
 @needs_cuda

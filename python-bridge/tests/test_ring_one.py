@@ -16,7 +16,7 @@ from tzip._errors import DaemonUnavailableError, TzipDaemonError
 from tzip._ring_one import _AGAIN, _outcome
 
 from test_client_support import shared_daemon  # noqa: F401
-from test_ring import CUDA, data_ops, embedding, needs_cuda, random_tensor, record_zmq, same_bits
+from test_ring import connect_gpu_client, data_ops, embedding, needs_cuda, ordering_failures, random_tensor, record_zmq, same_bits
 
 
 def test_the_outcome_of_a_one_sqe_request():
@@ -42,12 +42,7 @@ def test_the_outcome_of_a_one_sqe_request():
 
 @pytest.fixture(scope="module")
 def one_client(shared_daemon):  # noqa: F811
-    if not CUDA:
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False): run on the GPU host")
-    c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
-    if not c.daemon_info.get("gpu"):
-        c.close()
-        pytest.skip(f"the daemon serves no GPU: {c.daemon_info.get('gpu_reason')}")
+    c = connect_gpu_client(shared_daemon.socket)
     c.decompress(c.compress(torch.ones(4, device="cuda")))  # opens the GPU ring (the lean path never opens one)
     yield c
     c.close()
@@ -137,20 +132,9 @@ def test_lean_calls_follow_the_callers_stream_both_ways(one_client):
     """A kernel writes the small input on a side stream right before compress(); another reads decompress()'s result
     on that stream right after it returns: no host synchronisation in between, every round trip bit-exact."""
     c = one_client
-    s = torch.cuda.Stream()
     base = embedding().cuda().reshape(-1)[:1000]  # 2000 bytes of bf16: the lean path
-    n = int(os.environ.get("TZIP_RING_ORDER_ITERS", "10000")) // 5
-    bad = []
-    with torch.cuda.stream(s):
-        x = torch.empty_like(base)
-        for i in range(n):
-            torch.mul(base, 1.0, out=x)  # the producer kernel, right before the submission
-            x[i % x.numel()] = float(i % 251)
-            want = x.clone()
-            y = c.decompress(c.compress(x, codec="fast"))
-            if not torch.equal(y.view(torch.int16), want.view(torch.int16)):  # the consumer kernel, on s
-                bad.append(i)
-    torch.cuda.synchronize()
+    bad = ordering_failures(torch.cuda.Stream(), base, int(os.environ.get("TZIP_RING_ORDER_ITERS", "10000")) // 5,
+                            lambda x: c.decompress(c.compress(x, codec="fast")))
     assert not bad, bad[:10]
 
 

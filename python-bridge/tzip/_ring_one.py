@@ -10,9 +10,9 @@ It takes a call only when all of that applies: the device's ring is open and ser
 the daemon can map, a compressed frame fits a payload of the frame bound (tensors of at most
 :data:`tzip._ring_path.IN_PAYLOAD_MAX_BYTES`), a decompressed result is a whole number of bytes of its dtype, and a
 decompress's frame and result together are at most :data:`tzip._wire.MAX_STAGE_BYTES` (larger ones go through
-ZeroMQ, as on the general path). Any
-other call, and any call it gives up on before submitting, takes the general path (:class:`tzip._ring_path.RingPath`),
-as does a call whose ring stopped or whose region was released while it was queued (then through ZeroMQ, as there).
+ZeroMQ, as on the general path). Any other call, and any call it gives up on before submitting, takes the general path
+(:class:`tzip._ring_path.RingPath`), as does a call whose ring stopped or whose region was released while it was queued
+(then through ZeroMQ, as there).
 The SQE, its ordering after the caller's stream (``_gpu_submit``) and the completion are the general path's, so the
 daemon cannot tell the two apart."""
 

@@ -882,10 +882,11 @@ class Client(RingOne, CpuPath, GpuPath):
                 _device(o)
                 if o.dtype != ct.dtype or tuple(o.shape) != tuple(ct.shape):
                     raise ValueError(f"out is {o.dtype} {tuple(o.shape)}, the compressed tensor {ct.dtype} {tuple(ct.shape)}")
-                if layout(o.dtype, tuple(o.shape)).nbytes != ct.nbytes:
+                holds = layout(o.dtype, tuple(o.shape)).nbytes
+                if holds != ct.nbytes:
                     # (a CompressedTensor made by hand: the daemon would write its nbytes into out's memory)
                     raise ValueError(f"the compressed tensor says {ct.nbytes} bytes, out ({o.dtype} {tuple(o.shape)}) "
-                                     f"holds {layout(o.dtype, tuple(o.shape)).nbytes}")
+                                     f"holds {holds}")
                 if has_internal_overlap(o):
                     raise ValueError(f"out (strides {o.stride()}, shape {tuple(o.shape)}) has elements that share memory "
                                      "(e.g. made by expand): it cannot hold the decompressed values; pass a tensor whose "
