@@ -19,7 +19,7 @@ import torch
 import tzip.client as tz
 from tzip import _shm
 from tzip._dlpack import frame_layout_of, int_alias
-from tzip._frame import encode_raw, read_header
+from tzip._frame import encode_raw, max_compressed_size, read_header
 from tzip.compressed import CompressedTensor
 
 from test_client_support import ALL_DTYPES, shared_daemon  # noqa: F401  (fixture)
@@ -207,6 +207,60 @@ def test_decompress_into_out(client):
     with pytest.raises(ValueError, match="says 4290 bytes"):
         client.decompress(liar, out=big[0, :32])
     assert not big.any()
+
+
+@pytest.mark.parametrize("ring", [True, False], ids=["ring", "zeromq"])
+def test_compress_into_out(client, shared_daemon, ring):
+    """compress(out=) puts each frame at the start of its buffer (the payload a view of it), the same bytes as without
+    out=, nothing written past the buffer; batches take a buffer or None per tensor; every kind of bad buffer is
+    refused before anything is written."""
+    c = client if ring else tz.connect(shared_daemon.socket, spawn=False, strict=True, ring_entries=0)
+    try:
+        t = random_tensor(torch.bfloat16, (300, 200), seed=11)
+        u = random_tensor(torch.float32, (5, 7, 9), seed=12)
+        bound = tz.Client.frame_bound(t)
+        assert bound == max_compressed_size(t.nbytes, 2) and tz.Client.frame_bound(u) == max_compressed_size(u.nbytes, 3)
+        for codec in ("max", "fast", "raw"):
+            ref = c.compress(t, codec=codec).payload.numpy().tobytes()
+            arena = torch.full((bound + 64,), 0xAB, dtype=torch.uint8)
+            ct = c.compress(t, codec=codec, out=arena[:bound])
+            assert ct.payload.data_ptr() == arena.data_ptr() and ct.payload.numpy().tobytes() == ref, codec
+            assert (arena[bound:] == 0xAB).all(), codec  # nothing past out
+            assert same_bits(c.decompress(ct), t)
+        bufs = [torch.empty(tz.Client.frame_bound(t) + 100, dtype=torch.uint8), None,
+                torch.empty(tz.Client.frame_bound(u), dtype=torch.uint8)]
+        cts = c.compress([t, t[:10], u], out=bufs)
+        assert cts[0].payload.data_ptr() == bufs[0].data_ptr() and cts[2].payload.data_ptr() == bufs[2].data_ptr()
+        assert all(same_bits(c.decompress(ct), x) for ct, x in zip(cts, (t, t[:10], u)))
+        empty = torch.empty(0, 3, dtype=torch.float16)
+        ct = c.compress(empty, out=torch.empty(tz.Client.frame_bound(empty), dtype=torch.uint8))
+        assert same_bits(c.decompress(ct), empty)
+
+        before = t.clone()
+        joint = torch.zeros(t.nbytes + bound, dtype=torch.uint8)
+        inside = joint[: t.nbytes].view(torch.bfloat16).view(300, 200)
+        inside.copy_(t)
+        bad = [(torch.empty(bound - 1, dtype=torch.uint8), ValueError, "needs up to"),
+               (torch.empty(bound, dtype=torch.int8), ValueError, "uint8"),
+               (torch.empty(2, bound, dtype=torch.uint8), ValueError, "1-D"),
+               (torch.empty(2 * bound, dtype=torch.uint8)[::2], ValueError, "contiguous"),
+               (b"\0" * bound, TypeError, "uint8 tensors")]
+        for o, err, msg in bad:
+            with pytest.raises(err, match=msg):
+                c.compress(t, out=o)
+        with pytest.raises(ValueError, match="shares memory"):
+            c.compress(inside, out=joint[t.nbytes // 2 :])  # over the input's bytes
+        two = torch.zeros(2 * bound, dtype=torch.uint8)
+        with pytest.raises(ValueError, match="shares memory"):
+            c.compress([t, t], out=[two[:bound + 1], two[bound:]])  # over each other
+        assert not two.any() and same_bits(inside, before) and same_bits(t, before)
+        with pytest.raises(TypeError, match="a list"):
+            c.compress([t, u], out=torch.empty(2 * bound, dtype=torch.uint8))
+        with pytest.raises(ValueError, match="2 entries for 3"):
+            c.compress([t, u, t], out=[None, None])
+    finally:
+        if c is not client:
+            c.close()
 
 
 @pytest.mark.parametrize("codec", ["max", "raw"])  # raw: decoded in this process, max: by the daemon

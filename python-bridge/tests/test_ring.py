@@ -785,9 +785,10 @@ def test_gpu_handles_finished_by_the_background_reaper(gpu_client):
 @needs_cuda
 def test_gpu_ring_reads_and_writes_the_callers_memory_in_place(gpu_client, monkeypatch):
     """Contiguous CUDA tensors, frames and results are named in the caller's own allocations, registered on the ring
-    once (tzip._cuda_segments): a compress copies only its frames out of the staging buffer, a decompress copies
-    nothing; a non-contiguous tensor in the same batch is staged. Bit-exact both ways, the frames the ZeroMQ path's."""
-    from tzip import _memops, _ring_path
+    once (tzip._cuda_segments): a compress copies only its frames (out of the frame bound's payload on the one-tensor
+    path, tzip._ring_one, or out of the staging buffer), a decompress copies nothing; a non-contiguous tensor in the
+    same batch is staged. Bit-exact both ways, the frames the ZeroMQ path's."""
+    from tzip import _memops, _ring_one, _ring_path
 
     c = gpu_client
     plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
@@ -807,9 +808,10 @@ def test_gpu_ring_reads_and_writes_the_callers_memory_in_place(gpu_client, monke
         c.decompress(c.compress(one))  # registers the allocations used below
         torch.cuda.synchronize()
         monkeypatch.setattr(_ring_path, "copy_raw", count_raw)
+        monkeypatch.setattr(_ring_one, "copy_raw", count_raw)
         monkeypatch.setattr(_ring_path, "gpu_copy_many", count_many)
         ct = c.compress(one, codec="fast")
-        assert copies == {"raw": 1, "many": 0}  # the frame out of the staging buffer, nothing in
+        assert copies == {"raw": 1, "many": 0}  # the frame into a payload of its size, nothing in
         back = c.decompress(ct)
         out = torch.empty_like(one)
         c.decompress(ct, out=out)

@@ -82,11 +82,13 @@ def test_one_small_cuda_tensor_takes_the_lean_path_both_ways(one_client, monkeyp
             assert ct.payload.device == t.device and ct.codec == ref.codec and ct.nbytes == t.nbytes
             assert ct.payload.cpu().numpy().tobytes() == ref.payload.cpu().numpy().tobytes(), k
             assert same_bits(backs[k], t) and into[k] is outs[k] and same_bits(outs[k], t), k
-        # A frame of a large tensor is read in place too (the result is new, or out=).
+        # A large tensor too: its frame is copied out of the frame bound's payload into one of its exact size (no
+        # more memory held than the frame's); a frame of a large tensor is read in place (the result new, or out=).
         big = random_tensor(torch.bfloat16, (1000, 300), seed=3).cuda()
-        monkeypatch.undo()
-        ct = c.compress(big, codec="fast")  # (more than IN_PAYLOAD_MAX_BYTES: the general path)
-        _general_path_refused(c, monkeypatch)
+        ref = plain.compress(big, codec="fast").payload.cpu().numpy().tobytes()
+        ct = c.compress(big, codec="fast")
+        assert ct.payload.cpu().numpy().tobytes() == ref
+        assert ct.payload.untyped_storage().nbytes() == ct.payload.numel() == len(ref)
         out = torch.empty_like(big)
         assert same_bits(c.decompress(ct), big) and same_bits(c.decompress(ct, out=out), big)
         torch.cuda.synchronize()
@@ -97,8 +99,8 @@ def test_one_small_cuda_tensor_takes_the_lean_path_both_ways(one_client, monkeyp
 
 @needs_cuda
 def test_calls_the_lean_path_does_not_take_go_the_general_way(one_client, monkeypatch):
-    """Larger or non-contiguous tensors, a result on another layout, batches and asynchronous calls: the general
-    ring path, bit-exact as before."""
+    """Non-contiguous tensors, a result on another layout, batches and asynchronous calls: the general ring path,
+    bit-exact as before."""
     c = one_client
     taken = []
     for name in ("_compress_submit", "_decompress_submit"):
@@ -110,11 +112,9 @@ def test_calls_the_lean_path_does_not_take_go_the_general_way(one_client, monkey
 
         monkeypatch.setattr(c, name, spy)
     w = random_tensor(torch.bfloat16, (64, 48), seed=6).cuda()
-    big = random_tensor(torch.bfloat16, (1000, 300), seed=7).cuda()
-    for t in (big, w.t()):
-        taken.clear()
-        assert same_bits(c.decompress(c.compress(t)), t)
-        assert taken[0] == "_compress_submit", taken
+    taken.clear()
+    assert same_bits(c.decompress(c.compress(w.t())), w.t())
+    assert taken[0] == "_compress_submit", taken
     ct = c.compress(w)
     taken.clear()
     strided = torch.empty(w.shape[1], w.shape[0], dtype=w.dtype, device="cuda").t()
@@ -125,6 +125,69 @@ def test_calls_the_lean_path_does_not_take_go_the_general_way(one_client, monkey
     taken.clear()
     assert same_bits(c.decompress_async(c.compress_async(w).result()).result(), w)
     torch.cuda.synchronize()
+
+
+@needs_cuda
+def test_compress_into_out_is_written_in_place_on_the_gpu(one_client, monkeypatch):
+    """compress(t, out=) of one CUDA tensor: the daemon writes the frame at the start of out (the payload a view of
+    it), the bytes of the ZeroMQ path's frame, nothing written past out, no ZeroMQ data request; small and large
+    tensors, views at odd offsets, every codec the ring takes; and a batch through the general ring path."""
+    c = one_client
+    plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
+    try:
+        w = embedding().cuda()
+        ts = [torch.ones(1, dtype=torch.bfloat16, device="cuda"), w.reshape(-1)[3:1003], w[:1000], w,
+              random_tensor(torch.float32, (257, 129), seed=9).cuda()]
+        cases = [(t, codec) for t in ts for codec in ("fast", "raw", "max")]
+        refs = [plain.compress(t, codec=codec).payload.cpu().numpy().tobytes() for t, codec in cases]
+        torch.cuda.synchronize()
+        _general_path_refused(c, monkeypatch)
+        ops = record_zmq(c)
+        for (t, codec), ref in zip(cases, refs):
+            bound = tz.Client.frame_bound(t)
+            arena = torch.full((bound + 4096,), 0xAB, dtype=torch.uint8, device="cuda")
+            ct = c.compress(t, codec=codec, out=arena[:bound])
+            assert ct.payload.data_ptr() == arena.data_ptr() and ct.payload.cpu().numpy().tobytes() == ref, (t.shape, codec)
+            assert bool((arena[bound:] == 0xAB).all()), (t.shape, codec)
+            assert same_bits(c.decompress(ct), t), (t.shape, codec)
+        # A batch (the general ring path): frames into their buffers too, a non-contiguous tensor's included.
+        monkeypatch.undo()
+        batch = [w, w.t(), ts[0]]
+        refs = [x.payload.cpu().numpy().tobytes() for x in plain.compress(batch, codec="fast")]
+        bufs = [torch.empty(tz.Client.frame_bound(x), dtype=torch.uint8, device="cuda") for x in batch[:2]] + [None]
+        cts = c.compress(batch, codec="fast", out=bufs)
+        assert [x.payload.cpu().numpy().tobytes() for x in cts] == refs
+        assert [x.payload.data_ptr() for x in cts[:2]] == [b.data_ptr() for b in bufs[:2]]
+        assert all(same_bits(c.decompress(x), t) for x, t in zip(cts, batch))
+        torch.cuda.synchronize()
+        assert data_ops(ops) == [], ops
+    finally:
+        plain.close()
+
+
+@needs_cuda
+def test_a_reused_out_is_written_after_the_callers_reads_of_it(one_client):
+    """One out buffer for every call, as a DDP bucket's: right after each compress() the caller's stream queues a
+    copy of the frame (as a send would read it) and the next compress() writes the buffer again, without host
+    synchronisation in between. The daemon writes only after that copy: every copy decodes to its own tensor."""
+    c = one_client
+    side = torch.cuda.Stream()
+    base = embedding().cuda()[:512]
+    buf = torch.empty(tz.Client.frame_bound(base), dtype=torch.uint8, device="cuda")
+    n = int(os.environ.get("TZIP_RING_ORDER_ITERS", "10000")) // 20
+    sent = []
+    with torch.cuda.stream(side):
+        for i in range(n):
+            x = base + i  # a kernel writes the input right before the call
+            ct = c.compress(x, codec="fast", out=buf)
+            sent.append((i, ct.payload.clone(), ct))  # read right after it, on the same stream
+    torch.cuda.synchronize()
+    bad = []
+    for i, frame, ct in sent:
+        back = c.decompress(tz.CompressedTensor(frame, ct.dtype, ct.shape, ct.codec, ct.nbytes))
+        if not same_bits(back, base + i):
+            bad.append(i)
+    assert not bad, bad[:10]
 
 
 @needs_cuda

@@ -1,18 +1,22 @@
 """Blocking calls on one CUDA tensor through the submission ring, with as little Python as the request needs.
 
-``Client.compress(t)`` of one small CUDA tensor and ``Client.decompress(ct)`` of one frame on a GPU are the calls whose
-time is mostly the client's own (a 1-element compress: about 60 µs of Python per request before this path, against
-the ring thread's 22 µs batch; docs/benchmarks.md, "Daemon fast lane"). :class:`RingOne` does them without the
-general path's planning for batches, device groups, staging and asynchronous ordering: it reads the tensor and writes
-the result where they are (tzip._cuda_segments), packs one SQE and waits for its completion on the calling thread.
+``Client.compress(t)`` of one CUDA tensor and ``Client.decompress(ct)`` of one frame on a GPU are the calls whose time
+is mostly the client's own for small tensors (a 1-element compress: about 60 µs of Python per request before this
+path, against the ring thread's 22 µs batch; docs/benchmarks.md, "Daemon fast lane"), and a tenth to a quarter of a
+25 MB bucket's. :class:`RingOne` does them without the general path's planning for batches, device groups, staging
+and asynchronous ordering: it reads the tensor and writes the result where they are (tzip._cuda_segments), packs one
+SQE and waits for its completion on the calling thread.
+
+Where a compress's frame goes: into ``out=`` when the caller gives one (no copy); else into a payload of the frame
+bound, returned as a view of its frame bytes for tensors of at most :data:`tzip._ring_path.IN_PAYLOAD_MAX_BYTES` (a
+few KiB of slack), and for larger ones copied into a payload of its exact size on the caller's stream (as the general
+path copies it out of staging), so a CompressedTensor holds no more memory than its frame.
 
 It takes a call only when all of that applies: the device's ring is open and serving, both ranges lie in allocations
-the daemon can map, a compressed frame fits a payload of the frame bound (tensors of at most
-:data:`tzip._ring_path.IN_PAYLOAD_MAX_BYTES`), a decompressed result is a whole number of bytes of its dtype, and a
-decompress's frame and result together are at most :data:`tzip._wire.MAX_STAGE_BYTES` (larger ones go through
-ZeroMQ, as on the general path). Any other call, and any call it gives up on before submitting, takes the general path
-(:class:`tzip._ring_path.RingPath`), as does a call whose ring stopped or whose region was released while it was queued
-(then through ZeroMQ, as there).
+the daemon can map, a decompressed result is a whole number of bytes of its dtype, and the request's two ranges
+together are at most :data:`tzip._wire.MAX_STAGE_BYTES` (larger ones go through ZeroMQ, as on the general path). Any
+other call, and any call it gives up on before submitting, takes the general path (:class:`tzip._ring_path.RingPath`),
+as does a call whose ring stopped or whose region was released while it was queued (then through ZeroMQ, as there).
 The SQE, its ordering after the caller's stream (``_gpu_submit``) and the completion are the general path's, so the
 daemon cannot tell the two apart."""
 
@@ -22,7 +26,7 @@ import torch
 
 from . import _ring
 from ._codec_choice import codec_for
-from ._cuda import current_stream, plain
+from ._cuda import copy_raw, current_stream, device_scope, plain, stream_scope
 from ._errors import DaemonUnavailableError, TzipDaemonError
 from ._job import _stream_tag
 from ._ring_path import (_OP_COMPRESS, _OP_DECOMPRESS, _PACK, _SQE_BYTES, _WHOLE_BYTE_DTYPES, _ZERO8,
@@ -85,19 +89,22 @@ class RingOne(RingPath):
             return _AGAIN
         return self._wait_handle(h)
 
-    def _compress_one(self, t: torch.Tensor, codec: str | None) -> CompressedTensor | None:
-        """``compress(t)`` for a CUDA tensor ``t`` (its arguments checked), or None when it is not for this path."""
+    def _compress_one(self, t: torch.Tensor, codec: str | None, out: torch.Tensor | None = None) -> CompressedTensor | None:
+        """``compress(t, out=out)`` for a CUDA tensor ``t`` (its arguments checked), or None when it is not for this
+        path."""
         lay = _sqe_layout(t.dtype, t.shape)
-        if lay is None or lay[0] > IN_PAYLOAD_MAX_BYTES or not plain(t):
-            return None
+        if lay is None or not plain(t) or _align(lay[0]) + _align(lay[4]) > MAX_STAGE_BYTES:
+            return None  # (the general path hands such a tensor over through ZeroMQ)
         ccode = _ring.CODEC_CODES.get(codec_for(codec, True))
         got = self._one_ring(t)
         if ccode is None or got is None:
             return None
         ring, g, stream, budget, tag = got
         nbytes, dcode, ndim, dims, cap = lay
-        # The frame is written straight into a payload of the frame bound, returned as a view of its first bytes.
-        payload = torch.empty(cap, dtype=torch.uint8, device=g.device)
+        # The frame is written straight into out, or into a payload of the frame bound: returned as a view of its
+        # first bytes when the tensor is small (a few KiB of slack), else copied into a payload of its exact size.
+        payload = out if out is not None else torch.empty(cap, dtype=torch.uint8, device=g.device)
+        cap = payload.numel()
         places = self._one_places(ring, g, t.data_ptr(), nbytes, payload.data_ptr(), cap)
         if places is None:
             return None
@@ -105,17 +112,24 @@ class RingOne(RingPath):
         sq = bytearray(_SQE_BYTES)
         _PACK(sq, 0, h.ud, _OP_COMPRESS, 0, ccode, dcode, ndim, budget, tag, *places[0], nbytes, *places[1], cap, *dims, 0, 0)
         dtype, shape = t.dtype, t.shape
+        exact = out is None and nbytes > IN_PAYLOAD_MAX_BYTES
 
         def check(c: int, m: int):
             if not 0 < m <= cap:
                 raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {m} bytes (capacity {cap})")
-            return _ct(payload[:m], dtype, shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes)
+            frame = payload[:m]
+            if exact:
+                frame = torch.empty(m, dtype=torch.uint8, device=g.device)
+                if not copy_raw(frame.data_ptr(), payload.data_ptr(), m, g.index, stream.cuda_stream):
+                    with device_scope(g.index), stream_scope(stream):
+                        frame.copy_(payload[:m])
+            return _ct(frame, dtype, shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes)
 
         h._finish = lambda res: _outcome(res, check)
-        out = self._one_submit(ring, g, stream, h, sq)
-        if out is _AGAIN:
-            return self._compress([t], True, codec, None, False)
-        return out
+        got = self._one_submit(ring, g, stream, h, sq)
+        if got is _AGAIN:
+            return self._compress([t], True, codec, None, False, None if out is None else [out])
+        return got
 
     def _decompress_one(self, ct: CompressedTensor, out: torch.Tensor | None, verify: bool) -> torch.Tensor | None:
         """``decompress(ct, out)`` of a frame on a GPU (its arguments checked), or None when it is not for this path."""

@@ -444,24 +444,26 @@ class RingPath:
         return plans, stage
 
     def _compress_submit(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None,
-                         blocking: bool = False) -> _ring.Handle | None:
+                         blocking: bool = False, outs: list | None = None) -> _ring.Handle | None:
         """The call as ring requests, submitted now (a Handle of the call's return value), or None: not for the ring.
         ``blocking``: the caller waits for the result before it returns (then the daemon may read CUDA tensors in
         place; an asynchronous call's tensors are copied in stream order at submission, so the caller may go on
-        writing them, as before)."""
+        writing them, as before). ``outs``: the call's checked ``out=`` buffers (a CUDA tensor's frame is written
+        into its buffer; the caller copies any other frame in)."""
         starters = self._compress_ring_plan(items, codec, streams)
         if starters is None:
             return None
         n = len(items)
         if len(starters) == 1:  # one device: its request's handle is the call's
             _idx, key, planned, extra, tag, codec = starters[0]
-            return self._compress_start(key, planned, codec, extra, tag, _first if single else _same, blocking)
-        parts = [(idx, self._compress_start(key, planned, codec, extra, tag, _same, blocking))
+            return self._compress_start(key, planned, codec, extra, tag, _first if single else _same, blocking, outs)
+        parts = [(idx, self._compress_start(key, planned, codec, extra, tag, _same, blocking,
+                                            None if outs is None else [outs[i] for i in idx]))
                  for idx, key, planned, extra, tag, codec in starters]
         return _gather(parts, n, single)
 
     def _compress_start(self, key: int | None, planned: tuple[list[tuple], int], codec: str, extra, tag: int, post,
-                        blocking: bool = False) -> _ring.Handle:
+                        blocking: bool = False, outs: list | None = None) -> _ring.Handle:
         plan, stage = planned
         streams = None if key is None else {key: extra[0]}
         ctx = contextvars.copy_context()  # the fallback runs with the caller's stream tag and SM budget
@@ -480,7 +482,7 @@ class RingPath:
             if key is None:
                 return self._compress_start_cpu(ring, plan, stage, codec, tag, post, fallback)
             return self._compress_start_gpu(ring, self._gpu(key), plan, stage, codec, extra[0], extra[1], tag, post, fallback,
-                                            blocking)
+                                            blocking, outs)
         except (DaemonUnavailableError, TzipDaemonError) as e:
             return _done_handle(fallback, e)
 
@@ -692,14 +694,16 @@ class RingPath:
         wait_value64(stream, ring.done_dptr, v)  # type: ignore[attr-defined]
 
     def _compress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", plan: list[tuple], stage: int, codec: str, stream, budget: int,
-                            tag: int, post, fallback, blocking: bool = False) -> _ring.Handle:
+                            tag: int, post, fallback, blocking: bool = False, into: list | None = None) -> _ring.Handle:
         n = len(plan)
         h = _ring.Handle(ring, n)
         with device_scope(g.index), stream_scope(stream):
             # A blocking call's tensors are read where they are, and a small tensor's frame is written straight into
-            # its payload (tzip._cuda_segments); the other tensors and frames go through the staging buffer.
-            fulls = [torch.empty(p[3][4], dtype=torch.uint8, device=g.device) if p[3][0] <= IN_PAYLOAD_MAX_BYTES else None
-                     for p in plan]
+            # its payload, a frame with an out= buffer into it (tzip._cuda_segments); the other tensors and frames go
+            # through the staging buffer.
+            fulls = [o if o is not None else
+                     torch.empty(p[3][4], dtype=torch.uint8, device=g.device) if p[3][0] <= IN_PAYLOAD_MAX_BYTES else None
+                     for p, o in zip(plan, into or [None] * n)]
             places = self._caller_places(ring, g, [(p[0].data_ptr(), p[3][0]) if blocking and plain(p[0]) else None for p in plan] +
                                          [None if f is None else (f.data_ptr(), f.numel()) for f in fulls])
             src_places, dst_places = places[:n], places[n:]

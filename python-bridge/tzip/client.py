@@ -620,7 +620,8 @@ class Client(RingOne, CpuPath, GpuPath):
             copy_into_bytes(seg.u8[off : off + nbytes], t)
 
     # --- compress -----------------------------------------------------------------------------
-    def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str | None = None, *, sm_budget: int | None = None):
+    def compress(self, tensors: torch.Tensor | Iterable[torch.Tensor], codec: str | None = None, *, sm_budget: int | None = None,
+                 out=None):
         """Compresses one tensor (-> CompressedTensor) or a batch (-> list, one request per batch and device where it
         fits). A CUDA tensor's payload stays on its GPU.
 
@@ -633,13 +634,21 @@ class Client(RingOne, CpuPath, GpuPath):
             sm_budget: SMs the daemon's GPU kernels may occupy for this call (0: all SMs of the device); None: the
                 daemon's budget (``tzip serve --sm-budget``, default 10). A job's own budget (``tzip set JOB
                 sm_budget=N``) wins over it (docs/protocol.md, "Jobs"). Protocol version 3; older daemons ignore it.
+            out: where the frame goes: a contiguous 1-D uint8 tensor on the input's device of at least
+                :meth:`frame_bound` bytes (for a batch: a list with such a tensor or None per input), apart from the
+                inputs and from each other. The payload returned is ``out[:frame bytes]``, a view, so a buffer kept
+                across calls (a DDP bucket's) spares an allocation per call. One CUDA tensor through the submission
+                ring has its frame written there by the daemon; other calls copy the frame in (docs/ring.md,
+                "Blocking calls on one CUDA tensor"). The caller's work queued on the current stream before the call
+                (e.g. a send of the previous frame) finishes before the frame is written.
 
         Returns:
-            CompressedTensor (payload: a uint8 tensor on the input's device) or a list of them.
+            CompressedTensor (payload: a uint8 tensor on the input's device, a view of ``out`` when given) or a list.
 
         Raises:
-            ValueError: unknown codec, or an sm_budget that is not an int in 0..1024. TypeError: an item that is not a
-                tensor.
+            ValueError: unknown codec, an sm_budget that is not an int in 0..1024, an ``out`` that is too small, not a
+                contiguous 1-D uint8 tensor on the input's device, or shares memory with an input or another out.
+                TypeError: an item that is not a tensor, or one tensor as ``out`` of a batch.
             TzipDaemonError: the daemon refused a tensor (its ``code``: e.g. TZIP_INVALID_ARGUMENT).
             DaemonUnavailableError / DeviceUnavailableError: with ``strict=True`` only, when the daemon is gone or
                 cannot serve the tensor's GPU (otherwise raw frames, and one warning).
@@ -648,7 +657,43 @@ class Client(RingOne, CpuPath, GpuPath):
         budget = _checked_sm_budget(sm_budget)
         single = isinstance(tensors, torch.Tensor)
         items = [tensors] if single else list(tensors)
-        return _with_sm_budget(budget, self._compress, items, single, codec, None)
+        outs = self._compress_outs(items, out, single)
+        return _with_sm_budget(budget, self._compress, items, single, codec, None, True, outs)
+
+    @staticmethod
+    def frame_bound(t: torch.Tensor) -> int:
+        """Bytes that hold any frame of ``t`` (any codec): the size of a ``compress(t, out=)`` buffer. The format's
+        maxCompressedSize (docs/format.md): ``align16(48 + 8*ndim) + 16*chunks + nbytes`` of the frame's shape."""
+        return layout(t.dtype, tuple(t.shape)).capacity
+
+    def _compress_outs(self, items: list, out, single: bool) -> list | None:
+        """``out=`` of a compress as one entry per item (None: no out at all), checked (see :meth:`compress`)."""
+        if out is None:
+            return None
+        if single:
+            outs = [out]
+        elif isinstance(out, torch.Tensor):
+            raise TypeError("out= of a batch is a list (a uint8 tensor or None per tensor), not one tensor")
+        else:
+            outs = list(out)
+            if len(outs) != len(items):
+                raise ValueError(f"out has {len(outs)} entries for {len(items)} tensors")
+        for i, (t, o) in enumerate(zip(items, outs)):
+            if o is None:
+                continue
+            if not isinstance(o, torch.Tensor) or not isinstance(t, torch.Tensor):
+                raise TypeError(f"out {i} is a {type(o).__name__} for a {type(t).__name__}: out= takes uint8 tensors for tensors")
+            if o.dtype != torch.uint8 or o.dim() != 1 or not o.is_contiguous():
+                raise ValueError(f"out {i} is {o.dtype} of shape {tuple(o.shape)} (strides {o.stride()}): a frame goes into a "
+                                 "contiguous 1-D uint8 tensor")
+            if o.device != t.device:
+                raise ValueError(f"out {i} is on {o.device}, its tensor on {t.device}: the frame stays on the tensor's device")
+            need = self.frame_bound(t)
+            if o.numel() < need:
+                raise ValueError(f"out {i} holds {o.numel()} bytes; a frame of a {t.dtype} {tuple(t.shape)} tensor needs up "
+                                 f"to {need} (Client.frame_bound)")
+        _check_outs_apart(items, outs, "tensor")
+        return outs
 
     def compress_async(self, tensors, codec: str | None = None, *, sm_budget: int | None = None) -> _ring.Handle:
         """:meth:`compress` without waiting: returns a :class:`tzip._ring.Handle`, a concurrent.futures.Future of
@@ -704,17 +749,18 @@ class Client(RingOne, CpuPath, GpuPath):
             if not (t.is_cpu or t.is_cuda):
                 _device(t)  # raises for the devices tzip does not serve (CPU and CUDA tensors pass)
 
-    def _compress(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None, use_ring: bool = True):
+    def _compress(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None, use_ring: bool = True,
+                  outs: list | None = None):
         self._check_pid()
         self._check_compress_args(items, codec)
         if use_ring and self._ring_caps and self._sid is not None:
             if single and streams is None and items[0].is_cuda:
-                one = self._compress_one(items[0], codec)
+                one = self._compress_one(items[0], codec, outs[0] if outs else None)
                 if one is not None:
                     return one
-            h = self._compress_submit(items, single, codec, streams, blocking=True)
+            h = self._compress_submit(items, single, codec, streams, blocking=True, outs=outs)
             if h is not None:
-                return self._wait_handle(h)
+                return _into_outs(self._wait_handle(h), outs, single)
         out = None
         for attempt in range(2):
             try:
@@ -731,7 +777,7 @@ class Client(RingOne, CpuPath, GpuPath):
                     raise
                 self._warn_fallback()
                 out = [_compress_raw(t) for t in items]
-        return out[0] if single else out
+        return _into_outs(out[0] if single else out, outs, single)
 
     def _compress_remote(self, tensors: list[torch.Tensor], codec: str | None, streams: dict[int, Any] | None) -> list[CompressedTensor]:
         """One request per batch of CPU tensors and per batch of each GPU's tensors (``codec`` None: each device's
@@ -988,14 +1034,33 @@ class Client(RingOne, CpuPath, GpuPath):
         return f"<tzip Client {self.socket_path} {state}>"
 
 
-def _check_outs_apart(items: list[CompressedTensor], outs: list) -> None:
-    """ValueError when a destination of a decompress shares memory with another destination or with a frame of the
-    call: the values written into one would overwrite the other's. As PyTorch's out= checks
-    (at::assert_no_partial_overlap), only tensors whose elements fill their memory range are compared (contiguous
-    ones, transposed ones); the elements of others may interleave without sharing bytes, which a range cannot tell."""
+def _into_outs(result, outs: list | None, single: bool):
+    """``result`` of a compress (a CompressedTensor or a list) with each frame in its ``outs`` entry: the payload
+    becomes ``out[:frame bytes]``, copied there (in the current stream's order for CUDA tensors) unless the daemon
+    wrote it there already."""
+    if outs is None:
+        return result
+    for ct, o in zip([result] if single else result, outs):
+        if o is None:
+            continue
+        p = ct.payload
+        m = p.numel()
+        if p.data_ptr() != o.data_ptr() or p.device != o.device:
+            o[:m].copy_(p)
+        ct.payload = o[:m]
+    return result
+
+
+def _check_outs_apart(items: list, outs: list, source: str = "frame") -> None:
+    """ValueError when a destination of a decompress (compress) shares memory with another destination or with a
+    frame (tensor) of the call: the values written into one would overwrite the other's. ``items``:
+    CompressedTensors, or the tensors a compress reads. As PyTorch's out= checks (at::assert_no_partial_overlap), only
+    tensors whose elements fill their memory range are compared (contiguous ones, transposed ones); the elements of
+    others may interleave without sharing bytes, which a range cannot tell."""
     spans = []
-    for i, (ct, o) in enumerate(zip(items, outs)):
-        for t, what in ((o, f"out {i}"), (ct.payload, f"frame {i}")):
+    for i, (item, o) in enumerate(zip(items, outs)):
+        src = item.payload if isinstance(item, CompressedTensor) else item
+        for t, what in ((o, f"out {i}"), (src, f"{source} {i}")):
             if t is not None and t.numel():
                 lo, hi = byte_range(t)
                 if hi - lo == t.numel() * t.element_size():  # dense: every byte in the range is an element's
@@ -1008,8 +1073,8 @@ def _check_outs_apart(items: list[CompressedTensor], outs: list) -> None:
         for other in ((device, True), (device, False)) if is_out else ((device, True),):
             f = furthest.get(other)
             if f is not None and lo < f[2]:
-                raise ValueError(f"{what} shares memory with {f[4]}: every destination of a decompress must lie apart "
-                                 "from the other destinations and from the frames")
+                raise ValueError(f"{what} shares memory with {f[4]}: every destination must lie apart from the other "
+                                 f"destinations and from the {source}s of the call")
         if (device, is_out) not in furthest or hi > furthest[(device, is_out)][2]:
             furthest[(device, is_out)] = span
 
