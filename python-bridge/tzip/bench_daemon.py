@@ -30,8 +30,9 @@ the tensors staying on the GPU; timed to the end of the work queued on the strea
 (staged through the registered arena, ordered by the ring's stream memory words), against the addon's
 gpuCompress/gpuDecompress called directly from a Node process on the same GPU (device buffers allocated once,
 one batched call for the 200 parameters; default SM budget in both; the codec a CUDA tensor gets by default, `fast`
-(tzip._codec_choice), in both). The ring's throughput rows run interleaved among themselves, after the ZeroMQ rows
-(whose deferred work in the daemon, closing CUDA IPC mappings, would otherwise run beside them).
+(tzip._codec_choice), in both). The ring's throughput rows run back to back, after the ZeroMQ rows (whose deferred
+work in the daemon, closing CUDA IPC mappings, would otherwise run beside them); the bucket's both ways also into
+buffers kept across calls (``compress(out=)``, ``decompress(out=)``), as the direct call writes into its own.
 
 Unless ``--socket`` is given, a private daemon is started for the run and stopped afterwards.
 """
@@ -490,6 +491,7 @@ def run_cuda(socket: str | None, n: int, repeat: int, ring_spin_s: float | None 
 
         ct = client.compress(bucket)
         out_bucket = torch.empty_like(bucket)
+        frame_buf = torch.empty(Client.frame_bound(bucket), dtype=torch.uint8, device=bucket.device)
         cts = client.compress(params)
         torch.cuda.synchronize()
         direct_runs = [_direct_gpu(device_uuid(0), bucket, params, repeat, n)]
@@ -513,7 +515,10 @@ def run_cuda(socket: str | None, n: int, repeat: int, ring_spin_s: float | None 
             # docs/benchmarks.md), so only the same pattern on both sides compares like with like.
             daemon_t.update(_median_times_cuda({
                 "ring_bucket_compress": lambda: ring.compress(bucket),
+                # into buffers kept across calls, as the direct addon call writes into its reused buffers
+                "ring_bucket_compress_into": lambda: ring.compress(bucket, out=frame_buf),
                 "ring_bucket_decompress": lambda: ring.decompress(ct),
+                "ring_bucket_decompress_into": lambda: ring.decompress(ct, out=out_bucket),
                 "ring_batch_compress": lambda: ring.compress(params),
                 "ring_batch_decompress": lambda: ring.decompress(cts),
             }, repeat, back_to_back=True, spread=result.setdefault("ring_spread_us", {})))
@@ -573,7 +578,9 @@ def _report_cuda(r: dict) -> str:
     lines.extend(_report_ring(r))
     if "ring" in r:
         for key, dkey, label in [("bucket_compress_s", "direct_compress_s", "bucket compress"),
+                                 ("bucket_compress_into_s", "direct_compress_s", "bucket compress into out="),
                                  ("bucket_decompress_s", "direct_decompress_s", "bucket decompress"),
+                                 ("bucket_decompress_into_s", "direct_decompress_s", "bucket decompress into out="),
                                  ("batch_compress_s", "direct_compress_s", "200 params compress"),
                                  ("batch_decompress_s", "direct_decompress_s", "200 params decompress")]:
             src = b if key.startswith("bucket") else bt
@@ -721,7 +728,9 @@ def _report_ring(r: dict) -> list[str]:
     lines.append("throughput through the ring (GB/s, median)")
     for key, label, gbk in [("bucket_compress_s", "25 MB bf16 bucket, compress", "bucket"),
                             ("bucket_compress_zero_copy_s", "25 MB bf16 bucket, compress (zero copy, shm)", "bucket"),
+                            ("bucket_compress_into_s", "25 MB bf16 bucket, compress (into out=, kept)", "bucket"),
                             ("bucket_decompress_s", "25 MB bf16 bucket, decompress (new tensor)", "bucket"),
+                            ("bucket_decompress_into_s", "25 MB bf16 bucket, decompress (into out=)", "bucket"),
                             ("batch_compress_s", f"{r['batch']['tensors']} params, compress", "batch"),
                             ("batch_decompress_s", f"{r['batch']['tensors']} params, decompress", "batch")]:
         if key in rg:
