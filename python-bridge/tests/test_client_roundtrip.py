@@ -250,6 +250,8 @@ def test_compress_into_out(client, shared_daemon, ring):
                 c.compress(t, out=o)
         with pytest.raises(ValueError, match="shares memory"):
             c.compress(inside, out=joint[t.nbytes // 2 :])  # over the input's bytes
+        with pytest.raises(ValueError, match="shares memory"):
+            c.compress(inside[::2], out=joint[2 : 2 + bound])  # between a strided input's elements
         two = torch.zeros(2 * bound, dtype=torch.uint8)
         with pytest.raises(ValueError, match="shares memory"):
             c.compress([t, t], out=[two[:bound + 1], two[bound:]])  # over each other
@@ -261,6 +263,21 @@ def test_compress_into_out(client, shared_daemon, ring):
     finally:
         if c is not client:
             c.close()
+
+
+def test_compress_into_out_without_a_daemon(tmp_path):
+    """strict=False and no daemon: the raw frame of the fallback goes into out= as any frame does."""
+    c = tz.connect(str(tmp_path / "none" / "tzip.sock"), spawn=False, strict=False)
+    try:
+        t = random_tensor(torch.float16, (40, 9), seed=2)
+        buf = torch.zeros(tz.Client.frame_bound(t) + 8, dtype=torch.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the fallback's warning: once per process)
+            ct = c.compress(t, out=buf)
+        assert ct.codec == "raw" and ct.payload.data_ptr() == buf.data_ptr()
+        assert same_bits(c.decompress(ct), t)
+    finally:
+        c.close()
 
 
 @pytest.mark.parametrize("codec", ["max", "raw"])  # raw: decoded in this process, max: by the daemon

@@ -782,16 +782,11 @@ def test_gpu_handles_finished_by_the_background_reaper(gpu_client):
         assert all(same_bits(b, t) for b, t in zip(backs, ts))
 
 
-@needs_cuda
-def test_gpu_ring_reads_and_writes_the_callers_memory_in_place(gpu_client, monkeypatch):
-    """Contiguous CUDA tensors, frames and results are named in the caller's own allocations, registered on the ring
-    once (tzip._cuda_segments): a compress copies only its frames (out of the frame bound's payload on the one-tensor
-    path, tzip._ring_one, or out of the staging buffer), a decompress copies nothing; a non-contiguous tensor in the
-    same batch is staged. Bit-exact both ways, the frames the ZeroMQ path's."""
-    from tzip import _memops, _ring_one, _ring_path
+def count_copies(monkeypatch) -> dict[str, int]:
+    """Counts the client's GPU copies from now on: {"raw": single-range copies (copy_raw), "many": gpu_copy_many
+    calls} of the general ring path and the one-tensor path."""
+    from tzip import _ring_one, _ring_path
 
-    c = gpu_client
-    plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
     copies = {"raw": 0, "many": 0}
     raw, many = _ring_path.copy_raw, _ring_path.gpu_copy_many
 
@@ -799,17 +794,31 @@ def test_gpu_ring_reads_and_writes_the_callers_memory_in_place(gpu_client, monke
         copies["raw"] += 1
         return raw(*a)
 
-    def count_many(dsts, srcs):
+    def count_many(*a):
         copies["many"] += 1
-        return many(dsts, srcs)
+        return many(*a)
 
+    monkeypatch.setattr(_ring_path, "copy_raw", count_raw)
+    monkeypatch.setattr(_ring_one, "copy_raw", count_raw)
+    monkeypatch.setattr(_ring_path, "gpu_copy_many", count_many)
+    return copies
+
+
+@needs_cuda
+def test_gpu_ring_reads_and_writes_the_callers_memory_in_place(gpu_client, monkeypatch):
+    """Contiguous CUDA tensors, frames and results are named in the caller's own allocations, registered on the ring
+    once (tzip._cuda_segments): a compress copies only its frames (out of the frame bound's payload on the one-tensor
+    path, tzip._ring_one, or out of the staging buffer), a decompress copies nothing; a non-contiguous tensor in the
+    same batch is staged. Bit-exact both ways, the frames the ZeroMQ path's."""
+    from tzip import _memops
+
+    c = gpu_client
+    plain = tz.connect(c.socket_path, spawn=False, strict=True, ring_entries=0)
     try:
         one = random_tensor(torch.bfloat16, (1000, 300), seed=3).cuda()
         c.decompress(c.compress(one))  # registers the allocations used below
         torch.cuda.synchronize()
-        monkeypatch.setattr(_ring_path, "copy_raw", count_raw)
-        monkeypatch.setattr(_ring_one, "copy_raw", count_raw)
-        monkeypatch.setattr(_ring_path, "gpu_copy_many", count_many)
+        copies = count_copies(monkeypatch)
         ct = c.compress(one, codec="fast")
         assert copies == {"raw": 1, "many": 0}  # the frame into a payload of its size, nothing in
         back = c.decompress(ct)

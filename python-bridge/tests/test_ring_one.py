@@ -16,7 +16,7 @@ from tzip._errors import DaemonUnavailableError, TzipDaemonError
 from tzip._ring_one import _AGAIN, _outcome
 
 from test_client_support import shared_daemon  # noqa: F401
-from test_ring import connect_gpu_client, data_ops, embedding, needs_cuda, ordering_failures, random_tensor, record_zmq, same_bits
+from test_ring import connect_gpu_client, count_copies, data_ops, embedding, needs_cuda, ordering_failures, random_tensor, record_zmq, same_bits
 
 
 def test_the_outcome_of_a_one_sqe_request():
@@ -141,6 +141,7 @@ def test_compress_into_out_is_written_in_place_on_the_gpu(one_client, monkeypatc
         cases = [(t, codec) for t in ts for codec in ("fast", "raw", "max")]
         refs = [plain.compress(t, codec=codec).payload.cpu().numpy().tobytes() for t, codec in cases]
         torch.cuda.synchronize()
+        copies = count_copies(monkeypatch)
         _general_path_refused(c, monkeypatch)
         ops = record_zmq(c)
         for (t, codec), ref in zip(cases, refs):
@@ -150,12 +151,19 @@ def test_compress_into_out_is_written_in_place_on_the_gpu(one_client, monkeypatc
             assert ct.payload.data_ptr() == arena.data_ptr() and ct.payload.cpu().numpy().tobytes() == ref, (t.shape, codec)
             assert bool((arena[bound:] == 0xAB).all()), (t.shape, codec)
             assert same_bits(c.decompress(ct), t), (t.shape, codec)
-        # A batch (the general ring path): frames into their buffers too, a non-contiguous tensor's included.
+            ct = c.compress(t, codec=codec, out=arena)  # a buffer larger than the bound
+            assert ct.payload.data_ptr() == arena.data_ptr() and ct.payload.cpu().numpy().tobytes() == ref, (t.shape, codec)
+        assert copies == {"raw": 0, "many": 0}, copies  # written by the daemon, not copied in
+        # A batch (the general ring path): frames into their buffers too, a non-contiguous tensor's included (its
+        # input staged: the one copy).
         monkeypatch.undo()
         batch = [w, w.t(), ts[0]]
         refs = [x.payload.cpu().numpy().tobytes() for x in plain.compress(batch, codec="fast")]
         bufs = [torch.empty(tz.Client.frame_bound(x), dtype=torch.uint8, device="cuda") for x in batch[:2]] + [None]
+        torch.cuda.synchronize()
+        copies = count_copies(monkeypatch)
         cts = c.compress(batch, codec="fast", out=bufs)
+        assert copies == {"raw": 0, "many": 1}, copies
         assert [x.payload.cpu().numpy().tobytes() for x in cts] == refs
         assert [x.payload.data_ptr() for x in cts[:2]] == [b.data_ptr() for b in bufs[:2]]
         assert all(same_bits(c.decompress(x), t) for x, t in zip(cts, batch))
@@ -166,20 +174,24 @@ def test_compress_into_out_is_written_in_place_on_the_gpu(one_client, monkeypatc
 
 
 @needs_cuda
-def test_a_reused_out_is_written_after_the_callers_reads_of_it(one_client):
+def test_a_reused_out_is_written_after_the_callers_reads_of_it(one_client, monkeypatch):
     """One out buffer for every call, as a DDP bucket's: right after each compress() the caller's stream queues a
-    copy of the frame (as a send would read it) and the next compress() writes the buffer again, without host
-    synchronisation in between. The daemon writes only after that copy: every copy decodes to its own tensor."""
+    copy of the frame (as a send would read it), held back by a GPU sleep, and the next compress() writes the buffer
+    again, without host synchronisation in between. The daemon writes only after that copy: every copy decodes to its
+    own tensor. (The lean path: the general one is refused.)"""
     c = one_client
     side = torch.cuda.Stream()
     base = embedding().cuda()[:512]
     buf = torch.empty(tz.Client.frame_bound(base), dtype=torch.uint8, device="cuda")
     n = int(os.environ.get("TZIP_RING_ORDER_ITERS", "10000")) // 20
     sent = []
+    _general_path_refused(c, monkeypatch)
     with torch.cuda.stream(side):
         for i in range(n):
+            torch.cuda._sleep(200_000)  # (GPU cycles: the input's kernel runs late)
             x = base + i  # a kernel writes the input right before the call
             ct = c.compress(x, codec="fast", out=buf)
+            torch.cuda._sleep(200_000)  # the read of the frame runs late too
             sent.append((i, ct.payload.clone(), ct))  # read right after it, on the same stream
     torch.cuda.synchronize()
     bad = []

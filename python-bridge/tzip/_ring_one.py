@@ -112,23 +112,25 @@ class RingOne(RingPath):
         sq = bytearray(_SQE_BYTES)
         _PACK(sq, 0, h.ud, _OP_COMPRESS, 0, ccode, dcode, ndim, budget, tag, *places[0], nbytes, *places[1], cap, *dims, 0, 0)
         dtype, shape = t.dtype, t.shape
-        exact = out is None and nbytes > IN_PAYLOAD_MAX_BYTES
 
         def check(c: int, m: int):
             if not 0 < m <= cap:
                 raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {m} bytes (capacity {cap})")
-            frame = payload[:m]
-            if exact:
-                frame = torch.empty(m, dtype=torch.uint8, device=g.device)
-                if not copy_raw(frame.data_ptr(), payload.data_ptr(), m, g.index, stream.cuda_stream):
-                    with device_scope(g.index), stream_scope(stream):
-                        frame.copy_(payload[:m])
-            return _ct(frame, dtype, shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes)
+            return _ct(payload[:m], dtype, shape, _ring.CODEC_NAMES.get(c, "raw"), nbytes)
 
         h._finish = lambda res: _outcome(res, check)
         got = self._one_submit(ring, g, stream, h, sq)
         if got is _AGAIN:
             return self._compress([t], True, codec, None, False, None if out is None else [out])
+        if out is None and nbytes > IN_PAYLOAD_MAX_BYTES:
+            # Here, not in check(): the thread that reaps the CQE may be another one (the ring's reaper), and the
+            # payload must be allocated on the caller's stream, which the copy and the caller's uses follow.
+            m = got.payload.numel()
+            with device_scope(g.index), stream_scope(stream):
+                frame = torch.empty(m, dtype=torch.uint8, device=g.device)
+                if not copy_raw(frame.data_ptr(), payload.data_ptr(), m, g.index, stream.cuda_stream):
+                    frame.copy_(got.payload)
+            got.payload = frame
         return got
 
     def _decompress_one(self, ct: CompressedTensor, out: torch.Tensor | None, verify: bool) -> torch.Tensor | None:

@@ -762,11 +762,11 @@ class RingPath:
                         if not 0 < m <= lay[4]:
                             raise TzipDaemonError("TZIP_CORRUPT", f"the ring reported a frame of {m} bytes (capacity {lay[4]})")
                         if o is None:
-                            payloads.append(full[:m])  # written in place (a small frame in an allocation of its own)
+                            payloads.append(full[:m])  # written in place (a small frame, or an out= buffer)
                         else:
                             # Each payload an allocation of its own (a view of a shared one would make torch.save
-                            # write them all).
-                            p = torch.empty(m, dtype=torch.uint8, device=g.device)
+                            # write them all), or the out= buffer the daemon could not write into itself.
+                            p = full[:m] if full is not None else torch.empty(m, dtype=torch.uint8, device=g.device)
                             payloads.append(p)
                             copies.append((p, o, m))
                     if copies and not (len(copies) == 1 and copy_raw(copies[0][0].data_ptr(), buf.u8.data_ptr() + copies[0][1],

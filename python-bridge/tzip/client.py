@@ -637,10 +637,12 @@ class Client(RingOne, CpuPath, GpuPath):
             out: where the frame goes: a contiguous 1-D uint8 tensor on the input's device of at least
                 :meth:`frame_bound` bytes (for a batch: a list with such a tensor or None per input), apart from the
                 inputs and from each other. The payload returned is ``out[:frame bytes]``, a view, so a buffer kept
-                across calls (a DDP bucket's) spares an allocation per call. One CUDA tensor through the submission
-                ring has its frame written there by the daemon; other calls copy the frame in (docs/ring.md,
-                "Blocking calls on one CUDA tensor"). The caller's work queued on the current stream before the call
-                (e.g. a send of the previous frame) finishes before the frame is written.
+                across calls (a DDP bucket's) spares an allocation per call; being a view, it changes when out is
+                written again, and ``torch.save`` of it writes out's whole storage. CUDA tensors through the
+                submission ring have their frames written there by the daemon; other calls (CPU tensors, requests of
+                more than 256 MiB, which go through ZeroMQ) copy the frame in (docs/ring.md, "The caller's GPU
+                memory"). The caller's work queued on the current stream before the call (e.g. a send of the previous
+                frame) finishes before the frame is written. :meth:`compress_async` takes no ``out``.
 
         Returns:
             CompressedTensor (payload: a uint8 tensor on the input's device, a view of ``out`` when given) or a list.
@@ -1055,15 +1057,16 @@ def _check_outs_apart(items: list, outs: list, source: str = "frame") -> None:
     """ValueError when a destination of a decompress (compress) shares memory with another destination or with a
     frame (tensor) of the call: the values written into one would overwrite the other's. ``items``:
     CompressedTensors, or the tensors a compress reads. As PyTorch's out= checks (at::assert_no_partial_overlap), only
-    tensors whose elements fill their memory range are compared (contiguous ones, transposed ones); the elements of
-    others may interleave without sharing bytes, which a range cannot tell."""
+    outs whose elements fill their memory range are compared (contiguous ones, transposed ones); the elements of
+    others may interleave without sharing bytes, which a range cannot tell. A source counts as its whole range (a
+    strided input with an out between its elements is refused too)."""
     spans = []
     for i, (item, o) in enumerate(zip(items, outs)):
         src = item.payload if isinstance(item, CompressedTensor) else item
         for t, what in ((o, f"out {i}"), (src, f"{source} {i}")):
             if t is not None and t.numel():
                 lo, hi = byte_range(t)
-                if hi - lo == t.numel() * t.element_size():  # dense: every byte in the range is an element's
+                if t is not o or hi - lo == t.numel() * t.element_size():  # an out: only when dense
                     spans.append((str(t.device), lo, hi, t is o, what))
     spans.sort()
     furthest: dict[tuple[str, bool], tuple] = {}  # (device, is an out) -> the span reaching furthest so far
