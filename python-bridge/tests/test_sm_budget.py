@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import tzip
 import tzip.client as client_module
-from tzip.demo_data import source_weights_path
 
 from test_client_support import daemon, sock_dir  # noqa: F401
+from test_ring import weights_bf16 as all_weights_bf16
 
 CUDA = torch.cuda.is_available()
 
 
 def weights_bf16() -> list[torch.Tensor]:
-    """A few of all-MiniLM-L6-v2's trained weight tensors, rounded to bf16."""
-    w = load_file(str(source_weights_path()))
-    return [w[k].to(torch.bfloat16).contiguous() for k in sorted(w)[:12] if w[k].dtype == torch.float32]
+    """A few of all-MiniLM-L6-v2's trained weight tensors, rounded to bf16 (test_ring's: the bundled model, or the
+    layers $TZIP_TEST_WEIGHTS names on GPU hosts without the model's package)."""
+    return all_weights_bf16()[:12]
 
 
 def record_requests(c) -> list[dict]:
