@@ -265,6 +265,27 @@ def test_compress_into_out(client, shared_daemon, ring):
             c.close()
 
 
+def test_compress_into_out_when_the_ring_gives_up(client, monkeypatch):
+    """A ring request that fails as a released region does (TZIP_HANDLE) is done again through ZeroMQ: its frames
+    still land in their out= buffers."""
+    from tzip._ring_path import RingPath
+
+    calls = []
+
+    def refused(*_a, **_k):
+        calls.append(1)
+        raise tz.TzipDaemonError("TZIP_HANDLE", "region 1 was released")
+
+    t = random_tensor(torch.bfloat16, (70, 30), seed=21)
+    u = random_tensor(torch.int32, (9,), seed=22)
+    ref = [x.payload.numpy().tobytes() for x in client.compress([t, u], codec="fast")]
+    monkeypatch.setattr(RingPath, "_compress_start_cpu", refused)
+    bufs = [torch.empty(tz.Client.frame_bound(x), dtype=torch.uint8) for x in (t, u)]
+    cts = client.compress([t, u], codec="fast", out=bufs)
+    assert [x.payload.data_ptr() for x in cts] == [b.data_ptr() for b in bufs]
+    assert [x.payload.numpy().tobytes() for x in cts] == ref and calls == [1]
+
+
 def test_compress_into_out_without_a_daemon(tmp_path):
     """strict=False and no daemon: the raw frame of the fallback goes into out= as any frame does."""
     c = tz.connect(str(tmp_path / "none" / "tzip.sock"), spawn=False, strict=False)

@@ -174,6 +174,20 @@ def test_compress_into_out_is_written_in_place_on_the_gpu(one_client, monkeypatc
 
 
 @needs_cuda
+def test_a_lean_compress_done_again_still_fills_out(one_client, monkeypatch):
+    """A lean request whose ring stopped or whose region went away (_AGAIN) is done again the general way; the frame
+    still lands in out=, the ZeroMQ path's bytes."""
+    c = one_client
+    x = embedding().cuda()[:300]
+    ref = c.compress(x, codec="fast").payload.cpu().numpy().tobytes()
+    buf = torch.empty(tz.Client.frame_bound(x) + 64, dtype=torch.uint8, device="cuda")
+    monkeypatch.setattr(c, "_one_submit", lambda *_a, **_k: _AGAIN)
+    ct = c.compress(x, codec="fast", out=buf)
+    assert ct.payload.data_ptr() == buf.data_ptr() and ct.payload.cpu().numpy().tobytes() == ref
+    assert same_bits(c.decompress(ct), x)
+
+
+@needs_cuda
 def test_a_reused_out_is_written_after_the_callers_reads_of_it(one_client, monkeypatch):
     """One out buffer for every call, as a DDP bucket's: right after each compress() the caller's stream queues a
     copy of the frame (as a send would read it), held back by a GPU sleep, and the next compress() writes the buffer
