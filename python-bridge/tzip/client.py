@@ -665,7 +665,8 @@ class Client(RingOne, CpuPath, GpuPath):
     @staticmethod
     def frame_bound(t: torch.Tensor) -> int:
         """Bytes that hold any frame of ``t`` (any codec): the size of a ``compress(t, out=)`` buffer. The format's
-        maxCompressedSize (docs/format.md): ``align16(48 + 8*ndim) + 16*chunks + nbytes`` of the frame's shape."""
+        size bound (docs/format.md, section 10): ``align16(48 + 8*ndim) + 16*chunks + nbytes`` of the frame's
+        shape."""
         return layout(t.dtype, tuple(t.shape)).capacity
 
     def _compress_outs(self, items: list, out, single: bool) -> list | None:
