@@ -286,6 +286,41 @@ def test_compress_into_out_when_the_ring_gives_up(client, monkeypatch):
     assert [x.payload.numpy().tobytes() for x in cts] == ref and calls == [1]
 
 
+def test_conjugate_and_negative_views_round_trip_as_their_values(client):
+    """PyTorch's lazy conj()/neg views keep the original bytes and a bit that flips a sign on reading: compress takes
+    their values (also from shared memory, where the daemon would read bytes in place), and decompress refuses such a
+    view as out= (it would write bytes that read back negated)."""
+    z = random_tensor(torch.complex64, (6, 5), seed=31)
+    in_shm = client.empty((6, 5), torch.complex64)
+    in_shm.copy_(z)
+    neg = torch._neg_view(random_tensor(torch.float32, (7,), seed=32))
+    for x in (z.conj(), in_shm.conj(), z.conj().imag, neg):
+        assert x.is_conj() or x.is_neg()
+        want = x.resolve_conj().resolve_neg()
+        for ct in (client.compress(x), client.compress_async([x]).result()[0],
+                   client.compress(x, out=torch.empty(tz.Client.frame_bound(x), dtype=torch.uint8))):
+            assert same_bits(client.decompress(ct), want)
+    ct = client.compress(z)
+    with pytest.raises(ValueError, match="conjugate or negative view"):
+        client.decompress(ct, out=torch.empty_like(z).conj())
+
+
+def test_bad_inputs_with_out_raise_the_inputs_errors(client):
+    """With out= given, an input that is not a tensor, or one tzip cannot take, raises its own TypeError first."""
+    t = random_tensor(torch.float32, (10,), seed=1)
+    buf = torch.empty(tz.Client.frame_bound(t), dtype=torch.uint8)
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        client.compress([t, 3], out=[buf, None])
+    with pytest.raises(TypeError, match="strided"):
+        client.compress(t.to_sparse(), out=buf)
+    with pytest.raises(TypeError, match="meta tensors"):
+        client.compress(torch.empty(10, device="meta"), out=torch.empty(200, dtype=torch.uint8, device="meta"))
+    with torch.inference_mode():
+        made_there = torch.empty(tz.Client.frame_bound(t), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="inference mode"):
+        client.compress(t, out=made_there)
+
+
 def test_compress_into_out_without_a_daemon(tmp_path):
     """strict=False and no daemon: the raw frame of the fallback goes into out= as any frame does."""
     c = tz.connect(str(tmp_path / "none" / "tzip.sock"), spawn=False, strict=False)

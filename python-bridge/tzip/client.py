@@ -627,7 +627,8 @@ class Client(RingOne, CpuPath, GpuPath):
 
         Args:
             tensors: a tensor or an iterable of tensors, any shape and dtype, on the CPU or a GPU; views keep their
-                storage offset, non-contiguous tensors are compressed as their contiguous values.
+                storage offset, non-contiguous tensors are compressed as their contiguous values, lazy conjugate and
+                negative views (``conj()`` of a complex tensor) as their values.
             codec: 'auto' | 'fast' | 'max' | 'bytes' | 'raw' (docs/format.md), or None (default): 'fast' for CUDA
                 tensors (the codec that keeps pace with a network link on the GPU), 'auto' for CPU tensors
                 (tzip._codec_choice says why, with the figures). A job's codec setting wins over both.
@@ -649,8 +650,9 @@ class Client(RingOne, CpuPath, GpuPath):
 
         Raises:
             ValueError: unknown codec, an sm_budget that is not an int in 0..1024, an ``out`` that is too small, not a
-                contiguous 1-D uint8 tensor on the input's device, or shares memory with an input or another out.
-                TypeError: an item that is not a tensor, or one tensor as ``out`` of a batch.
+                contiguous 1-D uint8 tensor on the input's device, made in inference mode (outside it), or shares
+                memory with an input or another out.
+            TypeError: an item that is not a tensor, or one tensor as ``out`` of a batch.
             TzipDaemonError: the daemon refused a tensor (its ``code``: e.g. TZIP_INVALID_ARGUMENT).
             DaemonUnavailableError / DeviceUnavailableError: with ``strict=True`` only, when the daemon is gone or
                 cannot serve the tensor's GPU (otherwise raw frames, and one warning).
@@ -658,8 +660,8 @@ class Client(RingOne, CpuPath, GpuPath):
         self._check_pid()
         budget = _checked_sm_budget(sm_budget)
         single = isinstance(tensors, torch.Tensor)
-        items = [tensors] if single else list(tensors)
-        outs = self._compress_outs(items, out, single)
+        items = _resolved([tensors] if single else list(tensors))
+        outs = self._compress_outs(items, out, single, codec)
         return _with_sm_budget(budget, self._compress, items, single, codec, None, True, outs)
 
     @staticmethod
@@ -669,10 +671,11 @@ class Client(RingOne, CpuPath, GpuPath):
         shape."""
         return layout(t.dtype, tuple(t.shape)).capacity
 
-    def _compress_outs(self, items: list, out, single: bool) -> list | None:
+    def _compress_outs(self, items: list, out, single: bool, codec: str | None) -> list | None:
         """``out=`` of a compress as one entry per item (None: no out at all), checked (see :meth:`compress`)."""
         if out is None:
             return None
+        self._check_compress_args(items, codec)  # (the inputs first: their errors are the call's first)
         if single:
             outs = [out]
         elif isinstance(out, torch.Tensor):
@@ -686,6 +689,8 @@ class Client(RingOne, CpuPath, GpuPath):
                 continue
             if not isinstance(o, torch.Tensor) or not isinstance(t, torch.Tensor):
                 raise TypeError(f"out {i} is a {type(o).__name__} for a {type(t).__name__}: out= takes uint8 tensors for tensors")
+            if o.is_inference() and not torch.is_inference_mode_enabled():
+                raise ValueError(f"out {i} was made in inference mode: outside it, it cannot be written")
             if o.dtype != torch.uint8 or o.dim() != 1 or not o.is_contiguous():
                 raise ValueError(f"out {i} is {o.dtype} of shape {tuple(o.shape)} (strides {o.stride()}): a frame goes into a "
                                  "contiguous 1-D uint8 tensor")
@@ -715,7 +720,7 @@ class Client(RingOne, CpuPath, GpuPath):
         self._check_pid()
         budget = _checked_sm_budget(sm_budget)
         single = isinstance(tensors, torch.Tensor)
-        items = [tensors] if single else list(tensors)
+        items = _resolved([tensors] if single else list(tensors))
         streams = _caller_streams(t for t in items if isinstance(t, torch.Tensor))
         try:
             handle = _with_sm_budget(budget, self._compress_start_call, items, single, codec, streams)
@@ -929,6 +934,9 @@ class Client(RingOne, CpuPath, GpuPath):
             if o is not None:
                 check_supported(o)
                 _device(o)
+                if o.is_conj() or o.is_neg():
+                    raise ValueError("out is a lazy conjugate or negative view (its bytes are not its values): "
+                                     "decompress into a plain tensor, then conj() or neg() it")
                 if o.dtype != ct.dtype or tuple(o.shape) != tuple(ct.shape):
                     raise ValueError(f"out is {o.dtype} {tuple(o.shape)}, the compressed tensor {ct.dtype} {tuple(ct.shape)}")
                 holds = layout(o.dtype, tuple(o.shape)).nbytes
@@ -1035,6 +1043,14 @@ class Client(RingOne, CpuPath, GpuPath):
     def __repr__(self) -> str:
         state = "connected" if self.connected else "not connected (fallback)" if not self.strict else "not connected"
         return f"<tzip Client {self.socket_path} {state}>"
+
+
+def _resolved(items: list) -> list:
+    """``items`` with PyTorch's lazy conjugate and negative views resolved into copies: their bytes are not their
+    values (a bit of the view says to flip a sign when reading), and the daemon reads bytes. Other items as they are."""
+    if not any(isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()) for t in items):
+        return items
+    return [t.resolve_conj().resolve_neg() if isinstance(t, torch.Tensor) else t for t in items]
 
 
 def _into_outs(result, outs: list | None, single: bool):
