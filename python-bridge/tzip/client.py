@@ -676,14 +676,7 @@ class Client(RingOne, CpuPath, GpuPath):
         if out is None:
             return None
         self._check_compress_args(items, codec)  # (the inputs first: their errors are the call's first)
-        if single:
-            outs = [out]
-        elif isinstance(out, torch.Tensor):
-            raise TypeError("out= of a batch is a list (a uint8 tensor or None per tensor), not one tensor")
-        else:
-            outs = list(out)
-            if len(outs) != len(items):
-                raise ValueError(f"out has {len(outs)} entries for {len(items)} tensors")
+        outs = _outs_per_item(out, len(items), single, "a uint8 tensor or None per tensor", "tensors")
         for i, (t, o) in enumerate(zip(items, outs)):
             if o is None:
                 continue
@@ -874,16 +867,9 @@ class Client(RingOne, CpuPath, GpuPath):
                             "(bytes from CompressedTensor.to_bytes(): CompressedTensor.from_bytes(...) first)")
         single = isinstance(cts, CompressedTensor)
         items = [cts] if single else list(cts)
-        if single:
-            outs = [out]
-        elif out is None:
-            outs = [None] * len(items)
-        elif isinstance(out, torch.Tensor):
-            raise TypeError("out= of a batch is a list (a tensor or None per compressed tensor), not one tensor")
-        else:
-            outs = list(out)
-            if len(outs) != len(items):
-                raise ValueError(f"out has {len(outs)} entries for {len(items)} compressed tensors")
+        if out is None and not single:
+            return items, [None] * len(items), single
+        outs = _outs_per_item(out, len(items), single, "a tensor or None per compressed tensor", "compressed tensors")
         return items, outs, single
 
     def _decompress(self, items: list, outs: list, single: bool, verify: bool, streams: dict[int, Any] | None,
@@ -1043,6 +1029,19 @@ class Client(RingOne, CpuPath, GpuPath):
     def __repr__(self) -> str:
         state = "connected" if self.connected else "not connected (fallback)" if not self.strict else "not connected"
         return f"<tzip Client {self.socket_path} {state}>"
+
+
+def _outs_per_item(out, n: int, single: bool, entry: str, items: str) -> list:
+    """``out=`` of a call on ``n`` items as one entry per item: ``[out]`` for a single item; for a batch, the list
+    given (TypeError for one tensor, ValueError for another length). ``entry``/``items`` name them in the errors."""
+    if single:
+        return [out]
+    if isinstance(out, torch.Tensor):
+        raise TypeError(f"out= of a batch is a list ({entry}), not one tensor")
+    outs = list(out)
+    if len(outs) != n:
+        raise ValueError(f"out has {len(outs)} entries for {n} {items}")
+    return outs
 
 
 def _resolved(items: list) -> list:
