@@ -35,7 +35,7 @@ namespace {
 using namespace tzip::dev;
 
 constexpr uint32_t kGroups = 2;
-constexpr uint32_t kWorkers = 12;                      // worker warps of a group
+constexpr uint32_t kWorkers = 12;                      // worker warps of a group (14: no faster, 16: over 1024 threads)
 constexpr uint32_t kWorkerThreads = 32 * kWorkers;     // 256: one thread per exponent bin when planning
 constexpr uint32_t kGroupThreads = kWorkerThreads + 32;  // and the digest warp
 constexpr uint32_t kBlockThreads = kGroups * kGroupThreads;
@@ -48,12 +48,11 @@ struct StreamPlan {
 
 struct __align__(16) GroupSmem {
   uint8_t chunk[kMaxChunkBytes];             // the chunk's input
-  uint32_t hist[256 * kReplicas];            // bin e, replica r at e * 32 + r; after planning: exception staging
+  uint8_t escmask[kMaxChunkBytes / 16];      // per 8 elements: which are escapes (bit i: element 8 q + i)
   uint32_t keys[256];                        // present symbols' (count << 8 | 255 - symbol), compacted
   uint32_t sorted[128];                      // counts of the present symbols by rank (the first 128 ranks)
   uint8_t code_of[256];                      // exponent -> LUT code
   uint8_t lut[128];                          // rank -> exponent
-  uint8_t escmask[kMaxChunkBytes / 16];      // per 8 elements: which are escapes
   uint8_t stage[kWorkers][256];              // per worker warp: packed output of one warp step
   uint32_t wsum[kWorkers];
   StreamPlan plan[4];
@@ -62,6 +61,22 @@ struct __align__(16) GroupSmem {
   uint32_t tensor, index, raw_len, diff, raw, size, k, n_exc;
   uint64_t bar;                              // mbarrier of the bulk copy
 };
+
+constexpr uint32_t kHistWords = 256 * kReplicas;   // 32 KiB per group: bin e, replica r at word 32 e + r
+constexpr uint32_t kHistGroupShift = 15;           // group g's histogram at byte g << 15 of BlockSmem::hist
+
+/// The block's shared memory. Both groups' histograms come first, 32 KiB apart, so that a bin's byte offset (bits
+/// 7..14), a lane's replica (bits 2..6) and the group (bit 15) combine with one OR and the base folds into the
+/// instruction's immediate: one LOP3 per atomic or lookup address instead of a LOP3 and an add.
+struct __align__(128) BlockSmem {
+  uint32_t hist[kGroups][kHistWords];        // per group: the histogram; then the code table; then exception staging
+  GroupSmem grp[kGroups];
+};
+static_assert(sizeof(uint32_t) * kHistWords == (1u << kHistGroupShift), "group histograms 32 KiB apart");
+
+extern __shared__ __align__(128) unsigned char smem_raw[];
+/// Bytes of both groups' histograms (a constant address: its offsets fold into shared-memory instructions).
+__device__ __forceinline__ uint8_t* hist_bytes() { return reinterpret_cast<uint8_t*>(reinterpret_cast<BlockSmem*>(smem_raw)->hist); }
 
 __device__ __forceinline__ uint32_t warp_id_in_group(uint32_t tid) { return tid / 32; }
 
@@ -80,7 +95,7 @@ template <> struct Fast<kFamF32> {
   __host__ __device__ static constexpr uint32_t width(uint32_t) { return 8; }
 };
 
-/// Byte offset in GroupSmem::hist of bin e, lane `lane4 / 4`, for the exponent of the low / high element of a word.
+/// Byte offset in a group's histogram (bits 7..14) of bin e, for the exponent of the low / high element of a word.
 template <uint32_t FID> __device__ __forceinline__ uint32_t bin_lo(uint32_t w) {
   if constexpr (FID == kFamBF16) return w & 0x7F80u;               // ((w >> 7) & 0xFF) << 7
   else if constexpr (FID == kFamF16) return (w >> 3) & 0xF80u;     // ((w >> 10) & 0x1F) << 7
@@ -160,29 +175,52 @@ __device__ __forceinline__ void residuals(const uint32_t* w, uint32_t (&r)[NS][2
   for (uint32_t j = 1; j < NS; ++j) r[j][1] = t[j];
 }
 
-/// Codes of a lane step's 8 exponents, from the lane-replicated table in the histogram's space: lane l reads word
-/// 32 e + l, so every load of the warp hits a different bank. `tab` is the table's byte address plus 4 * lane.
+/// Code table entry: the LUT code, and bit kEscBit set when it is the escape. The bit rides along the packing of the
+/// codes (where it lands above the bytes stored, see pack8_entries) and gives a lane step's 8 escape flags in one
+/// shift-add chain (esc_flags) instead of a compare per element.
+constexpr uint32_t kEscBit = 24;
+
+/// Table entries of a lane step's 8 exponents, from the lane-replicated table in the group's histogram space: lane
+/// l reads word 32 e + l, so every load of the warp hits a different bank. `lg` is 4 * lane | group << 15.
 template <uint32_t FID>
-__device__ __forceinline__ void lookup8(const uint8_t* tab, const uint32_t* w, uint32_t (&c)[8]) {
+__device__ __forceinline__ void lookup8(uint32_t lg, const uint32_t* w, uint32_t (&c)[8]) {
+  const uint8_t* tab = hist_bytes();
   if constexpr (FID == kFamF32) {
 #pragma unroll
-    for (uint32_t i = 0; i < 8; ++i) c[i] = *reinterpret_cast<const uint32_t*>(tab + bin_lo<FID>(w[i]));
+    for (uint32_t i = 0; i < 8; ++i) c[i] = *reinterpret_cast<const uint32_t*>(tab + (bin_lo<FID>(w[i]) | lg));
   } else {
 #pragma unroll
     for (uint32_t i = 0; i < 4; ++i) {
-      c[2 * i] = *reinterpret_cast<const uint32_t*>(tab + bin_lo<FID>(w[i]));
-      c[2 * i + 1] = *reinterpret_cast<const uint32_t*>(tab + bin_hi<FID>(w[i]));
+      c[2 * i] = *reinterpret_cast<const uint32_t*>(tab + (bin_lo<FID>(w[i]) | lg));
+      c[2 * i + 1] = *reinterpret_cast<const uint32_t*>(tab + (bin_hi<FID>(w[i]) | lg));
     }
   }
 }
 
-/// 8 symbols of B bits (B compile-time) packed LSB-first into the low 8 * B bits.
+/// The escape flags (bit i: entry i is the escape) of 8 table entries: sum of c[i] << i, whose code parts stay
+/// below 2^15 and whose escape bits land at kEscBit + i.
+__device__ __forceinline__ uint32_t esc_flags(const uint32_t (&c)[8]) {
+  uint32_t f = c[7];
+#pragma unroll
+  for (int i = 6; i >= 0; --i) f = (f << 1) + c[i];
+  return f >> kEscBit;
+}
+
+/// 8 codes of B bits (B compile-time) packed LSB-first into the low 8 * B bits, from table entries whose escape
+/// bit (kEscBit) is set or not: every bit at or above 8 * B of the result is undefined (the callers store 8 * B bits).
+/// Why the bits below are exact: in a sum of four entries shifted by 0, B, 2B, 3B the escape bits land at 24 + iB,
+/// above the 4B code bits for B <= 6 (B = 7 clears them first), and the halves are joined so that no escape bit of the
+/// low half reaches the high half's codes.
 template <uint32_t B>
-__device__ __forceinline__ uint64_t pack8(const uint32_t (&c)[8]) {
-  const uint32_t lo = c[0] | (c[1] << B) | (c[2] << (2 * B)) | (c[3] << (3 * B));
-  const uint32_t hi = c[4] | (c[5] << B) | (c[6] << (2 * B)) | (c[7] << (3 * B));
-  if constexpr (8 * B <= 32) return uint64_t(lo | (hi << (4 * B)));
-  else return uint64_t(lo) | (uint64_t(hi) << (4 * B));
+__device__ __forceinline__ uint64_t pack8_entries(const uint32_t (&e)[8]) {
+  uint32_t c[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) c[i] = B == 7 ? (e[i] & 0xFFu) : e[i];
+  const uint32_t lo = c[0] + (c[1] << B) + (c[2] << (2 * B)) + (c[3] << (3 * B));
+  const uint32_t hi = c[4] + (c[5] << B) + (c[6] << (2 * B)) + (c[7] << (3 * B));
+  if constexpr (B == 4) return prmt(lo, hi, 0x5410);                 // lo's escape bits are in its upper half
+  else if constexpr (8 * B < 32) return uint64_t(lo + (hi << (4 * B)));  // hi's escape bits shift out
+  else return uint64_t(lo & (B >= 8 ? 0xFFFFFFFFu : (1u << (4 * B % 32)) - 1u)) | (uint64_t(hi) << (4 * B));
 }
 /// The bytes of two words (8 symbols) as 8 values.
 __device__ __forceinline__ void unbytes(uint32_t a, uint32_t b, uint32_t (&c)[8]) {
@@ -193,99 +231,113 @@ __device__ __forceinline__ void unbytes(uint32_t a, uint32_t b, uint32_t (&c)[8]
   }
 }
 
-/// One warp step of a packed stream with B (compile-time) bytes per lane: through the warp's staging buffer to 16-byte
-/// stores at dst (16-byte aligned), all 32 * B bytes written.
+/// One warp step of a packed stream with B (compile-time) bytes per lane, all 32 * B bytes written at dst (16-byte
+/// aligned): B = 1, 2, 4 or 8 bytes go straight from each lane (the warp's stores are contiguous, so coalesced); other
+/// widths through the warp's staging buffer, as 16-byte stores.
 template <uint32_t B>
 __device__ __forceinline__ void put_packed_whole(uint8_t* stage, uint8_t* dst, uint64_t piece) {
   const uint32_t lane = lane_id();
+  if constexpr (B == 1) {
+    dst[lane] = uint8_t(piece);
+  } else if constexpr (B == 2) {
+    reinterpret_cast<uint16_t*>(dst)[lane] = uint16_t(piece);
+  } else if constexpr (B == 4) {
+    reinterpret_cast<uint32_t*>(dst)[lane] = uint32_t(piece);
+  } else if constexpr (B == 8) {
+    reinterpret_cast<uint2*>(dst)[lane] = make_uint2(uint32_t(piece), uint32_t(piece >> 32));
+  } else {
 #pragma unroll
-  for (uint32_t b = 0; b < B; ++b) stage[lane * B + b] = uint8_t(piece >> (8 * b));
-  __syncwarp();
-  if (lane < 2 * B) reinterpret_cast<uint4*>(dst)[lane] = reinterpret_cast<const uint4*>(stage)[lane];
-  __syncwarp();
+    for (uint32_t b = 0; b < B; ++b) stage[lane * B + b] = uint8_t(piece >> (8 * b));
+    __syncwarp();
+    if (lane < 2 * B) reinterpret_cast<uint4*>(dst)[lane] = reinterpret_cast<const uint4*>(stage)[lane];
+    __syncwarp();
+  }
 }
 
-/// The whole warp steps J = warp, warp + 8, ... < whole of a chunk. EB: bits per exponent in the output (the LUT code
-/// width, or the symbol width when RAW, 0 when CONST); LUT: codes rather than symbols. Escapes are flagged per lane
-/// step in S.escmask.
+/// The whole warp steps J = warp, warp + kWorkers, ... < whole of a chunk. EB: bits per exponent in the output (the
+/// LUT code width, or the symbol width when RAW, 0 when CONST); LUT: codes rather than symbols, and the lane steps'
+/// escape flags into S.escmask when the chunk has exceptions (EXC). lg = 4 * lane | group << 15 (lookup8).
 template <uint32_t FID, uint32_t EB, bool LUT>
-__device__ void sweep_whole(GroupSmem& S, uint8_t* dst, uint32_t esc, uint32_t warp, uint32_t whole) {
+__device__ void sweep_whole(GroupSmem& S, uint8_t* dst, uint32_t lg, bool exc, uint32_t warp, uint32_t whole) {
   using F = Fast<FID>;
   constexpr uint32_t E = F::kEsize, NS = F::kStreams;
+  constexpr uint32_t kStep = 32 * kWorkers;  // lane steps from one of a warp's steps to its next
   const uint32_t lane = lane_id();
   uint8_t* stage = S.stage[warp];
-  const uint8_t* tab = reinterpret_cast<const uint8_t*>(S.hist) + 4 * lane;
-  uint32_t rmode[NS], rsec[NS];
+  uint32_t rmode[NS];
+  uint8_t* rp[NS];  // this lane's (w = 8) or this warp's (packed) place in each residual stream at step J
 #pragma unroll
   for (uint32_t j = 0; j < NS; ++j) {
     rmode[j] = S.plan[j].mode;
-    rsec[j] = S.plan[j].sec;
+    rp[j] = dst + S.plan[j].sec + (F::width(j) == 8 ? 8 * (32 * warp + lane) : 32 * warp * F::width(j));
   }
-  uint8_t* esec = dst + rsec[0] + (LUT ? lut_codes_offset(EB) : 0u);
+  uint8_t* ep = dst + S.plan[0].sec + (LUT ? lut_codes_offset(EB) : 0u) + (EB == 8 ? 8 * (32 * warp + lane) : 32 * warp * EB);
+  const uint4* in = reinterpret_cast<const uint4*>(S.chunk) + (E / 2) * (32 * warp + lane);
   for (uint32_t J = warp; J < whole; J += kWorkers) {
     const uint32_t q = 32 * J + lane;
     uint32_t w[2 * E];
 #pragma unroll
     for (uint32_t h = 0; h < E / 2; ++h) {
-      const uint4 v = reinterpret_cast<const uint4*>(S.chunk)[(E / 2) * q + h];
+      const uint4 v = in[h];
       w[4 * h] = v.x; w[4 * h + 1] = v.y; w[4 * h + 2] = v.z; w[4 * h + 3] = v.w;
     }
+    in += (E / 2) * kStep;
     uint32_t r[NS][2];
     residuals<FID, NS>(w, r);
 #pragma unroll
     for (uint32_t j = 1; j < NS; ++j) {
-      if (rmode[j] != uint32_t(StreamMode::RAW)) continue;
-      if (F::width(j) == 8) {
-        *reinterpret_cast<uint2*>(dst + rsec[j] + 8 * q) = make_uint2(r[j][0], r[j][1]);
-      } else {
-        uint32_t c[8];
-        unbytes(r[j][0], r[j][1], c);
-        put_packed_whole<F::width(2)>(stage, dst + rsec[j] + 32 * J * F::width(2), pack8<F::width(2)>(c));
+      if (rmode[j] == uint32_t(StreamMode::RAW)) {
+        if (F::width(j) == 8) {
+          *reinterpret_cast<uint2*>(rp[j]) = make_uint2(r[j][0], r[j][1]);
+        } else {
+          uint32_t c[8];
+          unbytes(r[j][0], r[j][1], c);
+          put_packed_whole<F::width(2)>(stage, rp[j], pack8_entries<F::width(2)>(c));
+        }
       }
+      rp[j] += F::width(j) * kStep;
     }
     if constexpr (LUT) {
       uint32_t c[8];
-      lookup8<FID>(tab, w, c);
-      uint32_t flags = 0;
-#pragma unroll
-      for (uint32_t i = 0; i < 8; ++i) flags |= uint32_t(c[i] == esc) << i;
-      S.escmask[q] = uint8_t(flags);
-      put_packed_whole<EB>(stage, esec + 32 * J * EB, pack8<EB>(c));
+      lookup8<FID>(lg, w, c);
+      if (exc) S.escmask[q] = uint8_t(esc_flags(c));
+      put_packed_whole<EB>(stage, ep, pack8_entries<EB>(c));
     } else if constexpr (EB == 8) {
       uint32_t t[NS];
       Fam<FID>::split4(w, t);
       const uint32_t e0 = t[0];
       Fam<FID>::split4(w + E, t);
-      *reinterpret_cast<uint2*>(esec + 8 * q) = make_uint2(e0, t[0]);
+      *reinterpret_cast<uint2*>(ep) = make_uint2(e0, t[0]);
     } else if constexpr (EB != 0) {
       uint32_t t[NS], c[8];
       Fam<FID>::split4(w, t);
       const uint32_t e0 = t[0];
       Fam<FID>::split4(w + E, t);
       unbytes(e0, t[0], c);
-      put_packed_whole<EB>(stage, esec + 32 * J * EB, pack8<EB>(c));
+      put_packed_whole<EB>(stage, ep, pack8_entries<EB>(c));
     }
+    ep += EB * kStep;
   }
 }
 
 /// sweep_whole for the chunk's exponent stream: k (the LUT code width) or 0 when the stream is RAW or CONST.
 template <uint32_t FID>
-__device__ void sweep_whole_dispatch(GroupSmem& S, uint8_t* dst, const StreamPlan& pe, uint32_t k, uint32_t esc,
+__device__ void sweep_whole_dispatch(GroupSmem& S, uint8_t* dst, const StreamPlan& pe, uint32_t k, uint32_t lg, bool exc,
                                      uint32_t warp, uint32_t whole) {
   constexpr uint32_t W = Fast<FID>::kEBits;
-  if (pe.mode == uint32_t(StreamMode::CONST)) return sweep_whole<FID, 0, false>(S, dst, esc, warp, whole);
-  if (pe.mode == uint32_t(StreamMode::RAW)) return sweep_whole<FID, W, false>(S, dst, esc, warp, whole);
+  if (pe.mode == uint32_t(StreamMode::CONST)) return sweep_whole<FID, 0, false>(S, dst, lg, exc, warp, whole);
+  if (pe.mode == uint32_t(StreamMode::RAW)) return sweep_whole<FID, W, false>(S, dst, lg, exc, warp, whole);
   switch (k) {
-    case 1: return sweep_whole<FID, 1, true>(S, dst, esc, warp, whole);
-    case 2: return sweep_whole<FID, 2, true>(S, dst, esc, warp, whole);
-    case 3: return sweep_whole<FID, 3, true>(S, dst, esc, warp, whole);
-    case 4: return sweep_whole<FID, 4, true>(S, dst, esc, warp, whole);
+    case 1: return sweep_whole<FID, 1, true>(S, dst, lg, exc, warp, whole);
+    case 2: return sweep_whole<FID, 2, true>(S, dst, lg, exc, warp, whole);
+    case 3: return sweep_whole<FID, 3, true>(S, dst, lg, exc, warp, whole);
+    case 4: return sweep_whole<FID, 4, true>(S, dst, lg, exc, warp, whole);
   }
   if constexpr (W == 8) {
     switch (k) {
-      case 5: return sweep_whole<FID, 5, true>(S, dst, esc, warp, whole);
-      case 6: return sweep_whole<FID, 6, true>(S, dst, esc, warp, whole);
-      default: return sweep_whole<FID, 7, true>(S, dst, esc, warp, whole);
+      case 5: return sweep_whole<FID, 5, true>(S, dst, lg, exc, warp, whole);
+      case 6: return sweep_whole<FID, 6, true>(S, dst, lg, exc, warp, whole);
+      default: return sweep_whole<FID, 7, true>(S, dst, lg, exc, warp, whole);
     }
   }
 }
@@ -293,29 +345,33 @@ __device__ void sweep_whole_dispatch(GroupSmem& S, uint8_t* dst, const StreamPla
 // ---------------------------------------------------------------- one fast chunk, worker threads
 
 template <uint32_t FID>
-__device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, uint32_t tid, uint32_t wbar) {
+__device__ void fast_chunk(GroupSmem& S, uint32_t* H, uint32_t grp, const EncArgs& a, const EncTensor& T, uint32_t tid,
+                           uint32_t wbar) {
   using F = Fast<FID>;
   using Split = Fam<FID>;
   constexpr uint32_t E = F::kEsize, NS = F::kStreams, W = F::kEBits;
   const uint32_t lane = tid & 31, warp = warp_id_in_group(tid);
   const uint32_t raw_len = S.raw_len, n = raw_len / E;
   const uint64_t g = S.g;
+  // The frame's address now, so that its global load is not waited for after the placement barrier.
+  uint8_t* const frame_payload = T.out + T.header_bytes;
 
   // ---- 1. histogram of the exponents; residual streams: does any symbol differ from the first element's?
   const uint32_t first = E == 2 ? uint32_t(reinterpret_cast<const uint16_t*>(S.chunk)[0]) * 0x10001u
                                 : reinterpret_cast<const uint32_t*>(S.chunk)[0];
-  const uint32_t lane4 = lane * 4;
-  uint8_t* hist_b = reinterpret_cast<uint8_t*>(S.hist);
+  const uint32_t lg = lane * 4 | grp << kHistGroupShift;  // this lane's replica in this group's histogram
+  uint8_t* hist_b = hist_bytes();
   uint32_t diff = 0;
   {
     const uint32_t units = raw_len / 16;  // whole 16-byte units
+#pragma unroll 2
     for (uint32_t u = tid; u < units; u += kWorkerThreads) {
       const uint4 v = reinterpret_cast<const uint4*>(S.chunk)[u];
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_lo<FID>(w[i]) | lane4)), 1u);
-        if constexpr (E == 2) atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_hi<FID>(w[i]) | lane4)), 1u);
+        atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_lo<FID>(w[i]) | lg)), 1u);
+        if constexpr (E == 2) atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_hi<FID>(w[i]) | lg)), 1u);
         diff |= w[i] ^ first;
       }
     }
@@ -325,7 +381,7 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
       const uint32_t e = e0 + tid;
       const uint32_t v = E == 2 ? uint32_t(reinterpret_cast<const uint16_t*>(S.chunk)[e]) * 0x10001u
                                 : reinterpret_cast<const uint32_t*>(S.chunk)[e];
-      atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_lo<FID>(v) | lane4)), 1u);
+      atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_lo<FID>(v) | lg)), 1u);
       diff |= v ^ first;
     }
   }
@@ -334,10 +390,15 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
   named_sync(wbar, kWorkerThreads);
 
   // ---- 2. ranking of the present exponents
+  // Bin tid's 32 replicas are 8 vectors; thread t starts at vector t mod 8, so a quarter warp's loads hit 8 banks apart.
   uint32_t cnt = 0;
+  uint4* const bin4 = reinterpret_cast<uint4*>(H + tid * kReplicas);
   if (tid < F::kBins) {
-#pragma unroll 8
-    for (uint32_t r = 0; r < kReplicas; ++r) cnt += S.hist[tid * kReplicas + ((r + tid) & (kReplicas - 1))];
+#pragma unroll
+    for (uint32_t r = 0; r < kReplicas / 4; ++r) {
+      const uint4 v = bin4[(r + tid) & (kReplicas / 4 - 1)];
+      cnt += v.x + v.y + v.z + v.w;
+    }
   }
   const bool present = cnt != 0;
   const uint32_t ballot = __ballot_sync(kFull, present);
@@ -438,7 +499,7 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
     }
   }
   named_sync(wbar, kWorkerThreads);
-  uint8_t* dst = T.out + T.header_bytes + S.offset;
+  uint8_t* dst = frame_payload + S.offset;
   if (S.raw) {
     threads_copy<kWorkerThreads>(dst, S.chunk, raw_len, tid);
     return;
@@ -450,11 +511,14 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
   const uint32_t my_code = present && rank < cap ? rank : esc;
   if (tid < F::kBins) S.code_of[tid] = uint8_t(my_code);
   if (lut && tid < cap && tid >= m) S.lut[tid] = 0;
-  named_sync(wbar, kWorkerThreads);
-  if (lut) {
-    // The same table once per lane (bin e, lane l at word 32 e + l, as the histogram), so that a lane's lookup is
-    // one mask of the element's bits and one conflict-free load: warp w fills the bins w, w + 8, ...
-    for (uint32_t e = warp; e < F::kBins; e += kWorkers) S.hist[e * kReplicas + lane] = S.code_of[e];
+  if (lut && present) {
+    // The code table, once per lane (bin e, lane l at word 32 e + l, over the histogram bin it was counted in), so
+    // that a lane's lookup is one mask of the element's bits and one conflict-free load. Only the exponents present
+    // are ever looked up, so only their bins are written, each by the thread that summed it.
+    const uint32_t entry = my_code | uint32_t(my_code == esc) << kEscBit;
+    const uint4 e4 = make_uint4(entry, entry, entry, entry);
+#pragma unroll
+    for (uint32_t r = 0; r < kReplicas / 4; ++r) bin4[(r + tid) & (kReplicas / 4 - 1)] = e4;
   }
   named_sync(wbar, kWorkerThreads);
 
@@ -504,7 +568,7 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
   const uint32_t whole = n / (32 * kLaneElems);
   uint8_t* stage = S.stage[warp];
   const uint32_t codes_bytes = uint32_t(packed_bytes(n, k));
-  sweep_whole_dispatch<FID>(S, dst, pe, lut ? k : 0u, esc, warp, whole);
+  sweep_whole_dispatch<FID>(S, dst, pe, lut ? k : 0u, lg, lut && S.n_exc != 0, warp, whole);
   for (uint32_t J = whole + warp; J < nws; J += kWorkers) {
     const uint32_t q = 32 * J + lane;
     const bool active = q < nls;
@@ -567,31 +631,31 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
   }
   if (!lut || S.n_exc == 0) return;
 
-  // ---- 4c. exceptions in element order: per thread a contiguous run of lane steps, a scan of their counts, the
-  // symbols into shared memory (the histogram's space), then one coalesced copy.
+  // ---- 4c. exceptions in element order: per thread a contiguous run of escape-mask words (32 elements each), a scan
+  // of their counts, the symbols into shared memory (the histogram's space), then one coalesced copy.
   named_sync(wbar, kWorkerThreads);
-  const uint32_t per = (nls + kWorkerThreads - 1) / kWorkerThreads;
-  const uint32_t q0 = umin32(nls, tid * per), q1 = umin32(nls, q0 + per);
+  const uint32_t nw = (nls + 3) / 4;  // mask words; the last one's bytes past nls are stale
+  const uint32_t per = (nw + kWorkerThreads - 1) / kWorkerThreads;
+  const uint32_t w0 = umin32(nw, tid * per), w1 = umin32(nw, w0 + per);
+  const uint32_t* mask = reinterpret_cast<const uint32_t*>(S.escmask);
+  const uint32_t last_bytes = nls - 4 * (nw - 1);  // 1..4
+  const uint32_t last_mask = last_bytes == 4 ? 0xFFFFFFFFu : (1u << (8 * last_bytes)) - 1u;
+  auto word = [&](uint32_t i) { return mask[i] & (i + 1 == nw ? last_mask : 0xFFFFFFFFu); };
   uint32_t c = 0;
-  if (per == 16 && q1 == q0 + 16) {
-    const uint4 f = *reinterpret_cast<const uint4*>(S.escmask + q0);
-    c = __popc(f.x) + __popc(f.y) + __popc(f.z) + __popc(f.w);
-  } else {
-    for (uint32_t q = q0; q < q1; ++q) c += __popc(S.escmask[q]);
-  }
+  for (uint32_t i = w0; i < w1; ++i) c += __popc(word(i));
   const uint32_t incl = warp_inclusive_sum(c);
   if (lane == 31) S.wsum[warp] = incl;
   named_sync(wbar, kWorkerThreads);
   uint32_t pos = incl - c;
 #pragma unroll
   for (uint32_t w = 0; w < kWorkers; ++w) pos += w < warp ? S.wsum[w] : 0;
-  uint8_t* exc = reinterpret_cast<uint8_t*>(S.hist);
-  for (uint32_t q = q0; q < q1 && c; ++q) {
-    uint32_t f = S.escmask[q];
+  uint8_t* exc = reinterpret_cast<uint8_t*>(H);
+  for (uint32_t i = w0; i < w1 && c; ++i) {
+    uint32_t f = word(i);
     while (f) {
-      const uint32_t i = __ffs(f) - 1;
+      const uint32_t b = __ffs(f) - 1;
       f &= f - 1;
-      exc[pos++] = uint8_t(exponent_at<FID>(S.chunk, kLaneElems * q + i));
+      exc[pos++] = uint8_t(exponent_at<FID>(S.chunk, 32 * i + b));
     }
   }
   named_sync(wbar, kWorkerThreads);
@@ -601,9 +665,10 @@ __device__ void fast_chunk(GroupSmem& S, const EncArgs& a, const EncTensor& T, u
 // ---------------------------------------------------------------- the kernel
 
 __global__ void __launch_bounds__(kBlockThreads, 1) fast_encode_kernel(EncArgs a) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t grp = threadIdx.x / kGroupThreads, tid = threadIdx.x % kGroupThreads;
-  GroupSmem& S = reinterpret_cast<GroupSmem*>(smem_raw)[grp];
+  BlockSmem& blk = *reinterpret_cast<BlockSmem*>(smem_raw);
+  GroupSmem& S = blk.grp[grp];
+  uint32_t* const H = blk.hist[grp];
   const uint32_t wbar = 1 + 2 * grp, gbar = 2 + 2 * grp;
   const bool digest_warp = tid >= kWorkerThreads;
   if (tid == 0) {
@@ -642,7 +707,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) fast_encode_kernel(EncArgs a
     if (!digest_warp && codec != Codec::RAW) {
       // Clear the histogram while the copy is in flight (the space held the last chunk's exceptions).
       const uint32_t words = (fam == kFamF16 ? 32u : 256u) * kReplicas;
-      for (uint32_t w = tid; w < words / 4; w += kWorkerThreads) reinterpret_cast<uint4*>(S.hist)[w] = make_uint4(0, 0, 0, 0);
+      for (uint32_t w = tid; w < words / 4; w += kWorkerThreads) reinterpret_cast<uint4*>(H)[w] = make_uint4(0, 0, 0, 0);
       named_sync(wbar, kWorkerThreads);
     }
     mbar_wait(&S.bar, parity);
@@ -664,11 +729,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) fast_encode_kernel(EncArgs a
       named_sync(wbar, kWorkerThreads);
       threads_copy<kWorkerThreads>(T.out + T.header_bytes + S.offset, S.chunk, S.raw_len, tid);
     } else if (fam == kFamBF16) {
-      fast_chunk<kFamBF16>(S, a, T, tid, wbar);
+      fast_chunk<kFamBF16>(S, H, grp, a, T, tid, wbar);
     } else if (fam == kFamF16) {
-      fast_chunk<kFamF16>(S, a, T, tid, wbar);
+      fast_chunk<kFamF16>(S, H, grp, a, T, tid, wbar);
     } else {
-      fast_chunk<kFamF32>(S, a, T, tid, wbar);
+      fast_chunk<kFamF32>(S, H, grp, a, T, tid, wbar);
     }
     named_sync(gbar, kGroupThreads);  // S.chunk and the staging space are free again
   }
@@ -677,7 +742,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) fast_encode_kernel(EncArgs a
 }  // namespace
 
 Status launch_fast_encode(const EncArgs& a, int sm_budget, int sm_count, cudaStream_t s) {
-  size_t smem = sizeof(GroupSmem) * kGroups;
+  size_t smem = sizeof(BlockSmem);
   int grid = 0;
   Status st = detail::persistent_grid(reinterpret_cast<const void*>(fast_encode_kernel), kBlockThreads, &smem,
                                       sm_budget, sm_count, a.total_chunks, &grid);
