@@ -110,8 +110,9 @@ struct Tuning {
   bool use_tile_decode = true;  // vectorized decode path for float chunks without RANS streams
   bool defer_all = false;       // route every coded chunk through the general (fallback) decoder
   bool debug = false;           // decode: print (device printf) each rejected chunk and the check that failed
-  bool bf16_kernel = true;      // decode: bf16 fast frames in their own kernel (24 warps per SM); off: the fp32 one's
-  bool ring_pairs = true;       // decode: that kernel fills its ring two tiles at a time (half the bulk copies)
+  bool bf16_kernel = true;      // decode: bf16 fast frames in a kernel of their own (24 warps per SM), bf16 max frames
+                                // in another (32 warps per SM); off: in the fp32 fast and the max/bytes kernels
+  bool ring_pairs = true;       // decode: the bf16 fast kernel fills its ring two tiles at a time (half the bulk copies)
   bool fast_encoder = true;     // encode: fast and raw tensors (16-byte aligned) in fast_encode_kernel; off: all in
                                 // the general encode_kernel
 };

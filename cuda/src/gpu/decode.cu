@@ -12,6 +12,8 @@
 //          chains need more warps per scheduler than the 16 that the fp32 paths' registers allow;
 //        class 1 (fp16/fp32 fast, raw): 16 warps per block, no RANS tables;
 //        class 2 (max, bytes): 16 warps per block, one RANS table and two LUT tables per warp;
+//        class 4 (bf16 max): 32 warps per block (64 registers each), one RANS table and one LUT table, no ring: the
+//          RANS steps are one dependent chain per lane, so what hides their latency is warps;
 //        fallback: chunks the class kernels could not take (more RANS/LUT streams than their tables, misaligned frames),
 //        4 warps per block with eight of each.
 //      The fixed-rate streams (RAW symbols, LUT codes) reach shared memory through a per-warp ring of 1024-element
@@ -23,7 +25,8 @@
 //      escapes placed by one packed warp scan per tile with the chunk's exceptions in shared memory. Everything else
 //      takes the step path in the format's RANS order (lane l, element 32g + l): per step one symbol per stream and
 //      lane, RANS words fetched through a 256-word window held in the lanes' registers (ballot + popc give each lane
-//      its word).
+//      its word); bf16 chunks with RANS exponents and RAW or CONST sign+mantissa bytes (what the max encoder writes)
+//      take a step loop specialised on those modes.
 //      With verify on, each warp checks the chunk digest (format version 2: 32 lane hashes of interleaved 16-byte
 //      stripes) of the chunk it wrote: the tile path and raw copies hash the 16-byte vectors they store on the way out,
 //      other paths read the chunk back right after writing it (coalesced, from L2).
@@ -64,12 +67,15 @@ struct DecTensor {
   uint8_t dtype, codec, ndim, header_ok, cls, pad[3];
 };
 
-constexpr uint32_t kClasses = 4;  // 0 all chunks, 1 fast/raw, 2 max/bytes, 3 bf16 fast (Tuning::bf16_kernel)
+// 0 all chunks, 1 fast/raw, 2 max/bytes, 3 bf16 fast, 4 bf16 max (3 and 4: Tuning::bf16_kernel)
+constexpr uint32_t kClasses = 5;
 /// A batch's error keys (8 bytes a frame) up to this size go up with its descriptors instead of a memset (decode()).
 constexpr size_t kInitUploadBytes = size_t(64) << 10;
 constexpr uint32_t kVerifyTasks = 2;  // per frame, in its class: header digest, frame checksum (verify_task)
 /// Ticket counter of a decode kernel (MODE = its class; 0 the fallback queue); [3] is the queue length.
-__host__ __device__ constexpr uint32_t ticket_of(int mode) { return mode == 0 ? 2 : mode == 3 ? 4 : uint32_t(mode - 1); }
+__host__ __device__ constexpr uint32_t ticket_of(int mode) {
+  return mode == 0 ? 2 : mode == 3 ? 4 : mode == 4 ? 5 : uint32_t(mode - 1);
+}
 
 struct DecArgs {
   DecTensor* t;
@@ -83,7 +89,7 @@ struct DecArgs {
   uint64_t queue_cap;
   int32_t* errors;              // caller's array
   uint32_t debug;               // Tuning::debug: print each rejected chunk
-  uint32_t bf16_class;          // Tuning::bf16_kernel: bf16 fast frames go to class 3
+  uint32_t bf16_class;          // Tuning::bf16_kernel: bf16 fast frames go to class 3, bf16 max frames to class 4
   uint32_t ring_pairs;          // Tuning::ring_pairs: class 3 fills its ring two tiles at a time
 };
 
@@ -93,6 +99,7 @@ Status run_part0(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, 
 Status run_part1(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
 Status run_part2(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
 Status run_part3(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
+Status run_part4(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
 
 namespace {
 
@@ -202,7 +209,9 @@ __global__ void __launch_bounds__(1024, 1) parse_kernel(DecArgs a) {
         T.n_chunks = nch;
         T.header_bytes = hdr;
         T.checksum = ld_le32u(f + kOffChecksum);
-        T.cls = (c == Codec::FAST && Dtype(dt) == Dtype::BF16 && a.bf16_class) ? 3 : (c == Codec::FAST || c == Codec::RAW) ? 1 : 2;
+        const bool bf16_own = Dtype(dt) == Dtype::BF16 && a.bf16_class;
+        T.cls = (c == Codec::FAST && bf16_own) ? 3 : (c == Codec::MAX && bf16_own) ? 4
+              : (c == Codec::FAST || c == Codec::RAW) ? 1 : 2;
         s_bad = 0;
         const uint64_t frame_bytes = hdr + payload;
         if (avail < frame_bytes) { report(a, ti, err_key(kRTruncFrame, 0, 0, kTruncated)); s_bad = 1; }
@@ -257,7 +266,7 @@ __global__ void __launch_bounds__(1024, 1) scan_kernel(DecArgs a) {
   __syncthreads();
   for (uint32_t b0 = 0; b0 < a.n; b0 += blockDim.x) {
     const uint32_t ti = b0 + tid;
-    uint64_t v[kClasses] = {0, 0, 0, 0};
+    uint64_t v[kClasses] = {};
     if (ti < a.n) {
       const DecTensor& T = a.t[ti];
       v[0] = T.n_dec;
@@ -842,6 +851,77 @@ __device__ __forceinline__ bool run_tiles(const StreamState* ss, Ring& rg, uint3
 #undef TZIP_FIXED
 }
 
+/// The RANS state of one stream of a chunk as the step path holds it: the lane's state x, a 256-word window of the
+/// stream's 16-bit words (h0..h3: words base + 64 r + lane and base + 64 r + 32 + lane of each), the words consumed.
+struct RansLane {
+  uint32_t x, h0, h1, h2, h3, pos, base;
+};
+
+/// Steps [g0, g1) of a bf16 chunk whose exponent stream is RANS and whose sign+mantissa stream is RAW (RRAW, bytes at
+/// r + i for element i) or CONST (rconst): element i = 32 g + lane, decoded, merged and stored at out[i] (2-byte
+/// aligned). ACT: the last step may be partial (elements >= n do nothing). AHEAD: sign+mantissa bytes are loaded that
+/// many steps before their step (0: at it, from shared memory), so that their latency hides behind the RANS chain.
+/// Sets `bad` when the words run out (the caller checks the rest, as for the general step path).
+template <bool RRAW, bool ACT, uint32_t AHEAD>
+__device__ __forceinline__ void rans_bf16_steps(RansLane& st, const uint8_t* symt, const uint32_t* fc, const uint8_t* words,
+                                                uint32_t n_words, const uint8_t* r, uint32_t rconst, uint16_t* out,
+                                                uint32_t n, uint32_t g0, uint32_t g1, bool& bad) {
+  const uint32_t lane = lane_id();
+  uint32_t xr = st.x, w0 = st.h0, w1 = st.h1, w2 = st.h2, w3 = st.h3, ps = st.pos, bs = st.base;
+  constexpr uint32_t QA = AHEAD > 0 ? AHEAD : 1;
+  uint32_t rq[QA];
+#pragma unroll
+  for (uint32_t q = 0; q < QA; ++q) {
+    const uint32_t iq = (g0 + q) * 32 + lane;
+    rq[q] = RRAW && AHEAD > 0 && iq < n ? uint32_t(r[iq]) : 0u;
+  }
+#pragma unroll 4
+  for (uint32_t g = g0; g < g1; ++g) {
+    const uint32_t i = g * 32 + lane;
+    const bool act = !ACT || i < n;
+    uint32_t e = 0;
+    if (act) {
+      const uint32_t sl = xr & (kRansProbScale - 1);
+      e = symt[sl];
+      const uint32_t f = fc[e];
+      xr = (f & 0xFFFFu) * (xr >> kRansProbBits) + sl - (f >> 16);
+    }
+    const bool need = act && xr < kRansLow;
+    const uint32_t b = __ballot_sync(kFull, need);
+    if (b) {
+      const uint32_t cnt = __popc(b);
+      if (ps + cnt > n_words) bad = true;
+      const uint32_t off = ps + __popc(b & lanemask_lt()) - bs;  // < 96
+      const uint32_t a0 = __shfl_sync(kFull, w0, off & 31), a1 = __shfl_sync(kFull, w1, off & 31);
+      const uint32_t word = off < 32 ? (a0 & 0xFFFFu) : off < 64 ? (a0 >> 16) : (a1 & 0xFFFFu);
+      if (need) xr = (xr << 16) | word;
+      ps += cnt;
+      if (ps - bs >= 64) {
+        bs += 64;
+        w0 = w1;
+        w1 = w2;
+        w2 = w3;
+        const uint32_t k0 = bs + 192 + lane, k1 = k0 + 32;
+        w3 = (k0 < n_words ? ld_le16u(words + 2ull * k0) : 0u) | ((k1 < n_words ? ld_le16u(words + 2ull * k1) : 0u) << 16);
+      }
+    }
+    uint32_t rv = rconst;
+    if constexpr (RRAW) {
+      if constexpr (AHEAD > 0) {
+        rv = rq[0];
+#pragma unroll
+        for (uint32_t q = 0; q + 1 < QA; ++q) rq[q] = rq[q + 1];
+        const uint32_t ia = i + 32 * AHEAD;
+        rq[QA - 1] = ia < n ? uint32_t(r[ia]) : 0u;
+      } else {
+        rv = act ? uint32_t(r[i]) : 0u;
+      }
+    }
+    if (act) out[i] = uint16_t(((rv & 0x80u) << 8) | (e << 7) | (rv & 0x7Fu));
+  }
+  st = RansLane{xr, w0, w1, w2, w3, ps, bs};
+}
+
 /// Decodes one coded chunk with one warp. Returns kChunkOk, kChunkBad (corrupt) or kChunkDefer (needs more tables
 /// than this kernel has, a misaligned frame in a streaming kernel, or a tile too large for two ring slots: nothing
 /// was written).
@@ -1086,10 +1166,48 @@ __device__ int decode_coded(const uint8_t* src, uint32_t size, uint32_t raw_len,
   const bool dst_al = (reinterpret_cast<uintptr_t>(dst) & (E - 1)) == 0;
   const uint32_t steps = (n + 31) / 32;
   bool bad = false;
+  // bf16 `max` chunks as the canonical encoder writes them (exponents RANS, sign+mantissa RAW or CONST) take a step
+  // loop of their own: no mode tests per element, one RANS state and window, one 2-byte store.
+  bool lean = false;
+  if constexpr (FID == kFamBF16 && C > 0)
+    lean = dst_al && ss[0].mode == uint32_t(StreamMode::RANS) &&
+           (ss[1].mode == uint32_t(StreamMode::RAW) || ss[1].mode == uint32_t(StreamMode::CONST));
   for (; t < tiles; ++t) {
     const uint8_t* slot = nullptr;
     if constexpr (STREAM) slot = ring_tile<NS>(rg, ss, t);
     const uint32_t g_end = min(steps, (t + 1) * 32);
+    if constexpr (FID == kFamBF16 && C > 0) {
+      if (lean) {
+        const StreamState& se = ss[0];
+        const StreamState& sr = ss[1];
+        const uint8_t* symt = ws + WL::kRansSym + 4096 * se.slot;
+        const uint32_t* fc = reinterpret_cast<const uint32_t*>(ws + WL::kRansFc) + 256 * se.slot;
+        const bool r_raw = sr.mode == uint32_t(StreamMode::RAW);
+        // Element i's sign+mantissa byte is at rsrc[i]: in the ring tile's segment, or in the section itself. A kernel
+        // without the ring takes the whole chunk at once.
+        const uint8_t* rsrc = STREAM ? slot + sr.seg - ((t >> rg.rs) << rg.rs) * kTile : sr.data;
+        const uint32_t g0 = t * 32, g1 = STREAM ? g_end : steps, full = min(g1, n / 32);
+        constexpr uint32_t kAhead = STREAM ? 0 : 4;
+        RansLane st{x[0], h0[0], h1[0], h2[0], h3[0], pos[0], base[0]};
+        uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+        if (r_raw) {
+          rans_bf16_steps<true, false, kAhead>(st, symt, fc, se.data, se.len, rsrc, 0, out, n, g0, full, bad);
+          if (full < g1) rans_bf16_steps<true, true, 0>(st, symt, fc, se.data, se.len, rsrc, 0, out, n, full, g1, bad);
+        } else {
+          rans_bf16_steps<false, false, 0>(st, symt, fc, se.data, se.len, rsrc, sr.param, out, n, g0, full, bad);
+          if (full < g1) rans_bf16_steps<false, true, 0>(st, symt, fc, se.data, se.len, rsrc, sr.param, out, n, full, g1, bad);
+        }
+        x[0] = st.x; h0[0] = st.h0; h1[0] = st.h1; h2[0] = st.h2; h3[0] = st.h3; pos[0] = st.pos; base[0] = st.base;
+        bad = __any_sync(kFull, bad);
+        if constexpr (STREAM) __syncwarp();
+        if (bad) break;
+        if constexpr (!STREAM) {
+          t = tiles;  // every step done
+          break;
+        }
+        continue;
+      }
+    }
     for (uint32_t g = t * 32; g < g_end; ++g) {
       const uint32_t i = g * 32 + lane;
       const uint32_t il = i - ((t >> rg.rs) << rg.rs) * kTile;  // element within the ring tile
@@ -1292,8 +1410,8 @@ __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t t
       const bool tok = tile_ok && aligned16(dst);
       const bool pairs = MODE == 3 && a.ring_pairs;  // class 3's ring has room for two slots of tile pairs
       const uint32_t fam = family_of(Dtype(T.dtype), Codec(T.codec));
-      if constexpr (MODE == 3) {
-        // Class 3 holds only bf16 fast frames: the other families' code would cost this kernel its registers.
+      if constexpr (MODE == 3 || MODE == 4) {
+        // Classes 3 and 4 hold only bf16 frames (fast, max): the other families' code would cost them their registers.
         r = fam == kFamBF16 ? decode_coded<kFamBF16, C, L, RING, XS>(src, size, raw_len, dst, ws, tok, pairs, vfy, dg, dg_from)
                             : int(kChunkBad);
       } else switch (fam) {
@@ -1353,8 +1471,15 @@ __global__ void errors_kernel(DecArgs a) {
 }  // namespace
 
 #if defined(TZIP_DECODE_PART)
-// Part 1: fast and raw frames. Part 2: max and bytes frames. Part 3: bf16 fast frames. Part 0: the fallback queue.
-#if TZIP_DECODE_PART == 3
+// Part 1: fast and raw frames. Part 2: max and bytes frames. Part 3: bf16 fast frames. Part 4: bf16 max frames.
+// Part 0: the fallback queue.
+#if TZIP_DECODE_PART == 4
+// bf16 max frames: 32 warps x 64 registers, no ring (the RAW sign+mantissa bytes are read ahead from global memory),
+// 32 x 5248 bytes of shared memory: the RANS table, a LUT table.
+#define TZIP_PART_FN run_part4
+constexpr uint32_t kC = 1, kL = 1, kW = 32, kRingBytes = 0;
+constexpr int kMode = 4;
+#elif TZIP_DECODE_PART == 3
 // 24 warps x 80 registers (ptxas: 16 bytes spilled, outside the tile loop) and 24 x 9680 bytes of shared memory (of
 // 232448): the ring holds 4 one-tile slots of 3-bit codes and RAW mantissas (2 of anything wider), or 2 slots of tile
 // pairs (ring_pairs).
@@ -1480,6 +1605,7 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
     if (!(r = run_part1(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
     if (!(r = run_part2(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
     if (a.bf16_class && !(r = run_part3(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
+    if (a.bf16_class && !(r = run_part4(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
     if (!(r = run_part0(a, opt.sm_budget, sms, s, 0, 0)).ok()) return r;
     errors_kernel<<<(unsigned)std::min<size_t>((count + 255) / 256, 1024), 256, 0, s>>>(a);
     return check_launch("errors_kernel");
