@@ -96,8 +96,8 @@ struct Lcg {
 
 uint32_t clz32(uint32_t x) { return x ? uint32_t(__builtin_clz(x)) : 32u; }
 
-enum Pattern { kRandom, kWeights, kZeros, kOnes, kSpecial, kSmall, kSkewed, kSpread, kNumPatterns };
-const char* kPatternNames[] = {"random", "weights", "zeros", "ones", "special", "small", "skewed", "spread"};
+enum Pattern { kRandom, kWeights, kZeros, kOnes, kSpecial, kSmall, kSkewed, kSpread, kPow2, kNumPatterns };
+const char* kPatternNames[] = {"random", "weights", "zeros", "ones", "special", "small", "skewed", "spread", "pow2"};
 
 /// Weight-like floats: geometric exponents around E0, random mantissas (as cuda/test/make_golden.cpp).
 void fill(std::vector<uint8_t>& v, Dtype d, Pattern p, uint64_t seed) {
@@ -156,6 +156,17 @@ void fill(std::vector<uint8_t>& v, Dtype d, Pattern p, uint64_t seed) {
         const uint32_t ew = d == Dtype::F16 ? 5 : 8, mw = d == Dtype::F16 ? 10 : d == Dtype::BF16 ? 7 : 23;
         const uint32_t e = (b % 10) < 7 ? (1u << (ew - 1)) - 4 + (b >> 8) % 6 : (b >> 8) & ((1u << ew) - 1);
         const uint64_t bits = (uint64_t(a >> 31) << (ew + mw)) | (uint64_t(e) << mw) | (a & ((1u << mw) - 1));
+        for (uint32_t k = 0; k < es; ++k) v[i * es + k] = uint8_t(bits >> (8 * k));
+      }
+      break;
+    case kPow2:
+      // -2^k with geometric k: the exponents vary (max codes them with RANS) while sign and mantissa are one value
+      // (a CONST stream), the one case of decode.cu's bf16 RANS step loop that real weights do not reach.
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint32_t b = r.next();
+        const uint32_t ew = d == Dtype::F16 ? 5 : 8, mw = d == Dtype::F16 ? 10 : d == Dtype::BF16 ? 7 : 23;
+        const uint32_t e = ((1u << (ew - 1)) - 2) - std::min(clz32(b | 1), (1u << (ew - 1)) - 3);
+        const uint64_t bits = (uint64_t(1) << (ew + mw)) | (uint64_t(e) << mw);
         for (uint32_t k = 0; k < es; ++k) v[i * es + k] = uint8_t(bits >> (8 * k));
       }
       break;
@@ -367,9 +378,9 @@ std::vector<Case> make_cases(bool small) {
     if (small) lens = {lens[1], lens[2], lens[4], lens[5]};
     for (int pi = 0; pi < kNumPatterns; ++pi) {
       const Pattern p = Pattern(pi);
-      if (small && !(p == kRandom || p == kWeights || p == kSkewed || p == kSpecial || p == kSpread)) continue;
+      if (small && !(p == kRandom || p == kWeights || p == kSkewed || p == kSpecial || p == kSpread || p == kPow2)) continue;
       if ((p == kSpecial || p == kWeights) && !is_float && pi != kWeights) continue;
-      if ((p == kSpecial || p == kSpread) && !is_float) continue;
+      if ((p == kSpecial || p == kSpread || p == kPow2) && !is_float) continue;
       for (const Len& L : lens) {
         if (p != kRandom && p != kWeights && L.elems < 1000 && L.elems > 1) continue;  // small sizes: two patterns
         for (int codec : codecs) {
