@@ -12,7 +12,7 @@
 //          chains need more warps per scheduler than the 16 that the fp32 paths' registers allow;
 //        class 1 (fp16/fp32 fast, raw): 16 warps per block, no RANS tables;
 //        class 2 (max, bytes): 16 warps per block, one RANS table and two LUT tables per warp;
-//        class 4 (bf16 max): 32 warps per block (64 registers each), one RANS table and one LUT table, no ring: the
+//        class 4 (bf16 max): 32 warps per block (64 registers each), one RANS table and two LUT tables, no ring: the
 //          RANS steps are one dependent chain per lane, so what hides their latency is warps;
 //        fallback: chunks the class kernels could not take (more RANS/LUT streams than their tables, misaligned frames),
 //        4 warps per block with eight of each.
@@ -93,7 +93,7 @@ struct DecArgs {
   uint32_t ring_pairs;          // Tuning::ring_pairs: class 3 fills its ring two tiles at a time
 };
 
-/// Decode kernels live in their own translation units (decode_k1.cu, decode_k2.cu, decode_k0.cu include this file
+/// Decode kernels live in their own translation units (decode_k0.cu to decode_k4.cu include this file
 /// with TZIP_DECODE_PART set) so that they compile in parallel. Each launches its kernel on the stream.
 Status run_part0(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
 Status run_part1(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all);
@@ -1345,7 +1345,7 @@ __device__ void verify_task(const DecArgs& a, uint32_t ti, uint64_t which) {
   }
 }
 
-template <uint32_t C, uint32_t L, uint32_t W, uint32_t RING, int MODE>  // MODE: the class (1, 2, 3), 0 fallback
+template <uint32_t C, uint32_t L, uint32_t W, uint32_t RING, int MODE>  // MODE: the class (1 to 4), 0 fallback
 __global__ void __launch_bounds__(W * 32, 1) decode_kernel(DecArgs a, uint32_t tile_ok, uint32_t defer_all) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr uint32_t XS = exc_smem_bytes(MODE);
@@ -1475,9 +1475,10 @@ __global__ void errors_kernel(DecArgs a) {
 // Part 0: the fallback queue.
 #if TZIP_DECODE_PART == 4
 // bf16 max frames: 32 warps x 64 registers, no ring (the RAW sign+mantissa bytes are read ahead from global memory),
-// 32 x 5248 bytes of shared memory: the RANS table, a LUT table.
+// 32 x 5376 bytes of shared memory: the RANS table and two LUT tables, so that every chunk class 2 took stays here
+// (chunks with LUT exponents take the step path: the tile path needs the ring).
 #define TZIP_PART_FN run_part4
-constexpr uint32_t kC = 1, kL = 1, kW = 32, kRingBytes = 0;
+constexpr uint32_t kC = 1, kL = 2, kW = 32, kRingBytes = 0;
 constexpr int kMode = 4;
 #elif TZIP_DECODE_PART == 3
 // 24 warps x 80 registers (ptxas: 16 bytes spilled, outside the tile loop) and 24 x 9680 bytes of shared memory (of

@@ -5,7 +5,7 @@
 // A block is kGroups independent groups, each coding one chunk at a time (persistent, atomic tickets), so that one
 // group's serial steps (planning, the look-back) overlap with the other's streaming. Per chunk, a group:
 //   1. has the chunk copied into its shared memory by the copy engine (one bulk copy, completing on an mbarrier);
-//   2. hashes it (the chunk digest, format version 2) in its digest warp while its 8 worker warps build the exponent
+//   2. hashes it (the chunk digest, format version 2) in its digest warp while its 12 worker warps build the exponent
 //      histogram (32 lane-private replicas of each bin: atomics of one warp never collide) and test the other streams
 //      for a constant value;
 //   3. takes the CPU's decisions for the exponent stream (CONST / RAW / LUT with the (count desc, symbol asc) ranking,
@@ -36,7 +36,7 @@ using namespace tzip::dev;
 
 constexpr uint32_t kGroups = 2;
 constexpr uint32_t kWorkers = 12;                      // worker warps of a group (14: no faster, 16: over 1024 threads)
-constexpr uint32_t kWorkerThreads = 32 * kWorkers;     // 256: one thread per exponent bin when planning
+constexpr uint32_t kWorkerThreads = 32 * kWorkers;     // 384, at least one thread per exponent bin when planning
 constexpr uint32_t kGroupThreads = kWorkerThreads + 32;  // and the digest warp
 constexpr uint32_t kBlockThreads = kGroups * kGroupThreads;
 constexpr uint32_t kReplicas = 32;                     // histogram replicas: one per lane
