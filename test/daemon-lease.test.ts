@@ -14,7 +14,10 @@ describe('SessionTable.sweep', () => {
     const { sessions, ended } = table(1000);
     const idle = sessions.open(101, 'tzip-101-a-', 'idle', 2, 'r1');
     const busy = sessions.open(102, 'tzip-102-b-', 'busy', 2, 'r2');
-    const t0 = Math.max(idle.lastSeen, busy.lastSeen);
+    // One clock for both (opened a few ms apart on a loaded machine, the idle one lapsed 1 ms early at t0 + 999).
+    const t0 = Date.now();
+    idle.lastSeen = t0;
+    busy.lastSeen = t0;
     busy.inflight = 1;
     expect(sessions.sweep(t0 + 999)).toBe(0);
     expect(sessions.sweep(t0 + 1001)).toBe(1);
