@@ -861,7 +861,8 @@ struct RansLane {
 /// r + i for element i) or CONST (rconst): element i = 32 g + lane, decoded, merged and stored at out[i] (2-byte
 /// aligned). ACT: the last step may be partial (elements >= n do nothing). AHEAD: sign+mantissa bytes are loaded that
 /// many steps before their step (0: at it, from shared memory), so that their latency hides behind the RANS chain.
-/// Sets `bad` when the words run out (the caller checks the rest, as for the general step path).
+/// Sets `bad` when the words run out (the caller checks the rest, as for the general step path). The RANS step is
+/// written out here and in decode_coded's step path alike: one function for both cost that path 7% (docs/benchmarks.md).
 template <bool RRAW, bool ACT, uint32_t AHEAD>
 __device__ __forceinline__ void rans_bf16_steps(RansLane& st, const uint8_t* symt, const uint32_t* fc, const uint8_t* words,
                                                 uint32_t n_words, const uint8_t* r, uint32_t rconst, uint16_t* out,
