@@ -682,7 +682,7 @@ __global__ void __launch_bounds__(kGroups * kGroupThreads, 1) encode_kernel(EncA
   for (;;) {
     if (tid == 0) {
       uint32_t t = 0;
-      const uint64_t g = draw_chunk<false>(a, a.tickets + kTicketEncode, &t);
+      const uint64_t g = draw_chunk<uint32_t(Share::kGeneral)>(a, a.tickets + kTicketEncode, &t);
       S.ticket = g;
       if (g < a.total_chunks) {
         S.tensor = t;
@@ -736,7 +736,7 @@ __global__ void __launch_bounds__(1024, 1) digest_kernel(EncArgs a) {
   for (uint64_t g = uint64_t(w) * gridDim.x + blockIdx.x; g < a.total_chunks; g += stride) {
     const uint32_t t = find_tensor(a.tensors, a.n_tensors, g);
     const EncTensor& T = a.tensors[t];
-    if (fast_kernel_takes(a, T)) continue;  // fast_encode_kernel digests its chunks as it codes them
+    if (fast_kernel_takes(a, T)) continue;  // the fast encoder digests its chunks as it codes them
     const uint64_t begin = (g - T.chunk_base) * a.chunk_bytes;
     const uint32_t len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin));
     const uint32_t d = warp_chunk_digest(T.in + begin, len);
@@ -953,6 +953,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   uint32_t n_auto = 0;
   const bool use_fast = get_tuning().fast_encoder;
   bool need_fast = false, need_general = false;
+  uint32_t fast_kinds = 0;  // CodeKind bits of the fast encoder's tensors
   for (size_t i = 0; i < count; ++i) {
     const EncodeItem& it = items[i];
     const std::string who = "tensor " + std::to_string(i) + ": ";
@@ -1000,6 +1001,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
     if (nch) {
       const bool fast_able = use_fast && t.aligned && (c == Codec::FAST || c == Codec::RAW);
       need_fast |= fast_able;
+      if (fast_able) fast_kinds |= 1u << code_kind(t.dtype, t.codec);
       need_general |= !fast_able || t.is_auto;
     }
     for (uint32_t k = 0; k < it.ndim; ++k) shapes.push_back(it.shape[k]);
@@ -1014,12 +1016,13 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   if (!st.ok()) return st;
   void* stream = opt.stream;
 
-  // Workspace: descriptors, shapes, tickets, look-back words, offsets, sizes, digests, auto histograms.
+  // Workspace: descriptors, shapes, tickets, look-back words, offsets, sizes, digests, auto histograms, fast plans.
   auto al = [](size_t x) { return (x + 255) & ~size_t(255); };
   const size_t b_tensors = al(sizeof(EncTensor) * count), b_shapes = al(8 * std::max<size_t>(1, shapes.size())),
                b_tickets = al(16), b_status = al(8 * total_chunks), b_offsets = al(8 * total_chunks),
-               b_sizes = al(4 * total_chunks), b_digests = al(4 * total_chunks), b_hist = al(8 * 256ull * n_auto);
-  const size_t total = b_tensors + b_shapes + b_tickets + b_status + b_offsets + b_sizes + b_digests + b_hist;
+               b_sizes = al(4 * total_chunks), b_digests = al(4 * total_chunks), b_hist = al(8 * 256ull * n_auto),
+               b_plans = need_fast ? al(sizeof(FastPlan) * total_chunks) : 0;
+  const size_t total = b_tensors + b_shapes + b_tickets + b_status + b_offsets + b_sizes + b_digests + b_hist + b_plans;
   void* ws = nullptr;
   st = alloc_async(&ws, total, stream);
   if (!st.ok()) return st;
@@ -1033,6 +1036,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   a.sizes = reinterpret_cast<uint32_t*>(p); p += b_sizes;
   a.digests = reinterpret_cast<uint32_t*>(p); p += b_digests;
   a.auto_hist = reinterpret_cast<unsigned long long*>(p); p += b_hist;
+  a.plans = need_fast ? reinterpret_cast<FastPlan*>(p) : nullptr; p += b_plans;
   a.shapes = d_shapes;
   a.n_tensors = uint32_t(count);
   a.chunk_bytes = cs;
@@ -1070,7 +1074,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
       auto_resolve_kernel<<<grid, 256, smem, s>>>(a);
       if (!(r = check_launch("auto_resolve_kernel")).ok()) return r;
     }
-    if (need_fast && !(r = launch_fast_encode(a, opt.sm_budget, sms, s)).ok()) return r;
+    if (need_fast && !(r = launch_fast_encode(a, fast_kinds, opt.sm_budget, sms, s)).ok()) return r;
     if (need_general) {
       smem = 0;
       if (!(r = persistent_grid(reinterpret_cast<const void*>(digest_kernel), 1024, &smem, opt.sm_budget, sms,
@@ -1101,7 +1105,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
     if (opt.graphs && count <= kGraphMaxItems && in_total <= kGraphMaxBytes) {
       GraphKey key;
       key.w = {2, uint64_t(guard.device()), uint64_t(reinterpret_cast<uintptr_t>(stream)), count, cs, total_chunks,
-               shapes.size(), n_auto, uint64_t(need_fast | need_general << 1 | use_fast << 2 | zeros_too << 3),
+               shapes.size(), n_auto, uint64_t(need_fast | need_general << 1 | use_fast << 2 | zeros_too << 3 | fast_kinds << 4),
                uint64_t(int64_t(opt.sm_budget)), uint64_t(reinterpret_cast<uintptr_t>(ws)),
                uint64_t(reinterpret_cast<uintptr_t>(d_frame_bytes)), image.size(), uint64_t(sms)};
       if (launch_graph(key, image.data(), image.size(), a.tensors, stream, kernels)) {

@@ -1,11 +1,12 @@
 // What the GPU encoder's kernels share (encode.cu: the general encoder and the launch sequence; encode_fast.cu: the
 // fast/raw encoder): the batch descriptors, chunk tickets and the decoupled look-back that places each chunk.
 //
-// A batch's chunks are split between two coding kernels by tensor: a tensor whose codec is fast (a split float) or
-// raw and whose input and frame are 16-byte aligned goes to fast_encode_kernel, every other tensor to encode_kernel.
-// Both kernels draw chunk tickets from the same global numbering (each its own counter) and skip the rest of a tensor
-// of the other kernel at once (atomicMax past it), so every chunk is coded once, by one kernel, and a tensor's chunks
-// are drawn in order: the look-back of chunk i only ever waits for chunk i - 1, drawn earlier by a running block.
+// A batch's chunks are split between two encoders by tensor: a tensor whose codec is fast (a split float) or raw and
+// whose input and frame are 16-byte aligned goes to the fast encoder (encode_fast.cu: fast_plan_kernel, then
+// fast_code_kernel), every other tensor to encode_kernel. Each kernel draws chunk tickets from the same global
+// numbering (each its own counter) and skips the rest of a tensor it does not take at once (atomicMax past it), so
+// every chunk is planned and coded once, and a tensor's chunks are drawn in order: the look-back of chunk i only ever
+// waits for chunk i - 1, drawn earlier by a running block.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -29,12 +30,34 @@ struct EncTensor {
   uint32_t n_chunks;
   uint32_t auto_slot;        // index into the auto histograms (auto tensors only)
   uint8_t dtype, codec, ndim, is_auto;
-  uint8_t aligned;           // input and frame 16-byte aligned (fast_encode_kernel may take the tensor)
+  uint8_t aligned;           // input and frame 16-byte aligned (the fast encoder may take the tensor)
   uint8_t pad[3];
 };
 
 /// Ticket counters (EncArgs::tickets).
-enum Ticket : uint32_t { kTicketEncode = 0, kTicketAutoHist = 1, kTicketFast = 2 };
+enum Ticket : uint32_t { kTicketEncode = 0, kTicketAutoHist = 1, kTicketPlan = 2, kTicketCode = 3 };  // + CodeKind
+
+/// The fast encoder's coding kernels, one per kind of tensor (each its own register budget and ticket counter):
+/// raw tensors of any dtype, and `fast` tensors by float family.
+enum CodeKind : uint32_t { kCodeRaw = 0, kCodeBF16 = 1, kCodeF16 = 2, kCodeF32 = 3, kNumCodeKinds = 4 };
+__host__ __device__ inline uint32_t code_kind(uint8_t dtype, uint8_t codec) {
+  if (codec == uint8_t(Codec::RAW)) return kCodeRaw;
+  return Dtype(dtype) == Dtype::BF16 ? kCodeBF16 : Dtype(dtype) == Dtype::F16 ? kCodeF16 : kCodeF32;
+}
+
+/// What fast_plan_kernel decided for one chunk of a `fast` tensor, for fast_code_kernel (EncArgs::plans): the stored
+/// size, whether it is stored raw, and per stream the mode, param, section bytes and section offset (docs/format.md,
+/// sections 6-8); for a LUT exponent stream the code width k, the exceptions and the LUT (the first n_lut ranked
+/// symbols, then zeros). 192 bytes, read by one warp as 12 16-byte loads.
+struct __align__(16) FastPlan {
+  uint32_t size, n_exc;
+  uint8_t raw, k, n_lut, pad0;
+  uint8_t mode[4], param[4];
+  uint32_t bytes[4], sec[4];
+  uint8_t pad1[12];
+  uint8_t lut[128];
+};
+static_assert(sizeof(FastPlan) == 192, "FastPlan is 12 16-byte vectors");
 
 struct EncArgs {
   EncTensor* tensors;
@@ -49,12 +72,24 @@ struct EncArgs {
   uint32_t* digests;              // chunk digest of each chunk's input (format version 2)
   unsigned long long* auto_hist;  // 256 per auto tensor
   uint64_t* frame_bytes;          // caller's array
-  uint32_t use_fast;              // Tuning::fast_encoder: fast_encode_kernel takes its tensors
+  FastPlan* plans;                // one per chunk when the batch has tensors for the fast encoder
+  uint32_t use_fast;              // Tuning::fast_encoder: the fast encoder takes its tensors
 };
 
-/// Whether fast_encode_kernel codes this tensor (once "auto" is resolved on the device).
+/// Whether the fast encoder codes this tensor (once "auto" is resolved on the device).
 __device__ __forceinline__ bool fast_kernel_takes(const EncArgs& a, const EncTensor& t) {
   return a.use_fast && t.aligned && (t.codec == uint8_t(Codec::FAST) || t.codec == uint8_t(Codec::RAW));
+}
+
+/// Which chunks a kernel draws: encode_kernel's (kGeneral), those of the fast encoder's `fast` tensors (kFastCoded:
+/// fast_plan_kernel; raw tensors need no plan), or the fast encoder's of one CodeKind (kCode + kind:
+/// fast_code_kernel).
+enum class Share : uint32_t { kGeneral = 0, kFastCoded = 1, kCode = 2 };
+__device__ __forceinline__ bool share_takes(const EncArgs& a, const EncTensor& t, uint32_t s) {
+  const bool fast = fast_kernel_takes(a, t);
+  if (s == uint32_t(Share::kGeneral)) return !fast;
+  if (s == uint32_t(Share::kFastCoded)) return fast && t.codec == uint8_t(Codec::FAST);
+  return fast && code_kind(t.dtype, t.codec) == s - uint32_t(Share::kCode);
 }
 
 __device__ __forceinline__ uint32_t find_tensor(const EncTensor* t, uint32_t n, uint64_t g) {
@@ -67,16 +102,16 @@ __device__ __forceinline__ uint32_t find_tensor(const EncTensor* t, uint32_t n, 
   return lo;  // empty tensors share the base of the next one, so the last base <= g is the owner
 }
 
-/// Draws the next chunk this kernel codes (FAST: fast_encode_kernel's share, else encode_kernel's), skipping the
-/// other kernel's tensors. Returns a value >= total_chunks when none is left; *tensor is the chunk's tensor.
-template <bool FAST>
+/// Draws the next chunk of share S (a Share, plus the CodeKind for kCode), skipping the tensors it does not take.
+/// Returns a value >= total_chunks when none is left; *tensor is the chunk's tensor.
+template <uint32_t S>
 __device__ uint64_t draw_chunk(const EncArgs& a, unsigned long long* ticket, uint32_t* tensor) {
   for (;;) {
     const unsigned long long g = atomicAdd(ticket, 1ull);
     if (g >= a.total_chunks) return g;
     const uint32_t t = find_tensor(a.tensors, a.n_tensors, g);
     const EncTensor& T = a.tensors[t];
-    if (fast_kernel_takes(a, T) == FAST) {
+    if (share_takes(a, T, S)) {
       *tensor = t;
       return g;
     }
@@ -141,8 +176,9 @@ __device__ inline void threads_copy(uint8_t* dst, const uint8_t* src, uint32_t n
   }
 }
 
-/// Launches fast_encode_kernel (encode_fast.cu) on the batch: grid sized by the SM budget.
-Status launch_fast_encode(const EncArgs& a, int sm_budget, int sm_count, cudaStream_t s);
+/// Launches the fast encoder (encode_fast.cu: fast_plan_kernel, then fast_code_kernel for each CodeKind whose bit is
+/// set in `kinds`) on the batch: grids sized by the SM budget.
+Status launch_fast_encode(const EncArgs& a, uint32_t kinds, int sm_budget, int sm_count, cudaStream_t s);
 
 }  // namespace enc
 }  // namespace gpu

@@ -1,27 +1,31 @@
-// fast_encode_kernel: the GPU encoder of `fast` (bf16, fp16, fp32) and `raw` tensors whose input and frame are 16-byte
-// aligned. The same bytes as the CPU's encode_chunk (chunk_codec.cpp) and as encode_kernel; one read of the input
-// from device memory, no second kernel for digests, chunks written straight to their final offsets.
+// The GPU encoder of `fast` (bf16, fp16, fp32) and `raw` tensors whose input and frame are 16-byte aligned: the same
+// bytes as the CPU's encode_chunk (chunk_codec.cpp) and as encode_kernel, in two kernels that each stream the input
+// from device memory once and wait on nothing but the look-back:
 //
-// A block is kGroups independent groups, each coding one chunk at a time (persistent, atomic tickets), so that one
-// group's serial steps (planning, the look-back) overlap with the other's streaming. Per chunk, a group:
-//   1. has the chunk copied into its shared memory by the copy engine (one bulk copy, completing on an mbarrier);
-//   2. hashes it (the chunk digest, format version 2) in its digest warp while its 12 worker warps build the exponent
-//      histogram (32 lane-private replicas of each bin: atomics of one warp never collide) and test the other streams
-//      for a constant value;
-//   3. takes the CPU's decisions for the exponent stream (CONST / RAW / LUT with the (count desc, symbol asc) ranking,
-//      computed as each present symbol's rank among the present ones, and the best code width k), lays out the chunk,
-//      and places it with the decoupled look-back;
-//   4. writes it: per 8 elements, one lane codes the exponents (a table lookup each, packed to k bits, staged per warp
-//      so that every store to device memory is 16 bytes wide and coalesced) and stores the other streams' bytes;
-//      escapes are flagged per 8 elements and, after a scan of the flags, written in element order into shared memory
-//      and copied out in one coalesced pass.
+//   fast_plan_kernel (chunks of `fast` tensors, drawn in order): a group of 8 warps reads a chunk with 16-byte loads
+//     into a histogram of its exponents (32 lane-private replicas of each bin: a warp's atomics never collide) and a
+//     test of the other streams for a constant value, ranks the present exponents, takes the CPU's decisions (CONST /
+//     RAW / LUT and the code width k, format.md 11.3-11.4), lays the chunk out and places it with the decoupled
+//     look-back; its plan (FastPlan: modes, sections, the LUT) and payload offset go to device memory.
+//   fast_code_kernel (every chunk of the fast encoder's tensors): one warp codes one chunk in element order, from
+//     16-byte loads a few warp steps ahead: per 8 elements one lane looks its exponents up in the warp's code table,
+//     packs them to k bits, stores the sign and mantissa bytes, and writes its escapes' exponents straight after the
+//     earlier ones (a warp scan per step); the chunk digest (format version 2) is computed from the same loads, since
+//     lane l of warp step J holds exactly stripe 32 J + l (fp32: two stripes, passed to their lanes by shuffles). A
+//     raw tensor's chunks (or a chunk stored raw) are copied, digested on the way.
+//
+// Why two kernels rather than one that keeps the chunk in shared memory between its histogram and its coding: a
+// 64 KiB chunk per group left room for two groups per SM, each alternating a load, its barriers and its coding, and
+// that structure ran `raw` (no coding at all) at 190-210 GB/s on 10 H200 SMs against the copy kernel's 480
+// (docs/benchmarks.md). Here no warp waits for another warp except at a plan group's barriers, and every warp keeps
+// several loads in flight; the price is a second read of each chunk, which an SM-budgeted call can afford (10 SMs
+// draw a small share of the GPU's memory bandwidth).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "gpu/codec.h"
 #include "gpu/encode_args.cuh"
-#include "tzip/async_copy.h"
 #include "tzip/bitpack.h"
 #include "tzip/format.h"
 #include "tzip/warp.h"
@@ -34,51 +38,7 @@ namespace {
 
 using namespace tzip::dev;
 
-constexpr uint32_t kGroups = 2;
-constexpr uint32_t kWorkers = 12;                      // worker warps of a group (14: no faster, 16: over 1024 threads)
-constexpr uint32_t kWorkerThreads = 32 * kWorkers;     // 384, at least one thread per exponent bin when planning
-constexpr uint32_t kGroupThreads = kWorkerThreads + 32;  // and the digest warp
-constexpr uint32_t kBlockThreads = kGroups * kGroupThreads;
-constexpr uint32_t kReplicas = 32;                     // histogram replicas: one per lane
-constexpr uint32_t kLaneElems = 8;                     // elements per lane step (8 k-bit codes = k bytes)
-
-struct StreamPlan {
-  uint32_t mode, param, bytes, sec;
-};
-
-struct __align__(16) GroupSmem {
-  uint8_t chunk[kMaxChunkBytes];             // the chunk's input
-  uint8_t escmask[kMaxChunkBytes / 16];      // per 8 elements: which are escapes (bit i: element 8 q + i)
-  uint32_t keys[256];                        // present symbols' (count << 8 | 255 - symbol), compacted
-  uint32_t sorted[128];                      // counts of the present symbols by rank (the first 128 ranks)
-  uint8_t code_of[256];                      // exponent -> LUT code
-  uint8_t lut[128];                          // rank -> exponent
-  uint8_t stage[kWorkers][256];              // per worker warp: packed output of one warp step
-  uint32_t wsum[kWorkers];
-  StreamPlan plan[4];
-  unsigned long long offset;                 // payload offset of the chunk
-  unsigned long long g;                      // global chunk index (>= total: no more work)
-  uint32_t tensor, index, raw_len, diff, raw, size, k, n_exc;
-  uint64_t bar;                              // mbarrier of the bulk copy
-};
-
-constexpr uint32_t kHistWords = 256 * kReplicas;   // 32 KiB per group: bin e, replica r at word 32 e + r
-constexpr uint32_t kHistGroupShift = 15;           // group g's histogram at byte g << 15 of BlockSmem::hist
-
-/// The block's shared memory. Both groups' histograms come first, 32 KiB apart, so that a bin's byte offset (bits
-/// 7..14), a lane's replica (bits 2..6) and the group (bit 15) combine with one OR and the base folds into the
-/// instruction's immediate: one LOP3 per atomic or lookup address instead of a LOP3 and an add.
-struct __align__(128) BlockSmem {
-  uint32_t hist[kGroups][kHistWords];        // per group: the histogram; then the code table; then exception staging
-  GroupSmem grp[kGroups];
-};
-static_assert(sizeof(uint32_t) * kHistWords == (1u << kHistGroupShift), "group histograms 32 KiB apart");
-
-extern __shared__ __align__(128) unsigned char smem_raw[];
-/// Bytes of both groups' histograms (a constant address: its offsets fold into shared-memory instructions).
-__device__ __forceinline__ uint8_t* hist_bytes() { return reinterpret_cast<uint8_t*>(reinterpret_cast<BlockSmem*>(smem_raw)->hist); }
-
-__device__ __forceinline__ uint32_t warp_id_in_group(uint32_t tid) { return tid / 32; }
+constexpr uint32_t kLaneElems = 8;  // elements per lane step (8 k-bit codes = k bytes)
 
 /// Bytes of a family's element, streams and symbol widths (fast codec).
 template <uint32_t FID> struct Fast;
@@ -95,6 +55,48 @@ template <> struct Fast<kFamF32> {
   __host__ __device__ static constexpr uint32_t width(uint32_t) { return 8; }
 };
 
+/// Bits of a word (holding 4 / esize elements) that belong to the residual streams R0.. (CONST test).
+template <uint32_t FID> __host__ __device__ constexpr uint32_t residual_mask(uint32_t j) {
+  if constexpr (FID == kFamBF16) return 0x807F807Fu;                       // s | m
+  else if constexpr (FID == kFamF16) return j == 1 ? 0x00FF00FFu : 0x83008300u;  // m[7:0]; s | m[9:8]
+  else return j == 1 ? 0xFFu : j == 2 ? 0xFF00u : 0x807F0000u;              // m[7:0]; m[15:8]; s | m[22:16]
+}
+
+// ================================================================ fast_plan_kernel
+
+constexpr uint32_t kPlanGroups = 4;
+constexpr uint32_t kPlanWarps = 8;                    // warps of a group
+constexpr uint32_t kPlanGroupThreads = 32 * kPlanWarps;  // 256: one thread per exponent bin when ranking
+constexpr uint32_t kPlanThreads = kPlanGroups * kPlanGroupThreads;
+constexpr uint32_t kReplicas = 32;                    // histogram replicas: one per lane
+constexpr uint32_t kHistWords = 256 * kReplicas;      // 32 KiB per group: bin e, replica r at word 32 e + r
+constexpr uint32_t kHistGroupShift = 15;              // group g's histogram at byte g << 15 of PlanSmem::hist
+constexpr uint32_t kPlanAhead = 8;                    // 16-byte loads in flight per thread
+
+/// A group's shared state, twice: while warp 0 decides chunk c from one copy, warps 1-7 already count chunk c + 1
+/// into the other.
+struct __align__(16) PlanGroupSmem {
+  uint32_t keys[256];    // present symbols' (count << 8 | 255 - symbol), compacted
+  uint32_t sorted[2][128];  // counts of the present symbols by rank (the first 128 ranks)
+  uint8_t lut[2][128];      // rank -> exponent
+  uint32_t wsum[kPlanWarps];
+  uint32_t m[2];            // present symbols
+  unsigned long long g[2];  // global chunk index (>= total: no more work)
+  uint32_t tensor[2], diff[2];
+};
+
+/// The plan kernel's shared memory. The groups' histograms come first, 32 KiB apart, so that a bin's byte offset
+/// (bits 7..14), a lane's replica (bits 2..6) and the group (bits 15..16) combine with one OR and the base folds into
+/// the instruction's immediate: one LOP3 per atomic address.
+struct __align__(128) PlanSmem {
+  uint32_t hist[kPlanGroups][kHistWords];
+  PlanGroupSmem grp[kPlanGroups];
+};
+static_assert(sizeof(uint32_t) * kHistWords == (1u << kHistGroupShift), "group histograms 32 KiB apart");
+
+extern __shared__ __align__(128) unsigned char smem_raw[];
+__device__ __forceinline__ uint8_t* hist_bytes() { return reinterpret_cast<uint8_t*>(reinterpret_cast<PlanSmem*>(smem_raw)->hist); }
+
 /// Byte offset in a group's histogram (bits 7..14) of bin e, for the exponent of the low / high element of a word.
 template <uint32_t FID> __device__ __forceinline__ uint32_t bin_lo(uint32_t w) {
   if constexpr (FID == kFamBF16) return w & 0x7F80u;               // ((w >> 7) & 0xFF) << 7
@@ -105,18 +107,292 @@ template <uint32_t FID> __device__ __forceinline__ uint32_t bin_hi(uint32_t w) {
   if constexpr (FID == kFamBF16) return (w >> 16) & 0x7F80u;
   else return (w >> 19) & 0xF80u;  // F16 (F32 has one element per word)
 }
-/// Exponent symbol of element e of the chunk.
-template <uint32_t FID> __device__ __forceinline__ uint32_t exponent_at(const uint8_t* chunk, uint32_t e) {
-  if constexpr (FID == kFamF32) return (reinterpret_cast<const uint32_t*>(chunk)[e] >> 23) & 0xFFu;
-  const uint32_t v = reinterpret_cast<const uint16_t*>(chunk)[e];
-  if constexpr (FID == kFamBF16) return (v >> 7) & 0xFFu;
-  else return (v >> 10) & 0x1Fu;
+
+/// Counts the exponents of the 16 bytes v (whole elements) into this lane's replica and ORs their differences from
+/// `first` into diff.
+template <uint32_t FID>
+__device__ __forceinline__ void count16(const uint4& v, uint32_t lg, uint32_t first, uint32_t& diff) {
+  uint8_t* hist_b = hist_bytes();
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_lo<FID>(w[i]) | lg)), 1u);
+    if constexpr (Fast<FID>::kEsize == 2) atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_hi<FID>(w[i]) | lg)), 1u);
+    diff |= w[i] ^ first;
+  }
 }
-/// Bits of a word (holding 4 / esize elements) that belong to the residual streams R0.. (CONST test).
-template <uint32_t FID> __host__ __device__ constexpr uint32_t residual_mask(uint32_t j) {
-  if constexpr (FID == kFamBF16) return 0x807F807Fu;                       // s | m
-  else if constexpr (FID == kFamF16) return j == 1 ? 0x00FF00FFu : 0x83008300u;  // m[7:0]; s | m[9:8]
-  else return j == 1 ? 0xFFu : j == 2 ? 0xFF00u : 0x807F0000u;              // m[7:0]; m[15:8]; s | m[22:16]
+
+/// Counts and ranks the exponents of chunk g (a `fast` chunk) with the group's 256 threads into copy p of the group's
+/// state; H (the group's histogram) is zero on entry and on exit. Returns with the group's barrier passed, so that
+/// warp 0 can decide (decide_chunk) while the others go on.
+template <uint32_t FID>
+__device__ __forceinline__ void count_chunk(PlanGroupSmem& S, uint32_t* H, uint32_t grp, const EncArgs& a,
+                                            const EncTensor& T, uint64_t g, uint32_t p, uint32_t tid, uint32_t bar) {
+  using F = Fast<FID>;
+  constexpr uint32_t E = F::kEsize;
+  const uint32_t lane = tid & 31, warp = tid / 32;
+  const uint64_t begin = (g - T.chunk_base) * a.chunk_bytes;
+  const uint32_t raw_len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin)), n = raw_len / E;
+  const uint8_t* src = T.in + begin;
+
+  // ---- 1. histogram of the exponents; residual streams: does any symbol differ from the first element's?
+  const uint32_t first = E == 2 ? uint32_t(*reinterpret_cast<const uint16_t*>(src)) * 0x10001u
+                                : *reinterpret_cast<const uint32_t*>(src);
+  const uint32_t lg = lane * 4 | grp << kHistGroupShift;
+  uint32_t diff = 0;
+  {
+    const uint4* in = reinterpret_cast<const uint4*>(src);
+    const uint32_t units = raw_len / 16;  // whole 16-byte units
+    uint32_t u = tid;
+    for (; u + (kPlanAhead - 1) * kPlanGroupThreads < units; u += kPlanAhead * kPlanGroupThreads) {
+      uint4 v[kPlanAhead];
+#pragma unroll
+      for (uint32_t k = 0; k < kPlanAhead; ++k) v[k] = __ldg(in + u + k * kPlanGroupThreads);
+#pragma unroll
+      for (uint32_t k = 0; k < kPlanAhead; ++k) count16<FID>(v[k], lg, first, diff);
+    }
+    for (; u < units; u += kPlanGroupThreads) count16<FID>(__ldg(in + u), lg, first, diff);
+    // The tail (< 16 bytes, last chunk of a tensor only): element by element.
+    const uint32_t e0 = units * 16 / E;
+    if (tid < n - e0) {
+      const uint32_t e = e0 + tid;
+      const uint32_t v = E == 2 ? uint32_t(reinterpret_cast<const uint16_t*>(src)[e]) * 0x10001u
+                                : reinterpret_cast<const uint32_t*>(src)[e];
+      atomicAdd(reinterpret_cast<uint32_t*>(hist_bytes() + (bin_lo<FID>(v) | lg)), 1u);
+      diff |= v ^ first;
+    }
+  }
+  diff = warp_or(diff);
+  if (lane == 0 && diff) atomicOr(&S.diff[p], diff);
+  named_sync(bar, kPlanGroupThreads);
+
+  // ---- 2. ranking of the present exponents; each bin's owner clears its replicas for the next chunk
+  // Bin tid's 32 replicas are 8 vectors; thread t starts at vector t mod 8, so a quarter warp's loads hit 8 banks apart.
+  uint32_t cnt = 0;
+  if (tid < F::kBins) {
+    uint4* const bin4 = reinterpret_cast<uint4*>(H + tid * kReplicas);
+#pragma unroll
+    for (uint32_t r = 0; r < kReplicas / 4; ++r) {
+      const uint4 v = bin4[(r + tid) & (kReplicas / 4 - 1)];
+      cnt += v.x + v.y + v.z + v.w;
+    }
+#pragma unroll
+    for (uint32_t r = 0; r < kReplicas / 4; ++r) bin4[(r + tid) & (kReplicas / 4 - 1)] = make_uint4(0, 0, 0, 0);
+  }
+  const bool present = cnt != 0;
+  const uint32_t ballot = __ballot_sync(kFull, present);
+  if (lane == 0) S.wsum[warp] = __popc(ballot);
+  if (tid < 128) S.sorted[p][tid] = 0;
+  named_sync(bar, kPlanGroupThreads);
+  uint32_t m = 0, before = 0;
+#pragma unroll
+  for (uint32_t q = 0; q < kPlanWarps; ++q) {
+    const uint32_t v = S.wsum[q];
+    before += q < warp ? v : 0;
+    m += v;
+  }
+  const uint32_t key = (cnt << 8) | (255u - tid);
+  if (present) S.keys[before + __popc(ballot & lanemask_lt())] = key;
+  if (tid == 0) S.m[p] = m;
+  named_sync(bar, kPlanGroupThreads);
+  if (present) {
+    uint32_t rank = 0;
+    for (uint32_t i = 0; i < m; ++i) rank += S.keys[i] > key;
+    if (rank < 128) {
+      S.sorted[p][rank] = cnt;
+      S.lut[p][rank] = uint8_t(tid);
+    }
+  }
+  named_sync(bar, kPlanGroupThreads);
+}
+
+/// Warp 0 of a group: the CPU's decisions for chunk g from copy p of the group's state (counted by count_chunk), its
+/// layout and look-back; writes a.plans[g], a.offsets[g] and a.sizes[g].
+template <uint32_t FID>
+__device__ __forceinline__ void decide_chunk(const PlanGroupSmem& S, const EncArgs& a, const EncTensor& T, uint64_t g,
+                                             uint32_t p) {
+  using F = Fast<FID>;
+  constexpr uint32_t E = F::kEsize, NS = F::kStreams, W = F::kEBits;
+  const uint32_t lane = lane_id();
+  const uint32_t index = uint32_t(g - T.chunk_base);
+  const uint64_t begin = uint64_t(index) * a.chunk_bytes;
+  const uint32_t raw_len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin)), n = raw_len / E;
+  const uint32_t m = S.m[p];
+  uint32_t mode0 = uint32_t(StreamMode::RAW), param0 = 0, bytes0 = uint32_t(packed_bytes(n, W)), k = 0, n_exc = 0;
+  if (m == 1) {
+    mode0 = uint32_t(StreamMode::CONST);
+    param0 = S.lut[p][0];
+    bytes0 = 0;
+  } else {
+    // covered(k): the counts of the first 2^k - 1 ranks, from an inclusive scan of sorted[0..127] (4 per lane).
+    const uint4 c4 = reinterpret_cast<const uint4*>(S.sorted[p])[lane];
+    const uint32_t s0 = c4.x, s1 = s0 + c4.y, s2 = s1 + c4.z, s3 = s2 + c4.w;
+    const uint32_t base = warp_inclusive_sum(s3) - s3;
+    uint64_t best = ~0ull;
+    for (uint32_t kk = 1; kk < W; ++kk) {
+      const uint32_t idx = (1u << kk) - 2;  // rank of the last LUT entry
+      const uint32_t r = idx & 3;
+      const uint32_t v = base + (r == 0 ? s0 : r == 1 ? s1 : r == 2 ? s2 : s3);
+      const uint32_t covered = __shfl_sync(kFull, v, idx >> 2);
+      const uint64_t bytes = lut_exceptions_offset(kk, n) + (n - covered);
+      if (bytes < best) { best = bytes; k = kk; n_exc = n - covered; }
+    }
+    if (best < bytes0) {
+      mode0 = uint32_t(StreamMode::LUT);
+      param0 = k;
+      bytes0 = uint32_t(best);
+    } else {
+      k = 0;
+      n_exc = 0;
+    }
+  }
+  uint32_t mode[NS], param[NS], bytes[NS], sec[NS];
+  mode[0] = mode0;
+  param[0] = param0;
+  bytes[0] = bytes0;
+  {
+    const uint32_t d = S.diff[p];
+    uint8_t sym[4];
+    split_element(FID == kFamBF16 ? Dtype::BF16 : FID == kFamF16 ? Dtype::F16 : Dtype::F32, Codec::FAST, T.in + begin, sym);
+#pragma unroll
+    for (uint32_t j = 1; j < NS; ++j) {
+      const bool raw = (d & residual_mask<FID>(j)) != 0;
+      mode[j] = uint32_t(raw ? StreamMode::RAW : StreamMode::CONST);
+      param[j] = raw ? 0u : sym[j];
+      bytes[j] = raw ? uint32_t(packed_bytes(n, F::width(j))) : 0u;
+    }
+  }
+  uint64_t off = chunk_sections_offset(NS);
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) {
+    off = align16(off);
+    sec[j] = uint32_t(off);
+    off += bytes[j];
+  }
+  const bool raw = align16(off) >= raw_len;
+  const uint32_t size = raw ? raw_len : uint32_t(off);
+  const uint64_t o = warp_look_back(a, g, index, size);
+  FastPlan* P = a.plans + g;
+  if (lane == 0) {
+    a.offsets[g] = o;
+    a.sizes[g] = size;
+    P->size = size;
+    P->n_exc = n_exc;
+    P->raw = raw;
+    P->k = uint8_t(k);
+    P->n_lut = uint8_t(mode0 == uint32_t(StreamMode::LUT) ? umin32((1u << k) - 1, m) : 0u);
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) {
+      P->mode[j] = uint8_t(mode[j]);
+      P->param[j] = uint8_t(param[j]);
+      P->bytes[j] = bytes[j];
+      P->sec[j] = sec[j];
+    }
+  }
+  // The LUT: ranks 4 lane .. 4 lane + 3, zero past the present symbols (format.md 11.4).
+  uint32_t l4 = 0;
+#pragma unroll
+  for (uint32_t q = 0; q < 4; ++q) l4 |= (4 * lane + q < m ? uint32_t(S.lut[p][4 * lane + q]) : 0u) << (8 * q);
+  reinterpret_cast<uint32_t*>(P->lut)[lane] = l4;
+}
+
+/// The plan kernel: kPlanGroups groups of 8 warps, each planning chunks one after another. A chunk is counted by the
+/// whole group; then warp 0 decides it while warps 1-7 draw the next ticket and start counting the next chunk (copy
+/// p ^ 1 of the group's state), so that the decisions and the look-back's wait are off the group's path. Named
+/// barriers per group: `bar` (all 256 threads), `bar + kPlanGroups` (warps 1-7), `bar + 2 kPlanGroups` (warp 1
+/// arrives with the next ticket, warp 0 waits for it).
+__global__ void __launch_bounds__(kPlanThreads, 1) fast_plan_kernel(EncArgs a) {
+  const uint32_t grp = threadIdx.x / kPlanGroupThreads, tid = threadIdx.x % kPlanGroupThreads, warp = tid / 32;
+  PlanSmem& blk = *reinterpret_cast<PlanSmem*>(smem_raw);
+  PlanGroupSmem& S = blk.grp[grp];
+  uint32_t* const H = blk.hist[grp];
+  const uint32_t bar = 1 + grp, bar_rest = bar + kPlanGroups, bar_ticket = bar + 2 * kPlanGroups;
+  for (uint32_t w = tid; w < kHistWords / 4; w += kPlanGroupThreads) reinterpret_cast<uint4*>(H)[w] = make_uint4(0, 0, 0, 0);
+  auto draw = [&](uint32_t q) {
+    uint32_t t = 0;
+    S.g[q] = draw_chunk<uint32_t(Share::kFastCoded)>(a, a.tickets + kTicketPlan, &t);
+    S.tensor[q] = t;
+    S.diff[q] = 0;
+  };
+  if (tid == 0) draw(0);
+  named_sync(bar, kPlanGroupThreads);
+  for (uint32_t p = 0;; p ^= 1) {
+    const uint64_t g = S.g[p];
+    if (g >= a.total_chunks) break;
+    const EncTensor& T = a.tensors[S.tensor[p]];
+    const uint32_t fam = family_of(Dtype(T.dtype), Codec::FAST);
+    if (fam == kFamBF16) count_chunk<kFamBF16>(S, H, grp, a, T, g, p, tid, bar);
+    else if (fam == kFamF16) count_chunk<kFamF16>(S, H, grp, a, T, g, p, tid, bar);
+    else count_chunk<kFamF32>(S, H, grp, a, T, g, p, tid, bar);
+    if (warp == 0) {
+      if (fam == kFamBF16) decide_chunk<kFamBF16>(S, a, T, g, p);
+      else if (fam == kFamF16) decide_chunk<kFamF16>(S, a, T, g, p);
+      else decide_chunk<kFamF32>(S, a, T, g, p);
+      named_sync(bar_ticket, 64);  // warp 1 has drawn the next ticket
+    } else {
+      if (tid == 32) draw(p ^ 1);
+      if (warp == 1) asm volatile("bar.arrive %0, %1;" ::"r"(bar_ticket), "r"(64) : "memory");
+      named_sync(bar_rest, kPlanGroupThreads - 32);
+    }
+  }
+}
+
+// ================================================================ fast_code_kernel
+
+/// Warps per block of the coding kernel of CodeKind K, each coding its own chunks: as many as fit without spilling
+/// (ptxas -v: fp32 needs 96 registers, fp16 more).
+template <uint32_t K> constexpr uint32_t kCodeWarps = K == kCodeRaw ? 32 : K == kCodeBF16 ? 24 : K == kCodeF32 ? 20 : 16;
+
+struct __align__(16) CodeWarpSmem {
+  FastPlan plan;
+  uint32_t table[256];                   // exponent -> LUT code | escape << kEscBit
+  uint8_t stage[256];                    // packed output of one warp step
+};
+
+/// Code table entry: the LUT code, and bit kEscBit set when it is the escape. The bit rides along the packing of the
+/// codes (where it lands above the bytes stored, see pack8_entries) and gives a lane step's 8 escape flags in one
+/// shift-add chain (esc_flags) instead of a compare per element.
+constexpr uint32_t kEscBit = 24;
+
+/// XXH32 rounds of one 16-byte stripe into a lane's state (its byte count is set once, at the end: stripe_count).
+__device__ __forceinline__ void xxh_stripe(Xxh32& st, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  st.v1 = xxh32_round(st.v1, a);
+  st.v2 = xxh32_round(st.v2, b);
+  st.v3 = xxh32_round(st.v3, c);
+  st.v4 = xxh32_round(st.v4, d);
+}
+/// Bytes of the whole stripes of a `len`-byte chunk that lane `lane` hashes (stripes s with s mod 32 == lane).
+__device__ __forceinline__ uint64_t lane_stripe_bytes(uint32_t len, uint32_t lane) {
+  const uint32_t whole = len / 16;
+  return 16ull * (whole / 32 + (lane < whole % 32 ? 1u : 0u));
+}
+
+/// Copies a chunk stored raw (`len` bytes, src and dst 16-byte aligned) with one warp and returns its chunk digest.
+__device__ uint32_t copy_raw_chunk(const uint8_t* src, uint8_t* dst, uint32_t len) {
+  const uint32_t lane = lane_id(), whole = len / 16;
+  const uint4* in = reinterpret_cast<const uint4*>(src);
+  uint4* out = reinterpret_cast<uint4*>(dst);
+  Xxh32 st;
+  uint32_t s = lane;
+  constexpr uint32_t U = 8;
+  for (; s + 32 * (U - 1) < whole; s += 32 * U) {
+    uint4 v[U];
+#pragma unroll
+    for (uint32_t u = 0; u < U; ++u) v[u] = __ldg(in + s + 32 * u);
+#pragma unroll
+    for (uint32_t u = 0; u < U; ++u) {
+      xxh_stripe(st, v[u].x, v[u].y, v[u].z, v[u].w);
+      out[s + 32 * u] = v[u];
+    }
+  }
+  for (; s < whole; s += 32) {
+    const uint4 v = __ldg(in + s);
+    xxh_stripe(st, v.x, v.y, v.z, v.w);
+    out[s] = v;
+  }
+  if (16 * whole + lane < len) dst[16 * whole + lane] = src[16 * whole + lane];
+  st.total = lane_stripe_bytes(len, lane);
+  return digest_finish(st, src, len);
 }
 
 /// Packs the 8 symbols held as the bytes of lo (elements 0..3) and hi (4..7), each < 2^bits, LSB-first.
@@ -157,44 +433,6 @@ __device__ __forceinline__ void put8(uint8_t* dst, uint32_t lo, uint32_t hi, uin
 
 __device__ __forceinline__ void zero_range(uint8_t* p, uint32_t n, uint32_t lane) {
   for (uint32_t b = lane; b < n; b += 32) p[b] = 0;
-}
-
-// ---------------------------------------------------------------- coding of whole warp steps
-
-/// Residual stream j's 8 symbols of a lane step (as the bytes of two words) from its 2 * esize input words.
-template <uint32_t FID, uint32_t NS>
-__device__ __forceinline__ void residuals(const uint32_t* w, uint32_t (&r)[NS][2]) {
-  using Split = Fam<FID>;
-  constexpr uint32_t E = Fast<FID>::kEsize;
-  uint32_t t[NS];
-  Split::split4(w, t);
-#pragma unroll
-  for (uint32_t j = 1; j < NS; ++j) r[j][0] = t[j];
-  Split::split4(w + E, t);
-#pragma unroll
-  for (uint32_t j = 1; j < NS; ++j) r[j][1] = t[j];
-}
-
-/// Code table entry: the LUT code, and bit kEscBit set when it is the escape. The bit rides along the packing of the
-/// codes (where it lands above the bytes stored, see pack8_entries) and gives a lane step's 8 escape flags in one
-/// shift-add chain (esc_flags) instead of a compare per element.
-constexpr uint32_t kEscBit = 24;
-
-/// Table entries of a lane step's 8 exponents, from the lane-replicated table in the group's histogram space: lane
-/// l reads word 32 e + l, so every load of the warp hits a different bank. `lg` is 4 * lane | group << 15.
-template <uint32_t FID>
-__device__ __forceinline__ void lookup8(uint32_t lg, const uint32_t* w, uint32_t (&c)[8]) {
-  const uint8_t* tab = hist_bytes();
-  if constexpr (FID == kFamF32) {
-#pragma unroll
-    for (uint32_t i = 0; i < 8; ++i) c[i] = *reinterpret_cast<const uint32_t*>(tab + (bin_lo<FID>(w[i]) | lg));
-  } else {
-#pragma unroll
-    for (uint32_t i = 0; i < 4; ++i) {
-      c[2 * i] = *reinterpret_cast<const uint32_t*>(tab + (bin_lo<FID>(w[i]) | lg));
-      c[2 * i + 1] = *reinterpret_cast<const uint32_t*>(tab + (bin_hi<FID>(w[i]) | lg));
-    }
-  }
 }
 
 /// The escape flags (bit i: entry i is the escape) of 8 table entries: sum of c[i] << i, whose code parts stay
@@ -254,501 +492,373 @@ __device__ __forceinline__ void put_packed_whole(uint8_t* stage, uint8_t* dst, u
   }
 }
 
-/// The whole warp steps J = warp, warp + kWorkers, ... < whole of a chunk. EB: bits per exponent in the output (the
-/// LUT code width, or the symbol width when RAW, 0 when CONST); LUT: codes rather than symbols, and the lane steps'
-/// escape flags into S.escmask when the chunk has exceptions (EXC). lg = 4 * lane | group << 15 (lookup8).
-template <uint32_t FID, uint32_t EB, bool LUT>
-__device__ void sweep_whole(GroupSmem& S, uint8_t* dst, uint32_t lg, bool exc, uint32_t warp, uint32_t whole) {
-  using F = Fast<FID>;
-  constexpr uint32_t E = F::kEsize, NS = F::kStreams;
-  constexpr uint32_t kStep = 32 * kWorkers;  // lane steps from one of a warp's steps to its next
-  const uint32_t lane = lane_id();
-  uint8_t* stage = S.stage[warp];
-  uint32_t rmode[NS];
-  uint8_t* rp[NS];  // this lane's (w = 8) or this warp's (packed) place in each residual stream at step J
+/// Table entries of 8 exponent symbols (the bytes of s0 and s1) from the warp's code table.
+template <uint32_t FID>
+__device__ __forceinline__ void lookup8(const uint32_t* table, uint32_t s0, uint32_t s1, uint32_t (&c)[8]) {
+  const uint8_t* t = reinterpret_cast<const uint8_t*>(table);
+  constexpr uint32_t kMask = Fast<FID>::kBins * 4 - 4;  // symbol * 4 < 4 * bins
 #pragma unroll
-  for (uint32_t j = 0; j < NS; ++j) {
-    rmode[j] = S.plan[j].mode;
-    rp[j] = dst + S.plan[j].sec + (F::width(j) == 8 ? 8 * (32 * warp + lane) : 32 * warp * F::width(j));
-  }
-  uint8_t* ep = dst + S.plan[0].sec + (LUT ? lut_codes_offset(EB) : 0u) + (EB == 8 ? 8 * (32 * warp + lane) : 32 * warp * EB);
-  const uint4* in = reinterpret_cast<const uint4*>(S.chunk) + (E / 2) * (32 * warp + lane);
-  for (uint32_t J = warp; J < whole; J += kWorkers) {
-    const uint32_t q = 32 * J + lane;
-    uint32_t w[2 * E];
-#pragma unroll
-    for (uint32_t h = 0; h < E / 2; ++h) {
-      const uint4 v = in[h];
-      w[4 * h] = v.x; w[4 * h + 1] = v.y; w[4 * h + 2] = v.z; w[4 * h + 3] = v.w;
-    }
-    in += (E / 2) * kStep;
-    uint32_t r[NS][2];
-    residuals<FID, NS>(w, r);
-#pragma unroll
-    for (uint32_t j = 1; j < NS; ++j) {
-      if (rmode[j] == uint32_t(StreamMode::RAW)) {
-        if (F::width(j) == 8) {
-          *reinterpret_cast<uint2*>(rp[j]) = make_uint2(r[j][0], r[j][1]);
-        } else {
-          uint32_t c[8];
-          unbytes(r[j][0], r[j][1], c);
-          put_packed_whole<F::width(2)>(stage, rp[j], pack8_entries<F::width(2)>(c));
-        }
-      }
-      rp[j] += F::width(j) * kStep;
-    }
-    if constexpr (LUT) {
-      uint32_t c[8];
-      lookup8<FID>(lg, w, c);
-      if (exc) S.escmask[q] = uint8_t(esc_flags(c));
-      put_packed_whole<EB>(stage, ep, pack8_entries<EB>(c));
-    } else if constexpr (EB == 8) {
-      uint32_t t[NS];
-      Fam<FID>::split4(w, t);
-      const uint32_t e0 = t[0];
-      Fam<FID>::split4(w + E, t);
-      *reinterpret_cast<uint2*>(ep) = make_uint2(e0, t[0]);
-    } else if constexpr (EB != 0) {
-      uint32_t t[NS], c[8];
-      Fam<FID>::split4(w, t);
-      const uint32_t e0 = t[0];
-      Fam<FID>::split4(w + E, t);
-      unbytes(e0, t[0], c);
-      put_packed_whole<EB>(stage, ep, pack8_entries<EB>(c));
-    }
-    ep += EB * kStep;
+  for (uint32_t i = 0; i < 4; ++i) {
+    c[i] = *reinterpret_cast<const uint32_t*>(t + ((i == 0 ? s0 << 2 : s0 >> (8 * i - 2)) & kMask));
+    c[4 + i] = *reinterpret_cast<const uint32_t*>(t + ((i == 0 ? s1 << 2 : s1 >> (8 * i - 2)) & kMask));
   }
 }
 
-/// sweep_whole for the chunk's exponent stream: k (the LUT code width) or 0 when the stream is RAW or CONST.
+/// A chunk's coding state in one warp: section pointers, the exceptions written so far, the digest.
+template <uint32_t NS>
+struct Coder {
+  uint8_t* rsec[NS];  // section of each stream (stream 0: the codes, after the LUT's table, when it is LUT)
+  uint8_t* xsec;      // the exceptions
+  uint32_t rmode[NS];
+  uint32_t run;       // exceptions written so far
+  Xxh32 st;
+};
+
+/// One warp step J of a chunk (lane step q = 32 J + lane: elements 8 q .. 8 q + 7, words w). EB: bits per exponent
+/// in the output (the LUT code width, or the symbol width when RAW, 0 when CONST); LUT: codes rather than symbols;
+/// EXC: the chunk has exceptions; PART: the chunk's last step, which may be partial (`valid` elements of this lane,
+/// `len` the chunk's bytes); otherwise all 256 elements are there.
+template <uint32_t FID, uint32_t EB, bool LUT, bool EXC, bool PART>
+__device__ __forceinline__ void code_step(Coder<Fast<FID>::kStreams>& C, const uint32_t* table, uint8_t* stage,
+                                          const uint32_t (&w)[2 * Fast<FID>::kEsize], uint32_t J, uint32_t valid,
+                                          uint32_t n, uint32_t len) {
+  using F = Fast<FID>;
+  constexpr uint32_t E = F::kEsize, NS = F::kStreams;
+  const uint32_t lane = lane_id(), q = 32 * J + lane;
+  // ---- the digest: stripe 32 J + lane (2-byte elements), or stripes 64 J + lane and 64 J + 32 + lane (fp32), whose
+  // bytes lanes lane / 2 and 16 + lane / 2 hold (as their first or second 16 bytes: lane parity).
+  if constexpr (E == 2) {
+    if (!PART || 16 * q + 16 <= len) xxh_stripe(C.st, w[0], w[1], w[2], w[3]);
+  } else {
+    const bool odd = lane & 1;
+    uint32_t x[4], y[4];
+#pragma unroll
+    for (uint32_t i = 0; i < 4; ++i) {
+      const uint32_t a0 = __shfl_sync(kFull, w[i], lane >> 1), a1 = __shfl_sync(kFull, w[4 + i], lane >> 1);
+      const uint32_t b0 = __shfl_sync(kFull, w[i], 16 + (lane >> 1)), b1 = __shfl_sync(kFull, w[4 + i], 16 + (lane >> 1));
+      x[i] = odd ? a1 : a0;
+      y[i] = odd ? b1 : b0;
+    }
+    if (!PART || 16 * (64 * J + lane) + 16 <= len) xxh_stripe(C.st, x[0], x[1], x[2], x[3]);
+    if (!PART || 16 * (64 * J + 32 + lane) + 16 <= len) xxh_stripe(C.st, y[0], y[1], y[2], y[3]);
+  }
+  // ---- the streams' 8 symbols each, as the bytes of two words
+  uint32_t s[NS][2];
+  {
+    uint32_t t[NS];
+    Fam<FID>::split4(w, t);
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) s[j][0] = t[j];
+    Fam<FID>::split4(w + E, t);
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) s[j][1] = t[j];
+  }
+  if constexpr (PART) {  // symbols past the end are 0 and never escapes
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) {
+      s[j][0] &= valid >= 4 ? 0xFFFFFFFFu : (1u << (8 * valid)) - 1u;
+      s[j][1] &= valid >= 8 ? 0xFFFFFFFFu : valid <= 4 ? 0u : (1u << (8 * (valid - 4))) - 1u;
+    }
+  }
+  // ---- residual streams
+#pragma unroll
+  for (uint32_t j = 1; j < NS; ++j) {
+    if (C.rmode[j] != uint32_t(StreamMode::RAW)) continue;
+    constexpr uint32_t kW2 = F::width(2);
+    if (F::width(j) == 8) {
+      uint8_t* d = C.rsec[j] + 8 * q;
+      if (PART) {
+        if (valid) put8(d, s[j][0], s[j][1], valid);
+      } else {
+        *reinterpret_cast<uint2*>(d) = make_uint2(s[j][0], s[j][1]);
+      }
+    } else if (PART) {
+      const uint32_t bytes = uint32_t(packed_bytes(n, kW2)), done = 32 * J * kW2;
+      put_packed(stage, C.rsec[j] + done, pack8_bytes(s[j][0], s[j][1], kW2), kW2, bytes > done ? bytes - done : 0u);
+    } else {
+      uint32_t c[8];
+      unbytes(s[j][0], s[j][1], c);
+      put_packed_whole<kW2>(stage, C.rsec[j] + 32 * J * kW2, pack8_entries<kW2>(c));
+    }
+  }
+  // ---- exponent stream
+  if constexpr (EB == 0) {
+    return;
+  } else {
+    uint64_t piece;
+    uint32_t flags = 0;
+    if constexpr (LUT) {
+      uint32_t c[8];
+      lookup8<FID>(table, s[0][0], s[0][1], c);
+      if (PART) {
+#pragma unroll
+        for (uint32_t i = 0; i < 8; ++i) c[i] = i < valid ? c[i] : 0u;
+      }
+      if (EXC) flags = esc_flags(c);
+      piece = pack8_entries<EB>(c);
+    } else if constexpr (EB == 8) {
+      piece = uint64_t(s[0][0]) | (uint64_t(s[0][1]) << 32);
+    } else {
+      uint32_t c[8];
+      unbytes(s[0][0], s[0][1], c);
+      piece = pack8_entries<EB>(c);
+    }
+    uint8_t* d = C.rsec[0] + 32 * J * EB;
+    if (PART) {
+      const uint32_t bytes = uint32_t(packed_bytes(n, EB)), done = 32 * J * EB;
+      put_packed(stage, d, piece, EB, bytes > done ? bytes - done : 0u);
+    } else {
+      put_packed_whole<EB>(stage, d, piece);
+    }
+    if constexpr (LUT && EXC) {
+      // Exceptions in element order: this step's go after the earlier steps' (C.run), lane by lane. The lanes before
+      // this one hold sum over b of 2^b * popc(ballot(bit b of count) & lanes below): four independent ballots instead
+      // of a scan of dependent shuffles.
+      const uint32_t cnt = __popc(flags);  // 0..8
+      const uint32_t lt = lanemask_lt();
+      uint32_t before = 0, total = 0;
+#pragma unroll
+      for (uint32_t b = 0; b < 4; ++b) {
+        const uint32_t v = __ballot_sync(kFull, (cnt >> b) & 1u);
+        before += __popc(v & lt) << b;
+        total += __popc(v) << b;
+      }
+      if (total) {
+        uint32_t pos = C.run + before;
+        for (uint32_t f = flags; f; f &= f - 1) {
+          const uint32_t b = __ffs(f) - 1;
+          C.xsec[pos++] = uint8_t((b < 4 ? s[0][0] : s[0][1]) >> (8 * (b & 3)));
+        }
+        C.run += total;
+      }
+    }
+  }
+}
+
+/// Codes every step of a chunk of n elements (`len` bytes at src): the whole warp steps from 16-byte loads AHEAD
+/// steps ahead, then the last, partial one.
+template <uint32_t FID, uint32_t EB, bool LUT, bool EXC>
+__device__ __forceinline__ void code_steps(Coder<Fast<FID>::kStreams>& C, const uint32_t* table, uint8_t* stage, const uint8_t* src,
+                           uint32_t n, uint32_t len) {
+  using F = Fast<FID>;
+  constexpr uint32_t E = F::kEsize, V = E / 2;  // 16-byte loads per lane step
+  constexpr uint32_t AHEAD = E == 2 ? 4 : 2;
+  const uint32_t lane = lane_id();
+  const uint4* in = reinterpret_cast<const uint4*>(src);
+  const uint32_t whole = n / (32 * kLaneElems);
+  uint4 buf[AHEAD][V];
+#pragma unroll
+  for (uint32_t d = 0; d < AHEAD; ++d)
+#pragma unroll
+    for (uint32_t h = 0; h < V; ++h) buf[d][h] = d < whole ? __ldg(in + V * (32 * d + lane) + h) : make_uint4(0, 0, 0, 0);
+  for (uint32_t J0 = 0; J0 < whole; J0 += AHEAD) {
+#pragma unroll
+    for (uint32_t d = 0; d < AHEAD; ++d) {
+      const uint32_t J = J0 + d;
+      if (J < whole) {
+        uint32_t w[2 * E];
+#pragma unroll
+        for (uint32_t h = 0; h < V; ++h) {
+          w[4 * h] = buf[d][h].x; w[4 * h + 1] = buf[d][h].y; w[4 * h + 2] = buf[d][h].z; w[4 * h + 3] = buf[d][h].w;
+        }
+        if (J + AHEAD < whole) {
+#pragma unroll
+          for (uint32_t h = 0; h < V; ++h) buf[d][h] = __ldg(in + V * (32 * (J + AHEAD) + lane) + h);
+        }
+        code_step<FID, EB, LUT, EXC, false>(C, table, stage, w, J, 0, n, len);
+      }
+    }
+  }
+  const uint32_t nls = (n + kLaneElems - 1) / kLaneElems;  // lane steps
+  if (whole * 32 < nls) {
+    const uint32_t q = 32 * whole + lane;
+    const uint32_t valid = q < nls ? umin32(kLaneElems, n - kLaneElems * q) : 0u;
+    uint32_t w[2 * E];
+#pragma unroll
+    for (uint32_t i = 0; i < 2 * E; ++i) w[i] = 0;
+    const uint32_t b0 = E * kLaneElems * q, have = valid * E;  // this lane's bytes: [b0, b0 + have) of the chunk
+    if (have == E * kLaneElems) {
+#pragma unroll
+      for (uint32_t h = 0; h < V; ++h) {
+        const uint4 v = __ldg(in + V * q + h);
+        w[4 * h] = v.x; w[4 * h + 1] = v.y; w[4 * h + 2] = v.z; w[4 * h + 3] = v.w;
+      }
+    } else {
+      for (uint32_t b = 0; b < have; ++b) {
+        const uint32_t byte = src[b0 + b];
+#pragma unroll
+        for (uint32_t i = 0; i < 2 * E; ++i) w[i] |= i == b / 4 ? byte << (8 * (b % 4)) : 0u;
+      }
+    }
+    code_step<FID, EB, LUT, EXC, true>(C, table, stage, w, whole, valid, n, len);
+  }
+}
+
+/// code_steps for the chunk's exponent stream: k (the LUT code width) or 0 when the stream is RAW or CONST.
 template <uint32_t FID>
-__device__ void sweep_whole_dispatch(GroupSmem& S, uint8_t* dst, const StreamPlan& pe, uint32_t k, uint32_t lg, bool exc,
-                                     uint32_t warp, uint32_t whole) {
+__device__ __forceinline__ void code_dispatch(Coder<Fast<FID>::kStreams>& C, const uint32_t* table, uint8_t* stage, const uint8_t* src,
+                              uint32_t n, uint32_t len, uint32_t mode0, uint32_t k, bool exc) {
   constexpr uint32_t W = Fast<FID>::kEBits;
-  if (pe.mode == uint32_t(StreamMode::CONST)) return sweep_whole<FID, 0, false>(S, dst, lg, exc, warp, whole);
-  if (pe.mode == uint32_t(StreamMode::RAW)) return sweep_whole<FID, W, false>(S, dst, lg, exc, warp, whole);
+  if (mode0 == uint32_t(StreamMode::CONST)) return code_steps<FID, 0, false, false>(C, table, stage, src, n, len);
+  if (mode0 == uint32_t(StreamMode::RAW)) return code_steps<FID, W, false, false>(C, table, stage, src, n, len);
+#define TZIP_K(KK)                                                                      \
+  return exc ? code_steps<FID, KK, true, true>(C, table, stage, src, n, len)           \
+             : code_steps<FID, KK, true, false>(C, table, stage, src, n, len)
   switch (k) {
-    case 1: return sweep_whole<FID, 1, true>(S, dst, lg, exc, warp, whole);
-    case 2: return sweep_whole<FID, 2, true>(S, dst, lg, exc, warp, whole);
-    case 3: return sweep_whole<FID, 3, true>(S, dst, lg, exc, warp, whole);
-    case 4: return sweep_whole<FID, 4, true>(S, dst, lg, exc, warp, whole);
+    case 1: TZIP_K(1);
+    case 2: TZIP_K(2);
+    case 3: TZIP_K(3);
+    case 4: TZIP_K(4);
   }
   if constexpr (W == 8) {
     switch (k) {
-      case 5: return sweep_whole<FID, 5, true>(S, dst, lg, exc, warp, whole);
-      case 6: return sweep_whole<FID, 6, true>(S, dst, lg, exc, warp, whole);
-      default: return sweep_whole<FID, 7, true>(S, dst, lg, exc, warp, whole);
+      case 5: TZIP_K(5);
+      case 6: TZIP_K(6);
+      default: TZIP_K(7);
     }
   }
+#undef TZIP_K
 }
 
-// ---------------------------------------------------------------- one fast chunk, worker threads
-
+/// Codes chunk `index` of T (planned: Ws.plan) at dst with one warp; returns its chunk digest.
 template <uint32_t FID>
-__device__ void fast_chunk(GroupSmem& S, uint32_t* H, uint32_t grp, const EncArgs& a, const EncTensor& T, uint32_t tid,
-                           uint32_t wbar) {
+__device__ __forceinline__ uint32_t code_chunk(CodeWarpSmem& Ws, const EncTensor& T, uint32_t index, const uint8_t* src, uint8_t* dst,
+                               uint32_t len) {
   using F = Fast<FID>;
-  using Split = Fam<FID>;
-  constexpr uint32_t E = F::kEsize, NS = F::kStreams, W = F::kEBits;
-  const uint32_t lane = tid & 31, warp = warp_id_in_group(tid);
-  const uint32_t raw_len = S.raw_len, n = raw_len / E;
-  const uint64_t g = S.g;
-  // The frame's address now, so that its global load is not waited for after the placement barrier.
-  uint8_t* const frame_payload = T.out + T.header_bytes;
-
-  // ---- 1. histogram of the exponents; residual streams: does any symbol differ from the first element's?
-  const uint32_t first = E == 2 ? uint32_t(reinterpret_cast<const uint16_t*>(S.chunk)[0]) * 0x10001u
-                                : reinterpret_cast<const uint32_t*>(S.chunk)[0];
-  const uint32_t lg = lane * 4 | grp << kHistGroupShift;  // this lane's replica in this group's histogram
-  uint8_t* hist_b = hist_bytes();
-  uint32_t diff = 0;
-  {
-    const uint32_t units = raw_len / 16;  // whole 16-byte units
-#pragma unroll 2
-    for (uint32_t u = tid; u < units; u += kWorkerThreads) {
-      const uint4 v = reinterpret_cast<const uint4*>(S.chunk)[u];
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_lo<FID>(w[i]) | lg)), 1u);
-        if constexpr (E == 2) atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_hi<FID>(w[i]) | lg)), 1u);
-        diff |= w[i] ^ first;
-      }
-    }
-    // The tail (< 16 bytes, last chunk of a tensor only): element by element.
-    const uint32_t e0 = units * 16 / E;
-    if (tid < n - e0) {
-      const uint32_t e = e0 + tid;
-      const uint32_t v = E == 2 ? uint32_t(reinterpret_cast<const uint16_t*>(S.chunk)[e]) * 0x10001u
-                                : reinterpret_cast<const uint32_t*>(S.chunk)[e];
-      atomicAdd(reinterpret_cast<uint32_t*>(hist_b + (bin_lo<FID>(v) | lg)), 1u);
-      diff |= v ^ first;
-    }
-  }
-  diff = warp_or(diff);
-  if (lane == 0 && diff) atomicOr(&S.diff, diff);
-  named_sync(wbar, kWorkerThreads);
-
-  // ---- 2. ranking of the present exponents
-  // Bin tid's 32 replicas are 8 vectors; thread t starts at vector t mod 8, so a quarter warp's loads hit 8 banks apart.
-  uint32_t cnt = 0;
-  uint4* const bin4 = reinterpret_cast<uint4*>(H + tid * kReplicas);
-  if (tid < F::kBins) {
-#pragma unroll
-    for (uint32_t r = 0; r < kReplicas / 4; ++r) {
-      const uint4 v = bin4[(r + tid) & (kReplicas / 4 - 1)];
-      cnt += v.x + v.y + v.z + v.w;
-    }
-  }
-  const bool present = cnt != 0;
-  const uint32_t ballot = __ballot_sync(kFull, present);
-  if (lane == 0) S.wsum[warp] = __popc(ballot);
-  if (tid < 128) S.sorted[tid] = 0;
-  named_sync(wbar, kWorkerThreads);
-  uint32_t m = 0, before = 0;
-#pragma unroll
-  for (uint32_t q = 0; q < kWorkers; ++q) {
-    const uint32_t v = S.wsum[q];
-    before += q < warp ? v : 0;
-    m += v;
-  }
-  const uint32_t key = (cnt << 8) | (255u - tid);
-  if (present) S.keys[before + __popc(ballot & lanemask_lt())] = key;
-  named_sync(wbar, kWorkerThreads);
-  uint32_t rank = 0;
-  if (present) {
-    for (uint32_t i = 0; i < m; ++i) rank += S.keys[i] > key;
-    if (rank < 128) {
-      S.sorted[rank] = cnt;
-      S.lut[rank] = uint8_t(tid);
-    }
-  }
-  named_sync(wbar, kWorkerThreads);
-
-  // ---- 3. decisions (warp 0), layout and look-back (thread 0)
-  if (warp == 0) {
-    StreamPlan p{};
-    p.mode = uint32_t(StreamMode::RAW);
-    p.bytes = uint32_t(packed_bytes(n, W));
-    uint32_t k = 0, n_exc = 0;
-    if (m == 1) {
-      p.mode = uint32_t(StreamMode::CONST);
-      p.param = S.lut[0];
-      p.bytes = 0;
-    } else {
-      // covered(k): the counts of the first 2^k - 1 ranks, from an inclusive scan of sorted[0..127] (4 per lane).
-      const uint4 c4 = reinterpret_cast<const uint4*>(S.sorted)[lane];
-      const uint32_t s0 = c4.x, s1 = s0 + c4.y, s2 = s1 + c4.z, s3 = s2 + c4.w;
-      const uint32_t base = warp_inclusive_sum(s3) - s3;
-      uint64_t best = ~0ull;
-      for (uint32_t kk = 1; kk < W; ++kk) {
-        const uint32_t idx = (1u << kk) - 2;  // rank of the last LUT entry
-        const uint32_t r = idx & 3;
-        const uint32_t v = base + (r == 0 ? s0 : r == 1 ? s1 : r == 2 ? s2 : s3);
-        const uint32_t covered = __shfl_sync(kFull, v, idx >> 2);
-        const uint64_t bytes = lut_exceptions_offset(kk, n) + (n - covered);
-        if (bytes < best) { best = bytes; k = kk; n_exc = n - covered; }
-      }
-      if (best < p.bytes) {
-        p.mode = uint32_t(StreamMode::LUT);
-        p.param = k;
-        p.bytes = uint32_t(best);
-      } else {
-        k = 0;
-        n_exc = 0;
-      }
-    }
-    if (lane == 0) {
-      S.plan[0] = p;
-      S.k = k;
-      S.n_exc = n_exc;
-      const uint32_t d = S.diff;
-#pragma unroll
-      for (uint32_t j = 1; j < NS; ++j) {
-        StreamPlan r{};
-        if (d & residual_mask<FID>(j)) {
-          r.mode = uint32_t(StreamMode::RAW);
-          r.bytes = uint32_t(packed_bytes(n, F::width(j)));
-        } else {
-          uint8_t sym[4];
-          split_element(FID == kFamBF16 ? Dtype::BF16 : FID == kFamF16 ? Dtype::F16 : Dtype::F32, Codec::FAST,
-                        S.chunk, sym);
-          r.mode = uint32_t(StreamMode::CONST);
-          r.param = sym[j];
-        }
-        S.plan[j] = r;
-      }
-      uint64_t off = chunk_sections_offset(NS);
-#pragma unroll
-      for (uint32_t j = 0; j < NS; ++j) {
-        off = align16(off);
-        S.plan[j].sec = uint32_t(off);
-        off += S.plan[j].bytes;
-      }
-      const bool raw = align16(off) >= raw_len;
-      S.raw = raw;
-      S.size = raw ? raw_len : uint32_t(off);
-    }
+  constexpr uint32_t NS = F::kStreams;
+  const uint32_t lane = lane_id(), n = len / F::kEsize;
+  const FastPlan& P = Ws.plan;
+  const uint32_t size = P.size, k = P.k, mode0 = P.mode[0];
+  const bool lut = mode0 == uint32_t(StreamMode::LUT);
+  const uint32_t cap = lut ? (1u << k) - 1 : 0;
+  if (lut) {
+    // The code table: every symbol the escape, then the LUT's present symbols their rank.
+    for (uint32_t e = lane; e < F::kBins; e += 32) Ws.table[e] = cap | 1u << kEscBit;
     __syncwarp();
-    const uint32_t size = S.size;
-    const uint64_t o = warp_look_back(a, g, S.index, size);
+    for (uint32_t r = lane; r < P.n_lut; r += 32) Ws.table[P.lut[r]] = r;
+  }
+
+  // ---- chunk header, descriptors, LUT table and every zero gap
+  if (lane == 0) {
+    dst[0] = kChunkKindCoded;
+    dst[1] = uint8_t(NS);
+    dst[2] = 0;
+    dst[3] = 0;
+    st_bytes(dst + 4, n, 4);
+  }
+  uint32_t end = kChunkHeaderBytes;
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) {
     if (lane == 0) {
-      S.offset = o;
-      a.offsets[g] = o;
-      a.sizes[g] = size;
+      uint8_t* d = dst + kChunkHeaderBytes + kStreamDescriptorBytes * j;
+      d[0] = P.mode[j];
+      d[1] = P.param[j];
+      d[2] = 0;
+      d[3] = 0;
+      st_bytes(d + 4, P.bytes[j], 4);
+    }
+    end += kStreamDescriptorBytes;
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < NS; ++j) {
+    zero_range(dst + end, P.sec[j] - end, lane);
+    end = P.sec[j] + P.bytes[j];
+    if (j == 0 && lut) {
+      uint8_t* sec = dst + P.sec[0];
+      if (lane == 0) st_bytes(sec, P.n_exc, 4);
+      for (uint32_t i = lane; i < cap; i += 32) sec[4 + i] = P.lut[i];
+      zero_range(sec + 4 + cap, lut_codes_offset(k) - 4 - cap, lane);
+      const uint32_t codes_end = uint32_t(lut_codes_offset(k) + packed_bytes(n, k));
+      zero_range(sec + codes_end, uint32_t(lut_exceptions_offset(k, n)) - codes_end, lane);
     }
   }
-  named_sync(wbar, kWorkerThreads);
-  uint8_t* dst = frame_payload + S.offset;
-  if (S.raw) {
-    threads_copy<kWorkerThreads>(dst, S.chunk, raw_len, tid);
-    return;
-  }
-  const uint32_t size = S.size, k = S.k;
-  const StreamPlan pe = S.plan[0];
-  const bool lut = pe.mode == uint32_t(StreamMode::LUT);
-  const uint32_t cap = lut ? (1u << k) - 1 : 0, esc = cap;
-  const uint32_t my_code = present && rank < cap ? rank : esc;
-  if (tid < F::kBins) S.code_of[tid] = uint8_t(my_code);
-  if (lut && tid < cap && tid >= m) S.lut[tid] = 0;
-  if (lut && present) {
-    // The code table, once per lane (bin e, lane l at word 32 e + l, over the histogram bin it was counted in), so
-    // that a lane's lookup is one mask of the element's bits and one conflict-free load. Only the exponents present
-    // are ever looked up, so only their bins are written, each by the thread that summed it.
-    const uint32_t entry = my_code | uint32_t(my_code == esc) << kEscBit;
-    const uint4 e4 = make_uint4(entry, entry, entry, entry);
-#pragma unroll
-    for (uint32_t r = 0; r < kReplicas / 4; ++r) bin4[(r + tid) & (kReplicas / 4 - 1)] = e4;
-  }
-  named_sync(wbar, kWorkerThreads);
+  if (index + 1 != T.n_chunks) zero_range(dst + size, uint32_t(align16(size)) - size, lane);
+  __syncwarp();  // the code table
 
-  // ---- 4a. chunk header, descriptors, LUT table and every zero gap (warp 0's lanes)
-  if (warp == 0) {
-    if (lane == 0) {
-      dst[0] = kChunkKindCoded;
-      dst[1] = uint8_t(NS);
-      dst[2] = 0;
-      dst[3] = 0;
-      st_bytes(dst + 4, n, 4);
-    }
-    uint32_t end = kChunkHeaderBytes;
+  // ---- the streams, then the digest
+  Coder<NS> C;
 #pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) {
-      const StreamPlan& p = S.plan[j];
-      if (lane == 0) {
-        uint8_t* d = dst + kChunkHeaderBytes + kStreamDescriptorBytes * j;
-        d[0] = uint8_t(p.mode);
-        d[1] = uint8_t(p.param);
-        d[2] = 0;
-        d[3] = 0;
-        st_bytes(d + 4, p.bytes, 4);
-      }
-      end += kStreamDescriptorBytes;
-    }
-#pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) {
-      const StreamPlan& p = S.plan[j];
-      zero_range(dst + end, p.sec - end, lane);
-      end = p.sec + p.bytes;
-      if (j == 0 && lut) {
-        uint8_t* sec = dst + p.sec;
-        if (lane == 0) st_bytes(sec, S.n_exc, 4);
-        for (uint32_t i = lane; i < cap; i += 32) sec[4 + i] = S.lut[i];
-        zero_range(sec + 4 + cap, lut_codes_offset(k) - 4 - cap, lane);
-        const uint32_t codes_end = uint32_t(lut_codes_offset(k) + packed_bytes(n, k));
-        zero_range(sec + codes_end, uint32_t(lut_exceptions_offset(k, n)) - codes_end, lane);
-      }
-    }
-    if (S.index + 1 != T.n_chunks) zero_range(dst + size, uint32_t(align16(size)) - size, lane);
+  for (uint32_t j = 0; j < NS; ++j) {
+    C.rsec[j] = dst + P.sec[j];
+    C.rmode[j] = P.mode[j];
   }
-
-  // ---- 4b. the streams, one lane step (8 elements) per lane and warp step: the whole warp steps (all 256 elements
-  // there) through a sweep specialised on the exponent stream's mode and code width, the last, partial one below.
-  const uint32_t nls = (n + kLaneElems - 1) / kLaneElems, nws = (nls + 31) / 32;
-  const uint32_t whole = n / (32 * kLaneElems);
-  uint8_t* stage = S.stage[warp];
-  const uint32_t codes_bytes = uint32_t(packed_bytes(n, k));
-  sweep_whole_dispatch<FID>(S, dst, pe, lut ? k : 0u, lg, lut && S.n_exc != 0, warp, whole);
-  for (uint32_t J = whole + warp; J < nws; J += kWorkers) {
-    const uint32_t q = 32 * J + lane;
-    const bool active = q < nls;
-    const uint32_t valid = active ? umin32(kLaneElems, n - kLaneElems * q) : 0u;
-    uint32_t s[NS][2];
-    {
-      uint32_t w[2 * E];
-      if (active) {
-#pragma unroll
-        for (uint32_t h = 0; h < E / 2; ++h) {
-          const uint4 v = reinterpret_cast<const uint4*>(S.chunk)[(E / 2) * q + h];
-          w[4 * h] = v.x; w[4 * h + 1] = v.y; w[4 * h + 2] = v.z; w[4 * h + 3] = v.w;
-        }
-      } else {
-#pragma unroll
-        for (uint32_t i = 0; i < 2 * E; ++i) w[i] = 0;
-      }
-      uint32_t t4[NS];
-      Split::split4(w, t4);
-#pragma unroll
-      for (uint32_t j = 0; j < NS; ++j) s[j][0] = t4[j];
-      Split::split4(w + E, t4);
-#pragma unroll
-      for (uint32_t j = 0; j < NS; ++j) s[j][1] = t4[j];
-    }
-    // Symbols past the end of the chunk (last lane step of a tensor) are 0 and never escapes.
-    if (valid < 8) {
-#pragma unroll
-      for (uint32_t j = 0; j < NS; ++j) {
-        s[j][0] &= valid >= 4 ? 0xFFFFFFFFu : (1u << (8 * valid)) - 1u;
-        s[j][1] &= valid >= 8 ? 0xFFFFFFFFu : valid <= 4 ? 0u : (1u << (8 * (valid - 4))) - 1u;
-      }
-    }
-#pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) {
-      const StreamPlan& p = S.plan[j];
-      const uint32_t wj = F::width(j);
-      if (j == 0 && lut) {
-        uint32_t c[2] = {0, 0}, flags = 0;
-#pragma unroll
-        for (uint32_t i = 0; i < 8; ++i) {
-          const uint32_t code = S.code_of[(s[0][i >> 2] >> (8 * (i & 3))) & 0xFFu];
-          const bool e = i < valid && code == esc;
-          flags |= uint32_t(e) << i;
-          c[i >> 2] |= (i < valid ? code : 0u) << (8 * (i & 3));
-        }
-        if (active) S.escmask[q] = uint8_t(flags);
-        const uint32_t done = 32 * J * k;
-        put_packed(stage, dst + p.sec + lut_codes_offset(k) + done, pack8_bytes(c[0], c[1], k), k,
-                   codes_bytes > done ? codes_bytes - done : 0u);
-      } else if (p.mode == uint32_t(StreamMode::RAW)) {
-        if (wj == 8) {
-          if (active) put8(dst + p.sec + 8 * q, s[j][0], s[j][1], valid);
-        } else {
-          const uint32_t bytes = uint32_t(packed_bytes(n, wj)), done = 32 * J * wj;
-          put_packed(stage, dst + p.sec + done, pack8_bytes(s[j][0], s[j][1], wj), wj, bytes > done ? bytes - done : 0u);
-        }
-      }
-    }
-  }
-  if (!lut || S.n_exc == 0) return;
-
-  // ---- 4c. exceptions in element order: per thread a contiguous run of escape-mask words (32 elements each), a scan
-  // of their counts, the symbols into shared memory (the histogram's space), then one coalesced copy.
-  named_sync(wbar, kWorkerThreads);
-  const uint32_t nw = (nls + 3) / 4;  // mask words; the last one's bytes past nls are stale
-  const uint32_t per = (nw + kWorkerThreads - 1) / kWorkerThreads;
-  const uint32_t w0 = umin32(nw, tid * per), w1 = umin32(nw, w0 + per);
-  const uint32_t* mask = reinterpret_cast<const uint32_t*>(S.escmask);
-  const uint32_t last_bytes = nls - 4 * (nw - 1);  // 1..4
-  const uint32_t last_mask = last_bytes == 4 ? 0xFFFFFFFFu : (1u << (8 * last_bytes)) - 1u;
-  auto word = [&](uint32_t i) { return mask[i] & (i + 1 == nw ? last_mask : 0xFFFFFFFFu); };
-  uint32_t c = 0;
-  for (uint32_t i = w0; i < w1; ++i) c += __popc(word(i));
-  const uint32_t incl = warp_inclusive_sum(c);
-  if (lane == 31) S.wsum[warp] = incl;
-  named_sync(wbar, kWorkerThreads);
-  uint32_t pos = incl - c;
-#pragma unroll
-  for (uint32_t w = 0; w < kWorkers; ++w) pos += w < warp ? S.wsum[w] : 0;
-  uint8_t* exc = reinterpret_cast<uint8_t*>(H);
-  for (uint32_t i = w0; i < w1 && c; ++i) {
-    uint32_t f = word(i);
-    while (f) {
-      const uint32_t b = __ffs(f) - 1;
-      f &= f - 1;
-      exc[pos++] = uint8_t(exponent_at<FID>(S.chunk, 32 * i + b));
-    }
-  }
-  named_sync(wbar, kWorkerThreads);
-  threads_copy<kWorkerThreads>(dst + pe.sec + uint32_t(lut_exceptions_offset(k, n)), exc, S.n_exc, tid);
+  if (lut) C.rsec[0] += lut_codes_offset(k);
+  C.xsec = dst + P.sec[0] + (lut ? uint32_t(lut_exceptions_offset(k, n)) : 0u);
+  C.run = 0;
+  code_dispatch<FID>(C, Ws.table, Ws.stage, src, n, len, mode0, k, lut && P.n_exc != 0);
+  C.st.total = lane_stripe_bytes(len, lane);
+  return digest_finish(C.st, src, len);
 }
 
-// ---------------------------------------------------------------- the kernel
-
-__global__ void __launch_bounds__(kBlockThreads, 1) fast_encode_kernel(EncArgs a) {
-  const uint32_t grp = threadIdx.x / kGroupThreads, tid = threadIdx.x % kGroupThreads;
-  BlockSmem& blk = *reinterpret_cast<BlockSmem*>(smem_raw);
-  GroupSmem& S = blk.grp[grp];
-  uint32_t* const H = blk.hist[grp];
-  const uint32_t wbar = 1 + 2 * grp, gbar = 2 + 2 * grp;
-  const bool digest_warp = tid >= kWorkerThreads;
-  if (tid == 0) {
-    mbar_init(&S.bar);
-    mbar_init_fence();
-  }
-  uint32_t parity = 0;
+/// Codes the chunks of CodeKind K, one warp per chunk.
+template <uint32_t K>
+__global__ void __launch_bounds__(32 * kCodeWarps<K>, 1) fast_code_kernel(EncArgs a) {
+  const uint32_t lane = lane_id(), warp = threadIdx.x / 32;
+  CodeWarpSmem& Ws = reinterpret_cast<CodeWarpSmem*>(smem_raw)[warp];
   for (;;) {
-    if (tid == 0) {
-      fence_proxy_async();  // the previous chunk's reads of S.chunk before the bulk copy that overwrites it
-      uint32_t t = 0;
-      const uint64_t g = draw_chunk<true>(a, a.tickets + kTicketFast, &t);
-      S.g = g;
-      if (g < a.total_chunks) {
-        const EncTensor& T = a.tensors[t];
-        const uint32_t i = uint32_t(g - T.chunk_base);
-        const uint64_t begin = uint64_t(i) * a.chunk_bytes;
-        const uint32_t len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin));
-        S.tensor = t;
-        S.index = i;
-        S.raw_len = len;
-        S.diff = 0;
-        const uint8_t* src = T.in + begin;
-        const uint32_t bulk = len & ~15u;
-        mbar_arrive_expect_tx(&S.bar, bulk);
-        if (bulk) bulk_copy(S.chunk, src, bulk, &S.bar);
-        for (uint32_t b = bulk; b < len; ++b) S.chunk[b] = src[b];
-      }
-    }
-    named_sync(gbar, kGroupThreads);
-    const uint64_t g = S.g;
+    unsigned long long g = 0;
+    uint32_t t = 0;
+    if (lane == 0) g = draw_chunk<uint32_t(Share::kCode) + K>(a, a.tickets + kTicketCode + K, &t);
+    g = __shfl_sync(kFull, g, 0);
+    t = __shfl_sync(kFull, t, 0);
     if (g >= a.total_chunks) break;
-    const EncTensor& T = a.tensors[S.tensor];
-    const Codec codec = Codec(T.codec);
-    const uint32_t fam = family_of(Dtype(T.dtype), codec);
-    if (!digest_warp && codec != Codec::RAW) {
-      // Clear the histogram while the copy is in flight (the space held the last chunk's exceptions).
-      const uint32_t words = (fam == kFamF16 ? 32u : 256u) * kReplicas;
-      for (uint32_t w = tid; w < words / 4; w += kWorkerThreads) reinterpret_cast<uint4*>(H)[w] = make_uint4(0, 0, 0, 0);
-      named_sync(wbar, kWorkerThreads);
-    }
-    mbar_wait(&S.bar, parity);
-    parity ^= 1u;
-    if (digest_warp) {
-      Xxh32 st;
-      digest_stripes(st, S.chunk, S.raw_len, 0);
-      const uint32_t d = digest_finish(st, S.chunk, S.raw_len);
-      if (lane_id() == 0) a.digests[g] = d;
-    } else if (codec == Codec::RAW) {
-      if (tid < 32) {
-        const uint64_t o = warp_look_back(a, g, S.index, S.raw_len);
-        if (tid == 0) {
-          S.offset = o;
-          a.offsets[g] = o;
-          a.sizes[g] = S.raw_len;
-        }
+    const EncTensor& T = a.tensors[t];
+    const uint32_t index = uint32_t(g - T.chunk_base);
+    const uint64_t begin = uint64_t(index) * a.chunk_bytes;
+    const uint32_t len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin));
+    const uint8_t* src = T.in + begin;
+    uint8_t* const payload = T.out + T.header_bytes;
+    uint32_t d;
+    if constexpr (K == kCodeRaw) {
+      // Every chunk stored raw: chunk i at i * chunk_bytes (chunk_bytes is a multiple of 256, so already aligned).
+      d = copy_raw_chunk(src, payload + begin, len);
+      if (lane == 0) {
+        a.offsets[g] = begin;
+        a.sizes[g] = len;
       }
-      named_sync(wbar, kWorkerThreads);
-      threads_copy<kWorkerThreads>(T.out + T.header_bytes + S.offset, S.chunk, S.raw_len, tid);
-    } else if (fam == kFamBF16) {
-      fast_chunk<kFamBF16>(S, H, grp, a, T, tid, wbar);
-    } else if (fam == kFamF16) {
-      fast_chunk<kFamF16>(S, H, grp, a, T, tid, wbar);
     } else {
-      fast_chunk<kFamF32>(S, H, grp, a, T, tid, wbar);
+      if (lane < sizeof(FastPlan) / 16)
+        reinterpret_cast<uint4*>(&Ws.plan)[lane] = reinterpret_cast<const uint4*>(a.plans + g)[lane];
+      __syncwarp();
+      uint8_t* dst = payload + a.offsets[g];
+      constexpr uint32_t FID = K == kCodeBF16 ? kFamBF16 : K == kCodeF16 ? kFamF16 : kFamF32;
+      d = Ws.plan.raw ? copy_raw_chunk(src, dst, len) : code_chunk<FID>(Ws, T, index, src, dst, len);
     }
-    named_sync(gbar, kGroupThreads);  // S.chunk and the staging space are free again
+    if (lane == 0) a.digests[g] = d;
+    __syncwarp();  // Ws is free again
   }
+}
+
+template <uint32_t K>
+Status launch_code(const EncArgs& a, int sm_budget, int sm_count, cudaStream_t s) {
+  constexpr uint32_t W = kCodeWarps<K>;
+  size_t smem = sizeof(CodeWarpSmem) * W;
+  int grid = 0;
+  const Status st = detail::persistent_grid(reinterpret_cast<const void*>(fast_code_kernel<K>), 32 * W, &smem,
+                                            sm_budget, sm_count, (a.total_chunks + W - 1) / W, &grid);
+  if (!st.ok()) return st;
+  fast_code_kernel<K><<<grid, 32 * W, smem, s>>>(a);
+  return detail::check_launch("fast_code_kernel");
 }
 
 }  // namespace
 
-Status launch_fast_encode(const EncArgs& a, int sm_budget, int sm_count, cudaStream_t s) {
-  size_t smem = sizeof(BlockSmem);
-  int grid = 0;
-  Status st = detail::persistent_grid(reinterpret_cast<const void*>(fast_encode_kernel), kBlockThreads, &smem,
-                                      sm_budget, sm_count, a.total_chunks, &grid);
-  if (!st.ok()) return st;
-  fast_encode_kernel<<<grid, kBlockThreads, smem, s>>>(a);
-  return detail::check_launch("fast_encode_kernel");
+Status launch_fast_encode(const EncArgs& a, uint32_t kinds, int sm_budget, int sm_count, cudaStream_t s) {
+  Status st;
+  if (kinds & ~(1u << kCodeRaw)) {
+    size_t smem = sizeof(PlanSmem);
+    int grid = 0;
+    st = detail::persistent_grid(reinterpret_cast<const void*>(fast_plan_kernel), kPlanThreads, &smem, sm_budget,
+                                 sm_count, (a.total_chunks + kPlanGroups - 1) / kPlanGroups, &grid);
+    if (!st.ok()) return st;
+    fast_plan_kernel<<<grid, kPlanThreads, smem, s>>>(a);
+    if (!(st = detail::check_launch("fast_plan_kernel")).ok()) return st;
+  }
+  if ((kinds & 1u << kCodeRaw) && !(st = launch_code<kCodeRaw>(a, sm_budget, sm_count, s)).ok()) return st;
+  if ((kinds & 1u << kCodeBF16) && !(st = launch_code<kCodeBF16>(a, sm_budget, sm_count, s)).ok()) return st;
+  if ((kinds & 1u << kCodeF16) && !(st = launch_code<kCodeF16>(a, sm_budget, sm_count, s)).ok()) return st;
+  if ((kinds & 1u << kCodeF32) && !(st = launch_code<kCodeF32>(a, sm_budget, sm_count, s)).ok()) return st;
+  return st;
 }
 
 }  // namespace enc
