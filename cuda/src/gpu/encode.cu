@@ -4,8 +4,12 @@
 // Launch sequence (one stream, every grid sized by the SM budget, see codec.h):
 //   1. auto_hist_kernel + auto_resolve_kernel   (only when some tensor asks for "auto"): the exponent histogram of each
 //      such tensor and the integer rule of tzip::resolve_auto, written into the tensor's descriptor.
-//   2. digest_kernel: the digest of every chunk's input (format version 2), one warp per chunk.
-//   3. encode_kernel: one group of 256 threads per chunk (4 groups per 1024-thread block, named barriers). Per chunk:
+//   2. the fast encoder (encode_fast.cu), for fast and raw tensors whose input and frame are 16-byte aligned:
+//      fast_plan_kernel when any is `fast` (each chunk's plan and offset), then fast_code_kernel for each kind present
+//      (raw, bf16, fp16, fp32: coded or copied chunks and their digests).
+//   3. digest_kernel (only when encode_kernel has tensors): the digest of each of its chunks' input (format version
+//      2), one warp per chunk; the fast encoder's chunks are skipped.
+//   4. encode_kernel: one group of 256 threads per chunk (4 groups per 1024-thread block, named barriers). Per chunk:
 //      pass 1 reads the chunk (16-byte loads), splits it into streams 4 elements at a time (warp.h, Fam<>::split4) and
 //      builds the stream histograms in shared memory (32-way replicated u16 counters: lane-private columns, so the
 //      atomics of one warp never collide); one warp per stream then takes the CPU's decisions (CONST / RAW / LUT with
@@ -14,7 +18,7 @@
 //      offset in the payload; pass 2 re-reads the chunk (now in L2) and writes the sections straight to that offset,
 //      exceptions placed with a group-wide scan, RANS words by the stream's warp walking the steps backwards with a
 //      ballot per step (same word order as the CPU's rans_encode).
-//   4. finalize_kernel: per tensor, chunk table, header, checksum and header digest; frame size to the caller's array.
+//   5. finalize_kernel: per tensor, chunk table, header, checksum and header digest; frame size to the caller's array.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -479,20 +483,11 @@ __device__ void encode_chunk(GroupSmem& S, const EncArgs& a, const ChunkJob job,
 
   // ---- pass 2: chunk header, section headers and paddings (thread 0), then the data
   if (tid == 0) {
-    dst[0] = kChunkKindCoded;
-    dst[1] = uint8_t(NS);
-    dst[2] = 0;
-    dst[3] = 0;
-    st_bytes(dst + 4, n, 4);
+    put_chunk_header(dst, NS, n);
     uint32_t end = kChunkHeaderBytes;
     for (uint32_t j = 0; j < NS; ++j) {
       const StreamPlan& p = S.plan[j];
-      uint8_t* d = dst + kChunkHeaderBytes + kStreamDescriptorBytes * j;
-      d[0] = uint8_t(p.mode);
-      d[1] = uint8_t(p.param);
-      d[2] = 0;
-      d[3] = 0;
-      st_bytes(d + 4, p.bytes, 4);
+      put_descriptor(dst, j, p.mode, p.param, p.bytes);
       end += kStreamDescriptorBytes;
     }
     for (uint32_t j = 0; j < NS; ++j) {
@@ -1019,9 +1014,9 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   // Workspace: descriptors, shapes, tickets, look-back words, offsets, sizes, digests, auto histograms, fast plans.
   auto al = [](size_t x) { return (x + 255) & ~size_t(255); };
   const size_t b_tensors = al(sizeof(EncTensor) * count), b_shapes = al(8 * std::max<size_t>(1, shapes.size())),
-               b_tickets = al(16), b_status = al(8 * total_chunks), b_offsets = al(8 * total_chunks),
+               b_tickets = al(8 * kNumTickets), b_status = al(8 * total_chunks), b_offsets = al(8 * total_chunks),
                b_sizes = al(4 * total_chunks), b_digests = al(4 * total_chunks), b_hist = al(8 * 256ull * n_auto),
-               b_plans = need_fast ? al(sizeof(FastPlan) * total_chunks) : 0;
+               b_plans = (fast_kinds & ~(1u << kCodeRaw)) ? al(sizeof(FastPlan) * total_chunks) : 0;
   const size_t total = b_tensors + b_shapes + b_tickets + b_status + b_offsets + b_sizes + b_digests + b_hist + b_plans;
   void* ws = nullptr;
   st = alloc_async(&ws, total, stream);
@@ -1036,7 +1031,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   a.sizes = reinterpret_cast<uint32_t*>(p); p += b_sizes;
   a.digests = reinterpret_cast<uint32_t*>(p); p += b_digests;
   a.auto_hist = reinterpret_cast<unsigned long long*>(p); p += b_hist;
-  a.plans = need_fast ? reinterpret_cast<FastPlan*>(p) : nullptr; p += b_plans;
+  a.plans = b_plans ? reinterpret_cast<FastPlan*>(p) : nullptr; p += b_plans;
   a.shapes = d_shapes;
   a.n_tensors = uint32_t(count);
   a.chunk_bytes = cs;

@@ -40,6 +40,7 @@ enum Ticket : uint32_t { kTicketEncode = 0, kTicketAutoHist = 1, kTicketPlan = 2
 /// The fast encoder's coding kernels, one per kind of tensor (each its own register budget and ticket counter):
 /// raw tensors of any dtype, and `fast` tensors by float family.
 enum CodeKind : uint32_t { kCodeRaw = 0, kCodeBF16 = 1, kCodeF16 = 2, kCodeF32 = 3, kNumCodeKinds = 4 };
+constexpr uint32_t kNumTickets = kTicketCode + kNumCodeKinds;  // EncArgs::tickets holds this many counters
 __host__ __device__ inline uint32_t code_kind(uint8_t dtype, uint8_t codec) {
   if (codec == uint8_t(Codec::RAW)) return kCodeRaw;
   return Dtype(dtype) == Dtype::BF16 ? kCodeBF16 : Dtype(dtype) == Dtype::F16 ? kCodeF16 : kCodeF32;
@@ -65,7 +66,7 @@ struct EncArgs {
   uint32_t n_tensors;
   uint32_t chunk_bytes;
   uint64_t total_chunks;
-  unsigned long long* tickets;    // Ticket
+  unsigned long long* tickets;    // kNumTickets counters: Ticket (+ CodeKind for kTicketCode)
   unsigned long long* status;     // look-back words, one per chunk
   unsigned long long* offsets;    // final payload offset of each chunk
   uint32_t* sizes;                // stored size of each chunk
@@ -155,6 +156,24 @@ __device__ inline uint64_t warp_look_back(const EncArgs& a, uint64_t g, uint32_t
   }
   if (lane == 0) st_relaxed(a.status + g, kIncl | (excl + agg));
   return excl;
+}
+
+/// Writes a coded chunk's 8-byte header at dst: kind, stream count, element count (docs/format.md, section 6).
+__device__ __forceinline__ void put_chunk_header(uint8_t* dst, uint32_t n_streams, uint32_t n) {
+  dst[0] = kChunkKindCoded;
+  dst[1] = uint8_t(n_streams);
+  dst[2] = 0;
+  dst[3] = 0;
+  tzip::dev::st_bytes(dst + 4, n, 4);
+}
+/// Writes stream j's 8-byte descriptor (mode, param, section bytes) after the header of the coded chunk at dst.
+__device__ __forceinline__ void put_descriptor(uint8_t* dst, uint32_t j, uint32_t mode, uint32_t param, uint32_t bytes) {
+  uint8_t* d = dst + kChunkHeaderBytes + kStreamDescriptorBytes * j;
+  d[0] = uint8_t(mode);
+  d[1] = uint8_t(param);
+  d[2] = 0;
+  d[3] = 0;
+  tzip::dev::st_bytes(d + 4, bytes, 4);
 }
 
 /// Named barrier over `threads` threads (a multiple of 32) of the block.

@@ -73,8 +73,10 @@ constexpr uint32_t kHistWords = 256 * kReplicas;      // 32 KiB per group: bin e
 constexpr uint32_t kHistGroupShift = 15;              // group g's histogram at byte g << 15 of PlanSmem::hist
 constexpr uint32_t kPlanAhead = 8;                    // 16-byte loads in flight per thread
 
-/// A group's shared state, twice: while warp 0 decides chunk c from one copy, warps 1-7 already count chunk c + 1
-/// into the other.
+/// A group's shared state. What warp 0 reads while it decides chunk c (the counts by rank, the LUT, m, diff, the
+/// ticket) is kept twice, so that warps 1-7 can already count chunk c + 1 into the other copy; the keys and per-warp
+/// sums are written only after the first barrier of chunk c + 1, which warp 0 reaches once it has decided, and the
+/// histogram (PlanSmem::hist) is cleared by its bins' owners before warp 0 decides and not read by it.
 struct __align__(16) PlanGroupSmem {
   uint32_t keys[256];    // present symbols' (count << 8 | 255 - symbol), compacted
   uint32_t sorted[2][128];  // counts of the present symbols by rank (the first 128 ranks)
@@ -297,8 +299,8 @@ __device__ __forceinline__ void decide_chunk(const PlanGroupSmem& S, const EncAr
 }
 
 /// The plan kernel: kPlanGroups groups of 8 warps, each planning chunks one after another. A chunk is counted by the
-/// whole group; then warp 0 decides it while warps 1-7 draw the next ticket and start counting the next chunk (copy
-/// p ^ 1 of the group's state), so that the decisions and the look-back's wait are off the group's path. Named
+/// whole group; then warp 0 decides it while warps 1-7 start counting the next chunk (copy p ^ 1 of the group's
+/// state; thread 32 draws its ticket), so that the decisions and the look-back's wait are off the group's path. Named
 /// barriers per group: `bar` (all 256 threads), `bar + kPlanGroups` (warps 1-7), `bar + 2 kPlanGroups` (warp 1
 /// arrives with the next ticket, warp 0 waits for it).
 __global__ void __launch_bounds__(kPlanThreads, 1) fast_plan_kernel(EncArgs a) {
@@ -406,19 +408,14 @@ __device__ __forceinline__ uint64_t pack8_bytes(uint32_t lo, uint32_t hi, uint32
   return uint64_t(a) | (uint64_t(b) << (4 * bits));
 }
 
-/// One warp step of a packed stream: lane l's `nb` bytes go to dst[nb * l ...]; the warp's 32 * nb bytes (of which
-/// `avail` are written: the stream may end inside the step) leave through the warp's staging buffer in 16-byte stores.
-/// dst is 16-byte aligned. Every lane of the warp calls it.
+/// The last, partial warp step of a packed stream: lane l's `nb` bytes go to dst[nb * l ...], of which the first
+/// `avail` bytes of the step are written (the stream ends inside the step: avail < 32 * nb), through the warp's
+/// staging buffer. Every lane of the warp calls it.
 __device__ __forceinline__ void put_packed(uint8_t* stage, uint8_t* dst, uint64_t piece, uint32_t nb, uint32_t avail) {
   const uint32_t lane = lane_id();
   for (uint32_t b = 0; b < nb; ++b) stage[lane * nb + b] = uint8_t(piece >> (8 * b));
   __syncwarp();
-  const uint32_t total = 32 * nb;
-  if (avail >= total) {
-    if (lane < 2 * nb) reinterpret_cast<uint4*>(dst)[lane] = reinterpret_cast<const uint4*>(stage)[lane];
-  } else {
-    for (uint32_t b = lane; b < avail; b += 32) dst[b] = stage[b];
-  }
+  for (uint32_t b = lane; b < avail; b += 32) dst[b] = stage[b];
   __syncwarp();
 }
 
@@ -741,25 +738,11 @@ __device__ __forceinline__ uint32_t code_chunk(CodeWarpSmem& Ws, const EncTensor
 
   // ---- chunk header, descriptors, LUT table and every zero gap
   if (lane == 0) {
-    dst[0] = kChunkKindCoded;
-    dst[1] = uint8_t(NS);
-    dst[2] = 0;
-    dst[3] = 0;
-    st_bytes(dst + 4, n, 4);
-  }
-  uint32_t end = kChunkHeaderBytes;
+    put_chunk_header(dst, NS, n);
 #pragma unroll
-  for (uint32_t j = 0; j < NS; ++j) {
-    if (lane == 0) {
-      uint8_t* d = dst + kChunkHeaderBytes + kStreamDescriptorBytes * j;
-      d[0] = P.mode[j];
-      d[1] = P.param[j];
-      d[2] = 0;
-      d[3] = 0;
-      st_bytes(d + 4, P.bytes[j], 4);
-    }
-    end += kStreamDescriptorBytes;
+    for (uint32_t j = 0; j < NS; ++j) put_descriptor(dst, j, P.mode[j], P.param[j], P.bytes[j]);
   }
+  uint32_t end = kChunkHeaderBytes + kStreamDescriptorBytes * NS;
 #pragma unroll
   for (uint32_t j = 0; j < NS; ++j) {
     zero_range(dst + end, P.sec[j] - end, lane);
