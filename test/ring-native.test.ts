@@ -531,14 +531,16 @@ describe.skipIf(!addonAvailable())('hostile SQEs get an error CQE and touch noth
     const statuses = new Set<number>();
     for (let i = 0; i < 40; i++) {
       full.writeBigUInt64LE(BigInt(i), 0);
-      const off = client.sqeOffset(client.word(H.sqHead));
+      const head = client.word(H.sqHead);
+      const off = client.sqeOffset(head);
       // The second half (shape, wait and signal values) still holds 0xff bytes when the SQE is published: a copy taken
       // before it is fully written has a shape that overflows or entries past ndim that are not 0.
       client.mem.fill(0xff, off + 64, off + 128);
       full.copy(client.mem, off, 0, 64);
       client.publish(1);
-      // 12 ms: longer than the thread's futex timeout, so that it has copied the torn SQE by then (spinning or woken).
-      if (i % 3) await sleep(12);
+      // Two SQEs in three are completed only after the thread has copied them torn (it stores sq_tail after its copy),
+      // the third at once: a fixed sleep here let a loaded machine (a compile beside the tests) copy every SQE whole.
+      if (i % 3) await until(() => client.word(H.sqTail) === ((head + 1) >>> 0), `SQE ${i} copied`);
       full.copy(client.mem, off + 64, 64, 128);
       const [c] = await client.reap(1);
       expect(c?.userData).toBe(BigInt(i));
