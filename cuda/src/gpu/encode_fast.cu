@@ -7,19 +7,20 @@
 //     test of the other streams for a constant value, ranks the present exponents, takes the CPU's decisions (CONST /
 //     RAW / LUT and the code width k, format.md 11.3-11.4), lays the chunk out and places it with the decoupled
 //     look-back; its plan (FastPlan: modes, sections, the LUT) and payload offset go to device memory.
-//   fast_code_kernel (every chunk of the fast encoder's tensors): one warp codes one chunk in element order, from
+//   fast_code_kernel<K> (every chunk of the fast encoder's tensors of one CodeKind: raw, bf16, fp16 or fp32, each a
+//     kernel of its own so that each gets the registers it needs): one warp codes one chunk in element order, from
 //     16-byte loads a few warp steps ahead: per 8 elements one lane looks its exponents up in the warp's code table,
 //     packs them to k bits, stores the sign and mantissa bytes, and writes its escapes' exponents straight after the
-//     earlier ones (a warp scan per step); the chunk digest (format version 2) is computed from the same loads, since
-//     lane l of warp step J holds exactly stripe 32 J + l (fp32: two stripes, passed to their lanes by shuffles). A
-//     raw tensor's chunks (or a chunk stored raw) are copied, digested on the way.
+//     earlier ones (their offsets from four ballots per step); the chunk digest (format version 2) is computed from
+//     the same loads, since lane l of warp step J holds exactly stripe 32 J + l (fp32: two stripes, passed to their
+//     lanes by shuffles). A raw tensor's chunks (or a chunk stored raw) are copied, digested on the way.
 //
 // Why two kernels rather than one that keeps the chunk in shared memory between its histogram and its coding: a
 // 64 KiB chunk per group left room for two groups per SM, each alternating a load, its barriers and its coding, and
-// that structure ran `raw` (no coding at all) at 190-210 GB/s on 10 H200 SMs against the copy kernel's 480
-// (docs/benchmarks.md). Here no warp waits for another warp except at a plan group's barriers, and every warp keeps
-// several loads in flight; the price is a second read of each chunk, which an SM-budgeted call can afford (10 SMs
-// draw a small share of the GPU's memory bandwidth).
+// that structure ran `raw` (no coding at all) at 190-194 GB/s on 10 H200 SMs against the copy kernel's 480
+// (docs/benchmarks.md, fifth round). Here no warp waits for another warp except at a plan group's barriers, and every
+// warp keeps several loads in flight; the price is a second read of each chunk, which an SM-budgeted call can afford
+// (10 SMs draw a small share of the GPU's memory bandwidth; on all 132 SMs it costs 2-11%).
 #include <cuda_runtime.h>
 
 #include <cstdint>
