@@ -145,11 +145,16 @@ struct Xxh32 {
   uint32_t v1 = kXXH32Prime1 + kXXH32Prime2, v2 = kXXH32Prime2, v3 = 0, v4 = 0u - kXXH32Prime1;
   uint64_t total = 0;
   __device__ __forceinline__ void stripe(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    rounds(a, b, c, d);
+    total += 16;
+  }
+  /// stripe() without counting the bytes: for a caller that sets `total` once, before finish (a 64-bit add per stripe
+  /// less in a hot loop).
+  __device__ __forceinline__ void rounds(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
     v1 = xxh32_round(v1, a);
     v2 = xxh32_round(v2, b);
     v3 = xxh32_round(v3, c);
     v4 = xxh32_round(v4, d);
-    total += 16;
   }
   /// Finishes with `len` (< 16) tail bytes at p (any alignment).
   __device__ __forceinline__ uint32_t finish(const uint8_t* p, uint32_t len) const {

@@ -732,9 +732,8 @@ __global__ void __launch_bounds__(1024, 1) digest_kernel(EncArgs a) {
     const uint32_t t = find_tensor(a.tensors, a.n_tensors, g);
     const EncTensor& T = a.tensors[t];
     if (fast_kernel_takes(a, T)) continue;  // the fast encoder digests its chunks as it codes them
-    const uint64_t begin = (g - T.chunk_base) * a.chunk_bytes;
-    const uint32_t len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin));
-    const uint32_t d = warp_chunk_digest(T.in + begin, len);
+    const ChunkSpan c = chunk_span(a, T, g);
+    const uint32_t d = warp_chunk_digest(T.in + c.begin, c.len);
     if (lane_id() == 0) a.digests[g] = d;
   }
 }
@@ -842,8 +841,9 @@ __global__ void __launch_bounds__(1024, 1) auto_hist_kernel(EncArgs a) {
     }
     if (g >= a.total_chunks) break;
     const EncTensor& T = a.tensors[t];
-    const uint64_t begin = (g - T.chunk_base) * a.chunk_bytes;
-    const uint32_t len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin));
+    const ChunkSpan c = chunk_span(a, T, g);
+    const uint64_t begin = c.begin;
+    const uint32_t len = c.len;
     const Dtype d = Dtype(T.dtype);
     const uint32_t es = dtype_size(d);
     const uint32_t n = len / es;
@@ -947,8 +947,8 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
   uint64_t total_chunks = 0, in_total = 0;
   uint32_t n_auto = 0;
   const bool use_fast = get_tuning().fast_encoder;
-  bool need_fast = false, need_general = false;
-  uint32_t fast_kinds = 0;  // CodeKind bits of the fast encoder's tensors
+  bool need_general = false;
+  uint32_t fast_kinds = 0;  // CodeKind bits of the fast encoder's tensors (none: it is not launched)
   for (size_t i = 0; i < count; ++i) {
     const EncodeItem& it = items[i];
     const std::string who = "tensor " + std::to_string(i) + ": ";
@@ -995,7 +995,6 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
     // Which coding kernels the batch needs: an auto tensor may resolve to fast or max on the device.
     if (nch) {
       const bool fast_able = use_fast && t.aligned && (c == Codec::FAST || c == Codec::RAW);
-      need_fast |= fast_able;
       if (fast_able) fast_kinds |= 1u << code_kind(t.dtype, t.codec);
       need_general |= !fast_able || t.is_auto;
     }
@@ -1069,7 +1068,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
       auto_resolve_kernel<<<grid, 256, smem, s>>>(a);
       if (!(r = check_launch("auto_resolve_kernel")).ok()) return r;
     }
-    if (need_fast && !(r = launch_fast_encode(a, fast_kinds, opt.sm_budget, sms, s)).ok()) return r;
+    if (fast_kinds && !(r = launch_fast_encode(a, fast_kinds, opt.sm_budget, sms, s)).ok()) return r;
     if (need_general) {
       smem = 0;
       if (!(r = persistent_grid(reinterpret_cast<const void*>(digest_kernel), 1024, &smem, opt.sm_budget, sms,
@@ -1100,7 +1099,7 @@ Status encode(const EncodeItem* items, size_t count, const EncodeOptions& opt, u
     if (opt.graphs && count <= kGraphMaxItems && in_total <= kGraphMaxBytes) {
       GraphKey key;
       key.w = {2, uint64_t(guard.device()), uint64_t(reinterpret_cast<uintptr_t>(stream)), count, cs, total_chunks,
-               shapes.size(), n_auto, uint64_t(need_fast | need_general << 1 | use_fast << 2 | zeros_too << 3 | fast_kinds << 4),
+               shapes.size(), n_auto, uint64_t(need_general << 1 | use_fast << 2 | zeros_too << 3 | fast_kinds << 4),
                uint64_t(int64_t(opt.sm_budget)), uint64_t(reinterpret_cast<uintptr_t>(ws)),
                uint64_t(reinterpret_cast<uintptr_t>(d_frame_bytes)), image.size(), uint64_t(sms)};
       if (launch_graph(key, image.data(), image.size(), a.tensors, stream, kernels)) {

@@ -73,7 +73,7 @@ struct EncArgs {
   uint32_t* digests;              // chunk digest of each chunk's input (format version 2)
   unsigned long long* auto_hist;  // 256 per auto tensor
   uint64_t* frame_bytes;          // caller's array
-  FastPlan* plans;                // one per chunk when the batch has tensors for the fast encoder
+  FastPlan* plans;                // one per chunk when the batch has `fast` tensors for the fast encoder
   uint32_t use_fast;              // Tuning::fast_encoder: the fast encoder takes its tensors
 };
 
@@ -91,6 +91,18 @@ __device__ __forceinline__ bool share_takes(const EncArgs& a, const EncTensor& t
   if (s == uint32_t(Share::kGeneral)) return !fast;
   if (s == uint32_t(Share::kFastCoded)) return fast && t.codec == uint8_t(Codec::FAST);
   return fast && code_kind(t.dtype, t.codec) == s - uint32_t(Share::kCode);
+}
+
+/// Chunk g of tensor T: its index in the tensor, the offset of its first byte in the tensor, its length in bytes
+/// (chunk_bytes, or fewer for the tensor's last chunk).
+struct ChunkSpan {
+  uint32_t index, len;
+  uint64_t begin;
+};
+__device__ __forceinline__ ChunkSpan chunk_span(const EncArgs& a, const EncTensor& T, uint64_t g) {
+  const uint32_t index = uint32_t(g - T.chunk_base);
+  const uint64_t begin = uint64_t(index) * a.chunk_bytes;
+  return ChunkSpan{index, uint32_t(tzip::dev::umin64(a.chunk_bytes, T.nbytes - begin)), begin};
 }
 
 __device__ __forceinline__ uint32_t find_tensor(const EncTensor* t, uint32_t n, uint64_t g) {

@@ -134,9 +134,9 @@ __device__ __forceinline__ void count_chunk(PlanGroupSmem& S, uint32_t* H, uint3
   using F = Fast<FID>;
   constexpr uint32_t E = F::kEsize;
   const uint32_t lane = tid & 31, warp = tid / 32;
-  const uint64_t begin = (g - T.chunk_base) * a.chunk_bytes;
-  const uint32_t raw_len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin)), n = raw_len / E;
-  const uint8_t* src = T.in + begin;
+  const ChunkSpan c = chunk_span(a, T, g);
+  const uint32_t raw_len = c.len, n = raw_len / E;
+  const uint8_t* src = T.in + c.begin;
 
   // ---- 1. histogram of the exponents; residual streams: does any symbol differ from the first element's?
   const uint32_t first = E == 2 ? uint32_t(*reinterpret_cast<const uint16_t*>(src)) * 0x10001u
@@ -217,9 +217,8 @@ __device__ __forceinline__ void decide_chunk(const PlanGroupSmem& S, const EncAr
   using F = Fast<FID>;
   constexpr uint32_t E = F::kEsize, NS = F::kStreams, W = F::kEBits;
   const uint32_t lane = lane_id();
-  const uint32_t index = uint32_t(g - T.chunk_base);
-  const uint64_t begin = uint64_t(index) * a.chunk_bytes;
-  const uint32_t raw_len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin)), n = raw_len / E;
+  const ChunkSpan c = chunk_span(a, T, g);
+  const uint32_t raw_len = c.len, n = raw_len / E;
   const uint32_t m = S.m[p];
   uint32_t mode0 = uint32_t(StreamMode::RAW), param0 = 0, bytes0 = uint32_t(packed_bytes(n, W)), k = 0, n_exc = 0;
   if (m == 1) {
@@ -256,7 +255,7 @@ __device__ __forceinline__ void decide_chunk(const PlanGroupSmem& S, const EncAr
   {
     const uint32_t d = S.diff[p];
     uint8_t sym[4];
-    split_element(FID == kFamBF16 ? Dtype::BF16 : FID == kFamF16 ? Dtype::F16 : Dtype::F32, Codec::FAST, T.in + begin, sym);
+    split_element(FID == kFamBF16 ? Dtype::BF16 : FID == kFamF16 ? Dtype::F16 : Dtype::F32, Codec::FAST, T.in + c.begin, sym);
 #pragma unroll
     for (uint32_t j = 1; j < NS; ++j) {
       const bool raw = (d & residual_mask<FID>(j)) != 0;
@@ -274,7 +273,7 @@ __device__ __forceinline__ void decide_chunk(const PlanGroupSmem& S, const EncAr
   }
   const bool raw = align16(off) >= raw_len;
   const uint32_t size = raw ? raw_len : uint32_t(off);
-  const uint64_t o = warp_look_back(a, g, index, size);
+  const uint64_t o = warp_look_back(a, g, c.index, size);
   FastPlan* P = a.plans + g;
   if (lane == 0) {
     a.offsets[g] = o;
@@ -297,6 +296,15 @@ __device__ __forceinline__ void decide_chunk(const PlanGroupSmem& S, const EncAr
 #pragma unroll
   for (uint32_t q = 0; q < 4; ++q) l4 |= (4 * lane + q < m ? uint32_t(S.lut[p][4 * lane + q]) : 0u) << (8 * q);
   reinterpret_cast<uint32_t*>(P->lut)[lane] = l4;
+}
+
+/// Chunk g with the group: counted by all its warps, then decided by warp 0 (which returns after the look-back, the
+/// others at once).
+template <uint32_t FID>
+__device__ __forceinline__ void plan_chunk(PlanGroupSmem& S, uint32_t* H, uint32_t grp, const EncArgs& a,
+                                           const EncTensor& T, uint64_t g, uint32_t p, uint32_t tid, uint32_t bar) {
+  count_chunk<FID>(S, H, grp, a, T, g, p, tid, bar);
+  if (tid < 32) decide_chunk<FID>(S, a, T, g, p);
 }
 
 /// The plan kernel: kPlanGroups groups of 8 warps, each planning chunks one after another. A chunk is counted by the
@@ -324,13 +332,10 @@ __global__ void __launch_bounds__(kPlanThreads, 1) fast_plan_kernel(EncArgs a) {
     if (g >= a.total_chunks) break;
     const EncTensor& T = a.tensors[S.tensor[p]];
     const uint32_t fam = family_of(Dtype(T.dtype), Codec::FAST);
-    if (fam == kFamBF16) count_chunk<kFamBF16>(S, H, grp, a, T, g, p, tid, bar);
-    else if (fam == kFamF16) count_chunk<kFamF16>(S, H, grp, a, T, g, p, tid, bar);
-    else count_chunk<kFamF32>(S, H, grp, a, T, g, p, tid, bar);
+    if (fam == kFamBF16) plan_chunk<kFamBF16>(S, H, grp, a, T, g, p, tid, bar);
+    else if (fam == kFamF16) plan_chunk<kFamF16>(S, H, grp, a, T, g, p, tid, bar);
+    else plan_chunk<kFamF32>(S, H, grp, a, T, g, p, tid, bar);
     if (warp == 0) {
-      if (fam == kFamBF16) decide_chunk<kFamBF16>(S, a, T, g, p);
-      else if (fam == kFamF16) decide_chunk<kFamF16>(S, a, T, g, p);
-      else decide_chunk<kFamF32>(S, a, T, g, p);
       named_sync(bar_ticket, 64);  // warp 1 has drawn the next ticket
     } else {
       if (tid == 32) draw(p ^ 1);
@@ -357,14 +362,8 @@ struct __align__(16) CodeWarpSmem {
 /// shift-add chain (esc_flags) instead of a compare per element.
 constexpr uint32_t kEscBit = 24;
 
-/// XXH32 rounds of one 16-byte stripe into a lane's state (its byte count is set once, at the end: stripe_count).
-__device__ __forceinline__ void xxh_stripe(Xxh32& st, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  st.v1 = xxh32_round(st.v1, a);
-  st.v2 = xxh32_round(st.v2, b);
-  st.v3 = xxh32_round(st.v3, c);
-  st.v4 = xxh32_round(st.v4, d);
-}
-/// Bytes of the whole stripes of a `len`-byte chunk that lane `lane` hashes (stripes s with s mod 32 == lane).
+/// Bytes of the whole stripes of a `len`-byte chunk that lane `lane` hashes (stripes s with s mod 32 == lane): the
+/// lane state's `total` once its stripes went through Xxh32::rounds.
 __device__ __forceinline__ uint64_t lane_stripe_bytes(uint32_t len, uint32_t lane) {
   const uint32_t whole = len / 16;
   return 16ull * (whole / 32 + (lane < whole % 32 ? 1u : 0u));
@@ -384,29 +383,18 @@ __device__ uint32_t copy_raw_chunk(const uint8_t* src, uint8_t* dst, uint32_t le
     for (uint32_t u = 0; u < U; ++u) v[u] = __ldg(in + s + 32 * u);
 #pragma unroll
     for (uint32_t u = 0; u < U; ++u) {
-      xxh_stripe(st, v[u].x, v[u].y, v[u].z, v[u].w);
+      st.rounds(v[u].x, v[u].y, v[u].z, v[u].w);
       out[s + 32 * u] = v[u];
     }
   }
   for (; s < whole; s += 32) {
     const uint4 v = __ldg(in + s);
-    xxh_stripe(st, v.x, v.y, v.z, v.w);
+    st.rounds(v.x, v.y, v.z, v.w);
     out[s] = v;
   }
   if (16 * whole + lane < len) dst[16 * whole + lane] = src[16 * whole + lane];
   st.total = lane_stripe_bytes(len, lane);
   return digest_finish(st, src, len);
-}
-
-/// Packs the 8 symbols held as the bytes of lo (elements 0..3) and hi (4..7), each < 2^bits, LSB-first.
-__device__ __forceinline__ uint64_t pack8_bytes(uint32_t lo, uint32_t hi, uint32_t bits) {
-  uint32_t a = 0, b = 0;
-#pragma unroll
-  for (uint32_t i = 0; i < 4; ++i) {
-    a |= ((lo >> (8 * i)) & 0xFFu) << (bits * i);
-    b |= ((hi >> (8 * i)) & 0xFFu) << (bits * i);
-  }
-  return uint64_t(a) | (uint64_t(b) << (4 * bits));
 }
 
 /// The last, partial warp step of a packed stream: lane l's `nb` bytes go to dst[nb * l ...], of which the first
@@ -525,7 +513,7 @@ __device__ __forceinline__ void code_step(Coder<Fast<FID>::kStreams>& C, const u
   // ---- the digest: stripe 32 J + lane (2-byte elements), or stripes 64 J + lane and 64 J + 32 + lane (fp32), whose
   // bytes lanes lane / 2 and 16 + lane / 2 hold (as their first or second 16 bytes: lane parity).
   if constexpr (E == 2) {
-    if (!PART || 16 * q + 16 <= len) xxh_stripe(C.st, w[0], w[1], w[2], w[3]);
+    if (!PART || 16 * q + 16 <= len) C.st.rounds(w[0], w[1], w[2], w[3]);
   } else {
     const bool odd = lane & 1;
     uint32_t x[4], y[4];
@@ -536,8 +524,8 @@ __device__ __forceinline__ void code_step(Coder<Fast<FID>::kStreams>& C, const u
       x[i] = odd ? a1 : a0;
       y[i] = odd ? b1 : b0;
     }
-    if (!PART || 16 * (64 * J + lane) + 16 <= len) xxh_stripe(C.st, x[0], x[1], x[2], x[3]);
-    if (!PART || 16 * (64 * J + 32 + lane) + 16 <= len) xxh_stripe(C.st, y[0], y[1], y[2], y[3]);
+    if (!PART || 16 * (64 * J + lane) + 16 <= len) C.st.rounds(x[0], x[1], x[2], x[3]);
+    if (!PART || 16 * (64 * J + 32 + lane) + 16 <= len) C.st.rounds(y[0], y[1], y[2], y[3]);
   }
   // ---- the streams' 8 symbols each, as the bytes of two words
   uint32_t s[NS][2];
@@ -569,13 +557,17 @@ __device__ __forceinline__ void code_step(Coder<Fast<FID>::kStreams>& C, const u
       } else {
         *reinterpret_cast<uint2*>(d) = make_uint2(s[j][0], s[j][1]);
       }
-    } else if (PART) {
-      const uint32_t bytes = uint32_t(packed_bytes(n, kW2)), done = 32 * J * kW2;
-      put_packed(stage, C.rsec[j] + done, pack8_bytes(s[j][0], s[j][1], kW2), kW2, bytes > done ? bytes - done : 0u);
     } else {
       uint32_t c[8];
       unbytes(s[j][0], s[j][1], c);
-      put_packed_whole<kW2>(stage, C.rsec[j] + 32 * J * kW2, pack8_entries<kW2>(c));
+      const uint64_t piece = pack8_entries<kW2>(c);
+      const uint32_t done = 32 * J * kW2;
+      if (PART) {
+        const uint32_t bytes = uint32_t(packed_bytes(n, kW2));
+        put_packed(stage, C.rsec[j] + done, piece, kW2, bytes > done ? bytes - done : 0u);
+      } else {
+        put_packed_whole<kW2>(stage, C.rsec[j] + done, piece);
+      }
     }
   }
   // ---- exponent stream
@@ -788,9 +780,9 @@ __global__ void __launch_bounds__(32 * kCodeWarps<K>, 1) fast_code_kernel(EncArg
     t = __shfl_sync(kFull, t, 0);
     if (g >= a.total_chunks) break;
     const EncTensor& T = a.tensors[t];
-    const uint32_t index = uint32_t(g - T.chunk_base);
-    const uint64_t begin = uint64_t(index) * a.chunk_bytes;
-    const uint32_t len = uint32_t(umin64(a.chunk_bytes, T.nbytes - begin));
+    const ChunkSpan c = chunk_span(a, T, g);
+    const uint32_t index = c.index, len = c.len;
+    const uint64_t begin = c.begin;
     const uint8_t* src = T.in + begin;
     uint8_t* const payload = T.out + T.header_bytes;
     uint32_t d;
