@@ -3,6 +3,7 @@
  * Node's FileHandle.read/write may transfer fewer bytes than asked and rejects requests above
  * 2^31 - 1 bytes; these helpers loop in requests of at most 1 GiB.
  */
+import { constants } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
 import { TzipError, toTzipError } from './errors.js';
 
@@ -49,14 +50,27 @@ export async function writeExactly(handle: FileHandle, source: Uint8Array, posit
 
 /**
  * Opens `path` read-only and passes the handle to `use`; when `use` throws, the handle is closed.
- * Resolves to what `use` returns (which then owns the handle).
- * @throws TzipError naming the file: TZIP_IO when the file cannot be opened, or `use`'s error mapped by toTzipError.
+ * Resolves to what `use` returns (which then owns the handle). Only regular files and block
+ * devices are read: a FIFO or a socket has no positions to read at, and opening a FIFO that no
+ * program writes would wait forever, so it is opened without blocking and refused.
+ * @throws TzipError naming the file: TZIP_IO when the file cannot be opened or is not a regular file or block
+ *   device, or `use`'s error mapped by toTzipError.
  */
 export async function openReadOnly<T>(path: string, use: (handle: FileHandle) => Promise<T>): Promise<T> {
   let handle: FileHandle;
   try {
-    handle = await open(path, 'r');
+    handle = await open(path, constants.O_RDONLY | constants.O_NONBLOCK);
   } catch (err) {
+    throw toTzipError(err, { file: path });
+  }
+  try {
+    const info = await handle.stat();
+    if (!info.isFile() && !info.isBlockDevice()) {
+      const kind = info.isFIFO() ? 'a FIFO' : info.isSocket() ? 'a socket' : info.isDirectory() ? 'a folder' : 'not a regular file';
+      throw new TzipError('TZIP_IO', `is ${kind}: tzip reads its input at positions, so it must be a regular file`, { file: path });
+    }
+  } catch (err) {
+    await handle.close();
     throw toTzipError(err, { file: path });
   }
   try {
