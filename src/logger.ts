@@ -9,6 +9,7 @@
 import { writeSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import type { pino as Pino } from 'pino';
+import { printable } from './printable.js';
 
 // pino is loaded by the first JSON logger, not by importing this module: the CLI's commands that never
 // log JSON (and their start-up time) do not pay for it.
@@ -47,21 +48,13 @@ function textFields(fields: LogFields | undefined): string {
 }
 
 /**
- * `text` with its control characters (newlines, ESC, NUL...) written as JSON escapes (`\n`, `\u001b`): a message
- * quoting a client's text (a session's hello name) stays one line, and cannot forge a line or drive the terminal.
- */
-function escapeControls(text: string): string {
-  return text.replace(/\p{Cc}/gu, (c) => JSON.stringify(c).slice(1, -1));
-}
-
-/**
  * A logger that writes text lines through `write` (one call per line, no newline): `message`
  * and then the fields as `key=value`; warnings and errors are prefixed with their level.
  */
 export function textLogger(write: (line: string) => void, level: LogLevel = 'info'): Logger {
   const at = (l: Exclude<LogLevel, 'silent'>) => (msg: string, fields?: LogFields) => {
     if (RANK[l] < RANK[level]) return;
-    write(`${l === 'warn' || l === 'error' ? `${l}: ` : ''}${escapeControls(msg)}${textFields(fields)}`);
+    write(`${l === 'warn' || l === 'error' ? `${l}: ` : ''}${printable(msg)}${textFields(fields)}`);
   };
   return { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error') };
 }

@@ -157,6 +157,25 @@ describe('tzip', () => {
     expect((JSON.parse(d.stdout) as { error: { tensor: string } }).error.tensor).toBe('encoder.weight');
   });
 
+  it('prints tensor names and dtype strings from a file with their control characters escaped', async () => {
+    // A name that would set the terminal title, colour the rest red and forge a table row (an adversarial pass found
+    // them printed raw by inspect and in error messages).
+    const evil = '\u001b]0;pwned\u0007\u001b[31mred\nfake row';
+    const file = buildSafetensors([randomTensor(evil, 'F32', [4], 4), randomTensor('q', 'Q4\u001b[2J', [3], 1)]);
+    await writeFile(join(tmp(), 'evil.safetensors'), file);
+    expect((await run('compress', 'evil.safetensors', '-o', 'evil.tzip')).code).toBe(0);
+    const inspect = await run('inspect', 'evil.tzip');
+    expect(inspect.code).toBe(0);
+    expect(inspect.stdout).not.toMatch(/[\u0000-\u0008\u000b-\u001f\u007f]/);
+    expect(inspect.stdout).toContain('\\u001b]0;pwned\\u0007\\u001b[31mred\\nfake row');
+    const missing = await run('extract', 'evil.tzip', `${evil}x`, '-o', 'x.bin');
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).not.toMatch(/[\u0000-\u0008\u000b-\u001f\u007f]/);
+    expect(missing.stderr.trimEnd().split('\n')).toHaveLength(1);
+    const json = JSON.parse((await run('inspect', 'evil.tzip', '--json')).stdout) as { entries: { name: string }[] };
+    expect(json.entries.map((e) => e.name)).toContain(evil); // JSON keeps the name exactly (as JSON escapes)
+  });
+
   it('exits 3 on I/O errors, naming the file', async () => {
     const missing = await run('compress', 'nope.safetensors', '-o', 'nope.tzip');
     expect(missing.code).toBe(3);

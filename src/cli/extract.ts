@@ -9,6 +9,7 @@ import { openTzip } from '../reader.js';
 import { formatSize, formatShape } from './format.js';
 import { outputOption, threadsOption, type GlobalOptions } from './options.js';
 import { printResult } from './output.js';
+import { printable } from '../printable.js';
 
 interface ExtractOptions extends GlobalOptions {
   output: string;
@@ -33,7 +34,7 @@ export function registerExtract(program: Command): void {
         await writeAtomically(opts.output, (out) => writeExactly(out, bytes, 0, opts.output));
         printResult(opts.json, {
           command: 'extract', file, tensor, output: opts.output, dtype: entry.fileDtype, shape: entry.fileShape, bytes: bytes.byteLength,
-        }, () => `${file}: tensor '${tensor}' (${entry.fileDtype} ${formatShape(entry.fileShape)}, ${formatSize(bytes.byteLength)}) -> ${opts.output}`);
+        }, () => `${file}: tensor '${printable(tensor)}' (${printable(entry.fileDtype)} ${formatShape(entry.fileShape)}, ${formatSize(bytes.byteLength)}) -> ${opts.output}`);
       } finally {
         await reader.close();
       }

@@ -8,6 +8,7 @@ import { formatBytes, formatSize, formatRatio, formatShape } from './format.js';
 import type { GlobalOptions } from './options.js';
 import { printResult } from './output.js';
 import { makeTable } from './table.js';
+import { printable } from '../printable.js';
 
 /** One row of the listing (sizes in bytes). */
 interface InspectRow {
@@ -70,7 +71,7 @@ export function registerInspect(program: Command): void {
           const table = makeTable(['name', 'dtype', 'shape', 'codec', 'bytes before', 'bytes after', 'ratio'], ['left', 'left', 'left', 'left', 'right', 'right', 'right']);
           for (const r of rows) {
             const dtype = r.codecDtype === r.dtype ? r.dtype : `${r.dtype} (as ${r.codecDtype})`;
-            table.push([r.name, dtype, formatShape(r.shape), r.codec, formatBytes(r.bytesBefore), formatBytes(r.bytesAfter), formatRatio(r.bytesAfter, r.bytesBefore)]);
+            table.push([printable(r.name), printable(dtype), formatShape(r.shape), r.codec, formatBytes(r.bytesBefore), formatBytes(r.bytesAfter), formatRatio(r.bytesAfter, r.bytesBefore)]);
           }
           table.push([`data section (${rows.length} entries)`, '', '', '', formatBytes(dataBefore), formatBytes(dataAfter), formatRatio(dataAfter, dataBefore)]);
           table.push(['whole file (incl. header, index)', '', '', '', formatBytes(reader.originalSize), formatBytes(reader.fileSize), formatRatio(reader.fileSize, reader.originalSize)]);

@@ -17,6 +17,7 @@ import type { Command as CommandType } from 'commander';
 import { TzipError } from '../errors.js';
 import { packageRoot } from '../package-root.js';
 import { EXIT_CODES_HELP, EXIT_INTERNAL, EXIT_IO, EXIT_OK, exitCodeFor } from './exit-codes.js';
+import { printable } from '../printable.js';
 
 // commander is a CommonJS package: require() loads it without the ESM loader's detour through CommonJS (a second
 // parse for its export names), which is start-up time every command pays.
@@ -88,7 +89,7 @@ async function runCli(argv: readonly string[]): Promise<number> {
       return code;
     }
     const message = err instanceof Error ? err.message : String(err);
-    process.stderr.write(`tzip: ${message}\n`);
+    process.stderr.write(`tzip: ${printable(message)}\n`);
     if (code === EXIT_INTERNAL && err instanceof Error && err.stack !== undefined) process.stderr.write(`${err.stack}\n`);
     if (json) {
       const detail = err instanceof TzipError

@@ -9,6 +9,7 @@ import { formatGBps, formatSize, gbPerSecond } from './format.js';
 import { threadsOption, type GlobalOptions } from './options.js';
 import { printResult } from './output.js';
 import { startProgress } from './progress.js';
+import { printable } from '../printable.js';
 
 interface VerifyOptions extends GlobalOptions {
   threads?: number;
@@ -43,7 +44,7 @@ export function registerVerify(program: Command): void {
       }, () => result.ok
         ? `${file}: OK: ${result.entries.length} entries, ${formatSize(result.originalBytes)} decoded and checked in ${result.seconds.toFixed(2)} s ` +
           `(${formatGBps(gbPerSecond(result.originalBytes, result.seconds))} GB/s)`
-        : [`${file}: FAILED: ${failures.length} of ${result.entries.length} entries are bad`, ...failures.map((f) => `  ${f.error?.message ?? ''}`)].join('\n'));
+        : [`${file}: FAILED: ${failures.length} of ${result.entries.length} entries are bad`, ...failures.map((f) => `  ${printable(f.error?.message ?? '')}`)].join('\n'));
       if (!result.ok) process.exitCode = EXIT_DATA;
     });
 }
