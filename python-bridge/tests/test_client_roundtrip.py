@@ -554,6 +554,21 @@ def test_compressed_tensor_bytes_and_torch_save(client):
     meta_lie = CompressedTensor(ct.payload, torch.float64, ct.shape, ct.codec, ct.nbytes)
     with pytest.raises(ValueError):
         CompressedTensor.from_bytes(meta_lie.to_bytes())
+    # The same lie handed to decompress (the ring's default path decodes by byte count only) and pickled: refused by
+    # the frame header's check, never decoded as float64 (an adversarial pass found both reinterpreted silently).
+    with pytest.raises(ValueError, match="does not match the metadata"):
+        client.decompress(meta_lie)
+    with pytest.raises(ValueError, match="does not match the metadata"):
+        client.decompress(CompressedTensor(ct.payload, ct.dtype, (5, 17), ct.codec, ct.nbytes))
+    buf = io.BytesIO()
+    torch.save({"ct": meta_lie}, buf)
+    buf.seek(0)
+    with pytest.raises(ValueError, match="does not match the metadata"):
+        torch.load(buf, weights_only=True)
+    import msgpack
+    meta = msgpack.packb({"dtype": 5, "shape": [17, 5], "codec": ct.codec, "nbytes": ct.nbytes})
+    with pytest.raises(ValueError, match="is not a name"):
+        CompressedTensor.from_bytes(b"TZCT\x01\0\0\0" + len(meta).to_bytes(4, "little") + meta + ct.payload.numpy().tobytes())
     with pytest.raises(ValueError, match="truncated CompressedTensor bytes"):
         CompressedTensor.from_bytes(ct.to_bytes()[:-10])
     with pytest.raises(ValueError, match="bytes follow the"):

@@ -18,7 +18,8 @@ import torch
 
 from ._xxh32 import chunk_digests, xxh32
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "DEFAULT_CHUNK", "DTYPE_CODES", "CODEC_IDS", "FrameHeader",
+__all__ = ["MAGIC", "FORMAT_VERSION", "DEFAULT_CHUNK", "DTYPE_CODES", "CODEC_IDS", "FrameHeader", "HEADER_FIXED_BYTES",
+           "fixed_ndim", "read_layout",
            "FrameError", "max_compressed_size", "encode_raw", "read_header", "decode_raw"]
 
 MAGIC = b"TZFR"
@@ -105,6 +106,36 @@ class FrameError(ValueError):
 
 def _fail(what: str, code: str = "TZIP_CORRUPT") -> FrameError:
     return FrameError(code, f"invalid tzip frame: {what}")
+
+
+#: Bytes of a frame's fixed header (before the shape).
+HEADER_FIXED_BYTES = _FIXED
+
+
+def fixed_ndim(fixed: bytes) -> int:
+    """The ndim field of a frame's fixed header (``fixed``: its first 48 bytes; 0 when fewer): how many u64 shape
+    entries follow it."""
+    return fixed[8] if len(fixed) >= _FIXED else 0
+
+
+def read_layout(head: bytes) -> tuple[str, list[int], int, str]:
+    """A frame's (dtype, shape, nbytes, codec) from its fixed header and shape (``head``: at least 48 + 8 * ndim bytes).
+    Checks magic, version and the dtype and codec codes; the chunk table and digests are left to read_header and the
+    decoder. Raises FrameError (TZIP_TRUNCATED when ``head`` is short)."""
+    if len(head) < _FIXED:
+        raise _fail(f"{len(head)} bytes, the fixed header needs {_FIXED}", "TZIP_TRUNCATED")
+    magic, version, dtype_code, codec_id, ndim = _HEADER.unpack_from(head, 0)[:5]
+    nbytes = _HEADER.unpack_from(head, 0)[8]
+    if magic != MAGIC:
+        raise _fail(f"bad magic {magic!r}")
+    if version != FORMAT_VERSION:
+        raise _fail(f"format version {version} (this reader knows {FORMAT_VERSION})", "TZIP_UNSUPPORTED")
+    if dtype_code not in _DTYPE_NAMES or codec_id not in _CODEC_NAMES:
+        raise _fail(f"unknown dtype code {dtype_code} or codec id {codec_id}")
+    if len(head) < _FIXED + 8 * ndim:
+        raise _fail(f"{len(head)} bytes, the header's shape needs {_FIXED + 8 * ndim}", "TZIP_TRUNCATED")
+    shape = list(struct.unpack_from(f"<{ndim}Q", head, _FIXED))
+    return _DTYPE_NAMES[dtype_code], shape, nbytes, _CODEC_NAMES[codec_id]
 
 
 def read_header(frame) -> FrameHeader:

@@ -126,7 +126,7 @@ from ._spawn import (daemon_pid, daemon_running, default_ipc_path, default_socke
                      spawn_daemon)
 from ._transport import Transport
 from ._wire import MAX_STAGE_BYTES, _device, layout
-from .compressed import CompressedTensor
+from .compressed import CompressedTensor, check_layout
 
 # Names other modules and tests import from here (tzip.client is where they were defined, and where tests patch
 # PROTOCOL_VERSIONS, job_info and copy_into_bytes: the code reading those stays in this module).
@@ -937,6 +937,11 @@ class Client(RingOne, CpuPath, GpuPath):
                 any_out = True
             if not ct.payload.is_cpu:
                 _device(ct.payload)
+            else:
+                # A CompressedTensor made by hand with another dtype or shape than its frame's: the ZeroMQ path refuses
+                # it daemon-side, the ring decodes by byte count only. A CPU frame's header is checked here (a few
+                # microseconds); a GPU frame's would cost a device-to-host copy per call.
+                check_layout(ct)
         if any_out:
             _check_outs_apart(items, outs)
 

@@ -24,7 +24,7 @@ import msgpack
 import torch
 
 from ._dlpack import frame_layout_of
-from ._frame import read_header
+from ._frame import HEADER_FIXED_BYTES, fixed_ndim, read_header, read_layout
 
 __all__ = ["CompressedTensor"]
 
@@ -35,7 +35,9 @@ _PREFIX = struct.Struct("<4sB3xI")
 _MAX_META = 1 << 16
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def _dtype_from_name(name) -> torch.dtype:
+    if not isinstance(name, str):
+        raise ValueError(f"dtype {name!r} is not a name")
     value = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(value, torch.dtype):
         raise ValueError(f"unknown torch dtype {name!r}")
@@ -80,11 +82,24 @@ class CompressedTensor:
         return {"payload": self.payload, "dtype": self.dtype, "shape": self.shape, "codec": self.codec, "nbytes": self.nbytes}
 
     def __setstate__(self, state) -> None:
-        self.payload = state["payload"]
+        """Rebuilds a pickled CompressedTensor (torch.load) and checks that its frame is what the metadata says.
+
+        Raises ValueError when the payload is not a 1-D uint8 tensor or its frame header's dtype, shape, byte count or
+        codec differ from the metadata (a file altered or damaged since torch.save): otherwise decompress would give the
+        frame's bytes under the wrong dtype or shape. A CUDA payload's header (at most a few hundred bytes) is copied to
+        the host for the check.
+        """
+        payload = state["payload"]
+        if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
+            raise ValueError("pickled CompressedTensor: payload is not a 1-D uint8 tensor (the frame)")
+        self.payload = payload
         self.dtype = state["dtype"]
         self.shape = torch.Size(state["shape"])
         self.codec = state["codec"]
         self.nbytes = int(state["nbytes"])
+        if not isinstance(self.dtype, torch.dtype) or not isinstance(self.codec, str):
+            raise ValueError(f"pickled CompressedTensor: dtype {self.dtype!r} / codec {self.codec!r} of the wrong type")
+        check_layout(self)
 
     # --- bytes ------------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
@@ -131,15 +146,37 @@ class CompressedTensor:
         if header.frame_bytes < frame.numel():
             raise ValueError(f"{frame.numel() - header.frame_bytes} bytes follow the {header.frame_bytes}-byte frame: "
                              "not the bytes of one CompressedTensor")
-        fdtype, fshape = frame_layout_of(dtype, shape)
-        if header.nbytes != nbytes or header.codec != codec \
-                or header.dtype != fdtype or list(header.shape) != fshape:
-            raise ValueError(f"the frame ({header.dtype} {list(header.shape)}, {header.nbytes} bytes, {header.codec}, "
-                             f"{header.frame_bytes} of {frame.numel()} bytes) does not match the metadata "
-                             f"({dtype} {list(shape)}, {nbytes} bytes, {codec})")
+        _check_header(header.dtype, list(header.shape), header.nbytes, header.codec, dtype, shape, nbytes, codec)
         if device is not None and torch.device(device).type != "cpu":
             frame = frame.to(device)
         return cls(frame, dtype, shape, codec, nbytes)
+
+
+def _check_header(fdtype: str, fshape: list, fnbytes: int, fcodec: str, dtype, shape, nbytes: int, codec: str) -> None:
+    want_dtype, want_shape = frame_layout_of(dtype, tuple(shape))
+    if fnbytes != nbytes or fcodec != codec or fdtype != want_dtype or fshape != want_shape:
+        raise ValueError(f"the frame ({fdtype} {fshape}, {fnbytes} bytes, {fcodec}) does not match the metadata "
+                         f"({dtype} {list(shape)}, {nbytes} bytes, {codec})")
+
+
+def check_layout(ct: CompressedTensor) -> None:
+    """Checks that ``ct``'s frame header gives its dtype, shape, byte count and codec (docs/protocol.md, "Tensors and
+    frames"), reading only the fixed header and the shape (48 + 8 * ndim bytes; a CUDA payload's are copied to the
+    host). The chunk table, digests and data are the decoder's to check.
+
+    Raises ValueError (a FrameError for a header that is not a frame's) when they differ.
+    """
+    p = ct.payload
+    head = p[:HEADER_FIXED_BYTES]
+    if not head.is_cpu:
+        head = head.cpu()
+    fixed = head.numpy().tobytes()
+    ndim = fixed_ndim(fixed)
+    if ndim:
+        tail = p[HEADER_FIXED_BYTES:HEADER_FIXED_BYTES + 8 * ndim]
+        fixed += (tail if tail.is_cpu else tail.cpu()).numpy().tobytes()
+    fdtype, fshape, fnbytes, fcodec = read_layout(fixed)
+    _check_header(fdtype, fshape, fnbytes, fcodec, ct.dtype, ct.shape, ct.nbytes, ct.codec)
 
 
 try:  # let torch.load(weights_only=True) rebuild CompressedTensors
