@@ -11,6 +11,15 @@ import { DTYPE_BYTES, isKnownDtype } from './dtype.js';
 import { TzipError } from './errors.js';
 import { openReadOnly, readExactly } from './positioned-io.js';
 
+/**
+ * True when `text` has no lone UTF-16 surrogate: JSON's \uD800-\uDFFF escapes may make one, UTF-8 cannot hold it,
+ * and the reference reader (the safetensors crate, serde_json) refuses it, as the Python reader does
+ * (docs/container.md). With the u flag a surrogate pair is one code point, so the class matches lone halves only.
+ */
+function isWellFormed(text: string): boolean {
+  return !/[\uD800-\uDFFF]/u.test(text);
+}
+
 /** Largest header accepted, in bytes of JSON (the limit of the reference implementation). */
 export const MAX_HEADER_BYTES = 100_000_000;
 
@@ -126,7 +135,8 @@ export function parseSafetensorsHeader(prefix: Uint8Array, fileSize: number, fil
 
   let json: unknown;
   try {
-    const text = new TextDecoder('utf-8', { fatal: true }).decode(prefix.subarray(LENGTH_PREFIX_BYTES, dataOffset));
+    // ignoreBOM: a leading byte-order mark stays in the text, where JSON.parse refuses it (docs/container.md).
+    const text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(prefix.subarray(LENGTH_PREFIX_BYTES, dataOffset));
     json = JSON.parse(text.replace(/\0+$/, ''));
   } catch (err) {
     throw new TzipError('TZIP_CORRUPT', `safetensors header is not UTF-8 JSON: ${(err as Error).message}`, { file, cause: err });
@@ -140,8 +150,15 @@ export function parseSafetensorsHeader(prefix: Uint8Array, fileSize: number, fil
   for (const [name, value] of Object.entries(json as Record<string, unknown>)) {
     if (name === '__metadata__') {
       if (!isPlainObject(value)) throw new TzipError('TZIP_CORRUPT', '__metadata__ is not a JSON object', { file });
+      const bad = Object.entries(value).find(([k, v]) => typeof v !== 'string' || !isWellFormed(k) || !isWellFormed(v));
+      if (bad !== undefined) {
+        throw new TzipError('TZIP_CORRUPT', `__metadata__ entry ${JSON.stringify(bad[0])} is not a string of Unicode text (the format's map of strings to strings)`, { file });
+      }
       metadata = value;
       continue;
+    }
+    if (!isWellFormed(name)) {
+      throw new TzipError('TZIP_CORRUPT', 'tensor name with a lone UTF-16 surrogate (\\ud800-\\udfff unpaired): not Unicode text', { file, tensor: name });
     }
     const problem = tensorEntryProblem(value);
     if (problem !== null) throw new TzipError('TZIP_CORRUPT', `bad tensor entry: ${problem}`, { file, tensor: name });

@@ -114,6 +114,23 @@ describe('parseSafetensorsHeader', () => {
     expectTzipError(() => parseSafetensorsHeader(rawFile('{"a": 1}').subarray(0, 10), 100, FILE), 'TZIP_TRUNCATED');
   });
 
+  it('refuses what the reference reader and the Python reader refuse: a byte-order mark, lone surrogates, metadata values that are not strings', () => {
+    // Each was accepted here and refused by tzip.load, so a .tzip the CLI wrote could not be read in Python.
+    const t = '"t": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}';
+    expect(parse(rawFile(`{${t}}`)).tensors).toHaveLength(1);
+    const bom = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(`{${t}}`)]);
+    const withBom = Buffer.concat([Buffer.alloc(8), bom]);
+    withBom.writeBigUInt64LE(BigInt(bom.byteLength));
+    expect(expectTzipError(() => parse(withBom), 'TZIP_CORRUPT').message).toContain('not UTF-8 JSON');
+    const lone = '"\\ud800": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}';
+    expect(expectTzipError(() => parse(rawFile(`{${lone}}`)), 'TZIP_CORRUPT').message).toContain('lone UTF-16 surrogate');
+    const pair = '"\\ud83d\\ude00": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}';
+    expect(parse(rawFile(`{${pair}}`)).tensors[0]?.name).toBe('\u{1F600}');
+    for (const meta of ['{"a": {"b": "c"}}', '{"a": 1}', '{"a": null}', '{"\\udc00": "x"}', '{"a": "\\ud800"}']) {
+      expect(expectTzipError(() => parse(rawFile(`{"__metadata__": ${meta}, ${t}}`)), 'TZIP_CORRUPT').message).toContain('__metadata__');
+    }
+  });
+
   it('rejects header lengths beyond the file or the 100 MB limit', () => {
     const tooLong = Buffer.alloc(16);
     tooLong.writeBigUInt64LE(9n);

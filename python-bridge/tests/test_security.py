@@ -470,6 +470,27 @@ def test_container_and_safetensors_sizes_are_checked_before_reading(tmp_path):
     assert peak < (1 << 20)
 
 
+def test_safetensors_headers_are_read_as_the_typescript_reader_reads_them():
+    # The rules both readers share (docs/container.md, "The safetensors input"): a byte-order mark, a name with a lone
+    # surrogate and a __metadata__ value that is not a string are refused; a surrogate pair is a name like any other.
+    # The CLI used to accept all three, writing .tzip files this reader could not open.
+    t = '"t": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}'
+
+    def parse(text: bytes):
+        blob = struct.pack("<Q", len(text)) + text
+        return _container.parse_safetensors_header(blob, len(blob), "x.safetensors")
+
+    assert len(parse(("{" + t + "}").encode()).tensors) == 1
+    with pytest.raises(_container.ContainerError, match="not UTF-8 JSON"):
+        parse(b"\xef\xbb\xbf{" + t.encode() + b"}")
+    with pytest.raises(_container.ContainerError, match="lone UTF-16 surrogate"):
+        parse(b'{"\\ud800": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}')
+    assert parse(b'{"\\ud83d\\ude00": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}').tensors[0].name == "\U0001F600"
+    for meta in (b'{"a": {"b": "c"}}', b'{"a": 1}', b'{"a": null}', b'{"\\udc00": "x"}', b'{"a": "\\ud800"}'):
+        with pytest.raises(_container.ContainerError, match="__metadata__"):
+            parse(b'{"__metadata__": ' + meta + b", " + t.encode() + b"}")
+
+
 def test_the_daemon_served_on(shared_daemon):
     assert shared_daemon.alive()
     c = RawConn(shared_daemon.socket)

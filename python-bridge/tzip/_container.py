@@ -169,6 +169,16 @@ class Entry:
         return self.end - self.begin
 
 
+def _well_formed(text: str) -> bool:
+    """True when ``text`` has no lone surrogate (JSON's \\ud800-\\udfff escapes may make one; UTF-8 cannot hold it, and
+    the safetensors crate refuses it, as the TypeScript reader does: docs/container.md)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _utf8(name: str) -> bytes:
     return name.encode("utf-8", "surrogatepass")
 
@@ -227,8 +237,15 @@ def parse_safetensors_header(prefix: bytes, file_size: int, file: str | os.PathL
         if name == "__metadata__":
             if not isinstance(value, dict):
                 raise ContainerError("TZIP_CORRUPT", "__metadata__ is not a JSON object", file)
+            for k, v in value.items():
+                if not isinstance(v, str) or not _well_formed(k) or not _well_formed(v):
+                    raise ContainerError("TZIP_CORRUPT", f"__metadata__ entry {json.dumps(k)} is not a string of Unicode "
+                                         "text (the format's map of strings to strings)", file)
             metadata = value
             continue
+        if not _well_formed(name):
+            raise ContainerError("TZIP_CORRUPT", "tensor name with a lone UTF-16 surrogate (\\ud800-\\udfff unpaired): "
+                                 "not Unicode text", file, name)
         if not isinstance(value, dict):
             raise ContainerError("TZIP_CORRUPT", "bad tensor entry: not an object", file, name)
         dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
@@ -287,16 +304,22 @@ def encode_safetensors_header(tensors: Sequence[tuple[str, str, Sequence[int], i
 
     The JSON is compact, ASCII (``json.dumps``'s escapes), ``__metadata__`` first, and padded with spaces so the
     data section starts at a multiple of 8 bytes, as the ``safetensors`` package writes it.
-    Raises ValueError for a duplicate name or a name ``__metadata__``.
+    Raises ValueError for a duplicate name or a name ``__metadata__``, a ``metadata`` that is not a map of strings to
+    strings (the format's rule: the readers refuse anything else), or a name or metadata string with a lone surrogate.
     """
     body: dict[str, Any] = {}
     if metadata is not None:
+        if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) and _well_formed(k)
+                                                     and _well_formed(v) for k, v in metadata.items()):
+            raise ValueError(f"metadata must map strings to strings (safetensors' __metadata__), got {metadata!r:.200}")
         body["__metadata__"] = metadata
     offsets = []
     at = 0
     for name, dtype, shape, nbytes in tensors:
         if name in body or name == "__metadata__":
             raise ValueError(f"tensor name {name!r} is used twice (or is __metadata__)")
+        if not _well_formed(name):
+            raise ValueError(f"tensor name {name!r} has a lone surrogate: not Unicode text")
         body[name] = {"dtype": dtype, "shape": [int(d) for d in shape], "data_offsets": [at, at + int(nbytes)]}
         offsets.append((at, at + int(nbytes)))
         at += int(nbytes)
