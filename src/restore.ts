@@ -85,11 +85,16 @@ export interface VerifyFileResult {
   seconds: number;
 }
 
+/** Error codes that say a frame's bytes are bad (exit 2), as opposed to the machine failing the check. */
+const DATA_ERRORS: ReadonlySet<string> = new Set(['TZIP_CORRUPT', 'TZIP_TRUNCATED', 'TZIP_CHECKSUM', 'TZIP_UNSUPPORTED']);
+
 /**
  * Checks a .tzip file completely: the container structure (as {@link openTzip}), then every frame
  * decoded with its chunk digests checked. A bad frame does not stop the check; it is reported in
  * its entry.
- * @throws TzipError naming the file when the container structure itself is bad or the file cannot be read.
+ * @throws TzipError naming the file when the container structure itself is bad, the file cannot be read (TZIP_IO) or
+ *   an entry's bytes cannot be allocated (TZIP_OUT_OF_MEMORY); a frame whose data is bad (TZIP_CORRUPT, TZIP_TRUNCATED,
+ *   TZIP_CHECKSUM, TZIP_UNSUPPORTED) is reported in its entry instead.
  */
 export async function verifyFile(path: string, options: RestoreOptions = {}): Promise<VerifyFileResult> {
   const started = performance.now();
@@ -102,7 +107,9 @@ export async function verifyFile(path: string, options: RestoreOptions = {}): Pr
       try {
         await reader.decodeEntry(entry, { threads: options.threads });
       } catch (err) {
-        if (!(err instanceof TzipError) || err.code === 'TZIP_IO') throw err;
+        // Only what the data says is a bad entry; memory that ran out or a failed read is the check's own failure
+        // (exit 3, as decompress and extract give for the same file), not a verdict on the frame.
+        if (!(err instanceof TzipError) || !DATA_ERRORS.has(err.code)) throw err;
         error = err;
       }
       entries.push({ entry, error });

@@ -5,9 +5,9 @@ import { readdir, readFile, truncate, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { FLAG_HEADER_DIGEST, INDEX_ENTRY_BYTES, PREFIX_BYTES, TRAILER_BYTES, xxh32 } from '../src/container.js';
+import { alignUp, encodeIndex, encodePrefix, encodeTrailer, FLAG_HEADER_DIGEST, INDEX_ENTRY_BYTES, PREFIX_BYTES, TRAILER_BYTES, xxh32 } from '../src/container.js';
 import { TzipError } from '../src/errors.js';
-import { CODECS, type Codec } from '../src/native.js';
+import { CODECS, compress, type Codec } from '../src/native.js';
 import { openTzip } from '../src/reader.js';
 import { decompressFile, verifyFile } from '../src/restore.js';
 import { compressFile } from '../src/writer.js';
@@ -369,4 +369,74 @@ describe('safetensors header digest (prefix flag 0x0001)', () => {
     const r = await runTzip(['verify', path], tmp());
     expect(r.code, r.stderr).toBe(0);
   });
+});
+
+describe('verify of a tensor too large to hold', () => {
+  /**
+   * A valid .tzip of one BF16 tensor of 2^32 + 65536 bytes (more than a Buffer holds: Node 20's kMaxLength is 2^32),
+   * made of 65537 copies of the codec's own frame chunk for 64 KiB of zeros: about 4 MB on disk.
+   */
+  async function tooLargeToHold(): Promise<string> {
+    const one = await compress(Buffer.alloc(65536), { dtype: 'BF16', shape: [32768], codec: 'max' });
+    const T = 64; // align16(48 + 8 * ndim), ndim 1
+    const size = one.readUInt32LE(T + 8);
+    const digest = one.readUInt32LE(T + 12);
+    const chunk = one.subarray(T + 16, T + 16 + size);
+    const n = 65537;
+    const nbytes = n * 65536;
+    const step = alignUp(size);
+    const H = T + 16 * n;
+    const payload = (n - 1) * step + size;
+    const frame = Buffer.alloc(H + payload);
+    one.copy(frame, 0, 0, T);
+    frame.writeBigUInt64LE(BigInt(nbytes), 16);
+    frame.writeBigUInt64LE(BigInt(payload), 24);
+    frame.writeUInt32LE(n, 32);
+    frame.writeBigUInt64LE(BigInt(nbytes / 2), 48);
+    const digests = Buffer.alloc(4 * n);
+    for (let i = 0; i < n; i++) {
+      frame.writeBigUInt64LE(BigInt(i * step), T + 16 * i);
+      frame.writeUInt32LE(size, T + 16 * i + 8);
+      frame.writeUInt32LE(digest, T + 16 * i + 12);
+      digests.writeUInt32LE(digest, 4 * i);
+      chunk.copy(frame, H + i * step);
+    }
+    frame.writeUInt32LE(await xxh32(digests), 36);
+    frame.writeUInt32LE(0, 40);
+    frame.writeUInt32LE(await xxh32(frame.subarray(0, H)), 40);
+    const json = Buffer.from(JSON.stringify({ t: { dtype: 'BF16', shape: [nbytes / 2], data_offsets: [0, nbytes] } }));
+    const st = Buffer.alloc(8 + json.length);
+    st.writeBigUInt64LE(BigInt(json.length));
+    json.copy(st, 8);
+    const originalSize = st.length + nbytes;
+    const frameOffset = alignUp(PREFIX_BYTES + st.length);
+    const indexOffset = alignUp(frameOffset + frame.length);
+    const index = encodeIndex([{ dataBegin: 0, dataEnd: nbytes, frameOffset, frameBytes: frame.length }]);
+    const file = Buffer.alloc(indexOffset + index.length + TRAILER_BYTES);
+    encodePrefix({ originalSize, headerDigest: await xxh32(st) }).copy(file, 0);
+    st.copy(file, PREFIX_BYTES);
+    frame.copy(file, frameOffset);
+    index.copy(file, indexOffset);
+    encodeTrailer({ indexOffset, entryCount: 1, indexDigest: await xxh32(index), originalSize }).copy(file, indexOffset + index.length);
+    const path = join(tmp(), 'too-large-to-hold.tzip');
+    await writeFile(path, file);
+    return path;
+  }
+
+  it('is refused with one error and one exit code by verify, extract and decompress, and the process lives', async () => {
+    // An adversarial pass's file of this kind killed the process ('free(): double free', the addon's Buffer made
+    // above Node's size limit); verify also called memory that ran out a bad entry where extract gave exit 3.
+    const path = await tooLargeToHold();
+    const result = await verifyFile(path);
+    expect(result.ok).toBe(false);
+    expect(result.entries[0]?.error?.code).toBe('TZIP_UNSUPPORTED');
+    expect(result.entries[0]?.error?.message).toContain("above Node's Buffer size limit");
+    const runs = await Promise.all([
+      runTzip(['verify', path], tmp()),
+      runTzip(['extract', path, 't', '-o', 't.bin'], tmp()),
+      runTzip(['decompress', path, '-o', 't.safetensors'], tmp()),
+    ]);
+    expect(runs.map((r) => r.code)).toEqual([2, 2, 2]);
+    for (const r of runs) expect(r.stdout + r.stderr).toContain("above Node's Buffer size limit");
+  }, 60_000);
 });

@@ -41,3 +41,35 @@ describe('mapShared SIGBUS guard', () => {
     });
   });
 });
+
+// A /dev/shm file above Node's Buffer size limit (2^32 bytes in Node 20; a sparse file, no memory used): mapShared
+// must refuse it with an error. The Buffer made through node-addon-api with a finalizer freed its record twice there
+// ('free(): double free'), which would let a client that names such a file kill the daemon for every other job.
+const BIG_CHILD = `
+const a = require(process.argv[1]);
+const fs = require('node:fs');
+const path = '/dev/shm/tzip-big-map-test-' + process.pid;
+fs.closeSync(fs.openSync(path, 'w'));
+fs.truncateSync(path, 5 * 2 ** 30);
+try {
+  try {
+    a.mapShared(path, false);
+    console.log(JSON.stringify({ mapped: true }));
+  } catch (e) {
+    console.log(JSON.stringify({ code: e.code, message: e.message }));
+  }
+} finally {
+  fs.unlinkSync(path);
+}
+`;
+
+describe('mapShared of a file larger than a Buffer', () => {
+  it('is TZIP_UNSUPPORTED, and the process lives', () => {
+    const r = spawnSync(process.execPath, ['-e', BIG_CHILD, addonPath()], { encoding: 'utf8', timeout: 60_000 });
+    expect(r.signal, r.stderr).toBeNull();
+    expect(r.status, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout.trim()) as { code: string; message: string };
+    expect(out.code).toBe('TZIP_UNSUPPORTED');
+    expect(out.message).toContain("above Node's Buffer size limit");
+  });
+});

@@ -128,7 +128,11 @@ class CompressWorker : public Napi::AsyncWorker {
     }
     uint8_t* data = out_;
     out_ = nullptr;
-    deferred_.Resolve(Napi::Buffer<uint8_t>::New(env, data, len_, [](Napi::Env, uint8_t* p) { std::free(p); }));
+    try {
+      deferred_.Resolve(tzip::addon::external_buffer(env, data, len_, tzip::addon::free_external, nullptr, "the frame"));
+    } catch (const std::exception&) {
+      deferred_.Reject(make_error(env, tzip::addon::current_error()).Value());
+    }
   }
 
  private:
@@ -372,10 +376,14 @@ Napi::Value MapShared(const Napi::CallbackInfo& info) {
       invalid(why);
     }
     tzip::addon::guard_register(p, size);  // a client that shrinks the file now costs it its request, not the daemon
-    return Napi::Buffer<uint8_t>::New(env, static_cast<uint8_t*>(p), size, [size](Napi::Env, uint8_t* q) {
+    // The mapping's size travels as the finalizer's hint.
+    napi_finalize unmap = [](napi_env, void* q, void* hint) {
       tzip::addon::guard_unregister(q);
-      munmap(q, size);
-    });
+      munmap(q, size_t(reinterpret_cast<uintptr_t>(hint)));
+      tzip::addon::t_external_released = true;
+    };
+    return tzip::addon::external_buffer(env, static_cast<uint8_t*>(p), size, unmap,
+                                        reinterpret_cast<void*>(uintptr_t(size)), "the mapping of " + path);
   } catch (const Napi::Error&) {
     throw;
   } catch (const std::exception&) {

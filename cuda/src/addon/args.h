@@ -67,23 +67,55 @@ Napi::Value guarded(Napi::Env env, F&& f) {
   }
 }
 
+/// Set by the finalizers of external_buffer's Buffers (on the JavaScript thread); see external_buffer.
+inline thread_local bool t_external_released = false;
+
+/// Hands the `n` bytes at `p` to JavaScript as a Buffer whose finalizer `release(env, p, hint)` gives them back (free,
+/// munmap) and then sets t_external_released. When the Buffer cannot be made, `p` is released exactly once and a
+/// CodedError for `what` is thrown: TZIP_UNSUPPORTED above Node's Buffer size limit (buffer.constants.MAX_LENGTH,
+/// 2^32 bytes in Node 20), else TZIP_OUT_OF_MEMORY. Above the limit Node calls the finalizer itself before failing;
+/// node-addon-api's Buffer::New then deletes its finalizer record a second time, and a caller that frees the bytes
+/// again makes it a third: a double free that killed the process on a valid 4 GiB + 64 KiB frame (an adversarial
+/// pass found it). So N-API is called directly, and the bytes are released here only when Node did not (the flag;
+/// a finalizer of another Buffer run by a GC inside the call can only make this leak `p`, never free it twice).
+inline Napi::Buffer<uint8_t> external_buffer(Napi::Env env, uint8_t* p, uint64_t n, napi_finalize release, void* hint,
+                                             const std::string& what) {
+  napi_value value = nullptr;
+  t_external_released = false;
+  const napi_status status = n > SIZE_MAX ? napi_invalid_arg
+                                          : napi_create_external_buffer(env, size_t(n), p, release, hint, &value);
+  if (status == napi_ok) return Napi::Buffer<uint8_t>(env, value);
+  if (!t_external_released) release(env, p, hint);
+  bool too_large = n > SIZE_MAX;
+  bool pending = false;
+  if (napi_is_exception_pending(env, &pending) == napi_ok && pending) {
+    napi_value exc = nullptr;
+    napi_get_and_clear_last_exception(env, &exc);
+    if (exc != nullptr) {
+      const Napi::Value code = Napi::Value(env, exc).As<Napi::Object>().Get("code");
+      too_large = too_large || (code.IsString() && code.As<Napi::String>().Utf8Value() == "ERR_BUFFER_TOO_LARGE");
+    }
+  }
+  if (too_large)
+    throw CodedError(tzip::ErrorCode::Unsupported, "cannot make a Buffer of " + std::to_string(n) + " bytes for " +
+                                                       what + ": above Node's Buffer size limit");
+  throw out_of_memory(n, what);
+}
+
+/// external_buffer's finalizer for malloc'd bytes.
+inline void free_external(napi_env, void* data, void*) {
+  std::free(data);
+  t_external_released = true;
+}
+
 /// A new Buffer of `n` bytes (not zeroed) for `what`: malloc'd and handed to V8 as an external buffer, so that a failed
 /// allocation is TZIP_OUT_OF_MEMORY instead of V8's fatal out-of-memory abort; a size above Node's Buffer limit
 /// (buffer.constants.MAX_LENGTH) is TZIP_UNSUPPORTED.
 inline Napi::Buffer<uint8_t> new_buffer(Napi::Env env, uint64_t n, const std::string& what) {
   if (n == 0) return Napi::Buffer<uint8_t>::New(env, 0);
-  auto* p = static_cast<uint8_t*>(std::malloc(size_t(n)));
+  auto* p = n > SIZE_MAX ? nullptr : static_cast<uint8_t*>(std::malloc(size_t(n)));
   if (p == nullptr) throw out_of_memory(n, what);
-  try {
-    return Napi::Buffer<uint8_t>::New(env, p, size_t(n), [](Napi::Env, uint8_t* q) { std::free(q); });
-  } catch (const Napi::Error& e) {
-    std::free(p);
-    const Napi::Value code = e.Value().Get("code");
-    if (code.IsString() && code.As<Napi::String>().Utf8Value() == "ERR_BUFFER_TOO_LARGE")
-      throw CodedError(tzip::ErrorCode::Unsupported, "cannot make a Buffer of " + std::to_string(n) + " bytes for " +
-                                                         what + ": above Node's Buffer size limit");
-    throw out_of_memory(n, what);
-  }
+  return external_buffer(env, p, n, free_external, nullptr, what);
 }
 
 [[noreturn]] inline void invalid(const std::string& what) { throw tzip::Error(tzip::ErrorCode::InvalidArgument, what); }
