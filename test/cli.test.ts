@@ -109,6 +109,11 @@ describe('tzip', () => {
     expect(unknown.code).toBe(1);
     expect(unknown.stderr).toContain('model.tzip');
     expect(unknown.stderr).toContain('no.such');
+    // Too many threads is an option's error, not a tensor's (it used to name the first tensor compressed).
+    const threads = await run('compress', 'model.safetensors', '-o', 'x.tzip', '--threads', '1e9');
+    expect(threads.code).toBe(1);
+    expect(threads.stderr).toContain('--threads');
+    expect(threads.stderr).not.toContain('tensor');
     const json = await run('compress', '--json');
     expect(json.code).toBe(1);
     expect((JSON.parse(json.stdout) as { error: { exitCode: number } }).error.exitCode).toBe(1);

@@ -15,9 +15,19 @@ export function parsePositiveInt(value: string): number {
   return parsed.data;
 }
 
+/** Most addon worker threads a call takes (the addon's own bound, addon.cpp threads_opt). */
+export const MAX_THREADS = 1024;
+
+/** Parses `--threads`: 1 to {@link MAX_THREADS}, checked here so that the usage error names the option, not a tensor. */
+export function parseThreads(value: string): number {
+  const n = parsePositiveInt(value);
+  if (n > MAX_THREADS) throw new InvalidArgumentError(`'${value}' is above ${MAX_THREADS}, the most threads a call takes.`);
+  return n;
+}
+
 /** `--threads N`: addon worker threads (default: all cores). */
 export function threadsOption(): Option {
-  return new Option('--threads <n>', 'worker threads (default: all cores)').argParser(parsePositiveInt);
+  return new Option('--threads <n>', `worker threads, 1 to ${MAX_THREADS} (default: all cores)`).argParser(parseThreads);
 }
 
 /** `--codec NAME`: one of auto, fast, max, bytes, raw. */
