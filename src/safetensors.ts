@@ -80,9 +80,11 @@ function tensorEntryProblem(v: unknown): string | null {
   if (typeof v.dtype !== 'string' || v.dtype.length === 0) return 'dtype is not a non-empty string';
   if (!Array.isArray(v.shape)) return 'shape is not an array';
   const badDim = v.shape.findIndex((d) => !isOffset(d));
-  if (badDim >= 0) return `shape[${badDim}] is not an integer >= 0`;
+  if (badDim >= 0) return `shape[${badDim}] is not an integer from 0 to 2^53 - 1 (${JSON.stringify(v.shape[badDim])})`;
   const o = v.data_offsets;
-  if (!Array.isArray(o) || o.length !== 2 || !isOffset(o[0]) || !isOffset(o[1])) return 'data_offsets is not [begin, end] of integers >= 0';
+  if (!Array.isArray(o) || o.length !== 2 || !isOffset(o[0]) || !isOffset(o[1])) {
+    return 'data_offsets is not [begin, end] of integers from 0 to 2^53 - 1';
+  }
   return null;
 }
 

@@ -126,6 +126,9 @@ describe('parseSafetensorsHeader', () => {
     expect(expectTzipError(() => parse(rawFile(`{${lone}}`)), 'TZIP_CORRUPT').message).toContain('lone UTF-16 surrogate');
     const pair = '"\\ud83d\\ude00": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}';
     expect(parse(rawFile(`{${pair}}`)).tensors[0]?.name).toBe('\u{1F600}');
+    // A dimension of 2^53 is refused for its size, not called negative or fractional.
+    const big = '"b": {"dtype": "U8", "shape": [9007199254740992], "data_offsets": [0, 0]}';
+    expect(expectTzipError(() => parse(rawFile(`{${big}}`)), 'TZIP_CORRUPT', 'b').message).toContain('from 0 to 2^53 - 1 (9007199254740992)');
     for (const meta of ['{"a": {"b": "c"}}', '{"a": 1}', '{"a": null}', '{"\\udc00": "x"}', '{"a": "\\ud800"}']) {
       expect(expectTzipError(() => parse(rawFile(`{"__metadata__": ${meta}, ${t}}`)), 'TZIP_CORRUPT').message).toContain('__metadata__');
     }

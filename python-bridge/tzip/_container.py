@@ -252,9 +252,9 @@ def parse_safetensors_header(prefix: bytes, file_size: int, file: str | os.PathL
         if not isinstance(dtype, str) or not dtype:
             raise ContainerError("TZIP_CORRUPT", "bad tensor entry: dtype is not a non-empty string", file, name)
         if not isinstance(shape, list) or not all(_is_offset(d) for d in shape):
-            raise ContainerError("TZIP_CORRUPT", "bad tensor entry: shape is not a list of non-negative integers", file, name)
+            raise ContainerError("TZIP_CORRUPT", "bad tensor entry: shape is not a list of integers from 0 to 2^53 - 1", file, name)
         if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_offset(d) for d in offsets):
-            raise ContainerError("TZIP_CORRUPT", "bad tensor entry: data_offsets is not two non-negative integers", file, name)
+            raise ContainerError("TZIP_CORRUPT", "bad tensor entry: data_offsets is not two integers from 0 to 2^53 - 1", file, name)
         begin, end = int(offsets[0]), int(offsets[1])
         shape_t = tuple(int(d) for d in shape)
         if begin > end:
