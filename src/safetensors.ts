@@ -20,6 +20,33 @@ function isWellFormed(text: string): boolean {
   return !/[\uD800-\uDFFF]/u.test(text);
 }
 
+/**
+ * Deepest nesting of arrays and objects accepted in a header: serde_json's recursion limit, which the reference reader
+ * (the safetensors crate) inherits, and far inside Python's, so that both of tzip's readers accept the same files.
+ */
+export const MAX_JSON_DEPTH = 128;
+
+/** How deep the arrays and objects of the JSON `text` nest (brackets outside strings; the text is valid JSON). */
+function jsonDepth(text: string): number {
+  let depth = 0;
+  let deepest = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++; // backslash: the next character is escaped
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) {
+      inString = true;
+    } else if (c === 0x7b || c === 0x5b) {
+      deepest = Math.max(deepest, ++depth);
+    } else if (c === 0x7d || c === 0x5d) {
+      depth--;
+    }
+  }
+  return deepest;
+}
+
 /** Largest header accepted, in bytes of JSON (the limit of the reference implementation). */
 export const MAX_HEADER_BYTES = 100_000_000;
 
@@ -140,6 +167,8 @@ export function parseSafetensorsHeader(prefix: Uint8Array, fileSize: number, fil
     // ignoreBOM: a leading byte-order mark stays in the text, where JSON.parse refuses it (docs/container.md).
     const text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(prefix.subarray(LENGTH_PREFIX_BYTES, dataOffset));
     json = JSON.parse(text.replace(/\0+$/, ''));
+    const depth = jsonDepth(text);
+    if (depth > MAX_JSON_DEPTH) throw new Error(`nested ${depth} levels deep, more than ${MAX_JSON_DEPTH}`);
   } catch (err) {
     throw new TzipError('TZIP_CORRUPT', `safetensors header is not UTF-8 JSON: ${(err as Error).message}`, { file, cause: err });
   }

@@ -126,6 +126,12 @@ describe('parseSafetensorsHeader', () => {
     expect(expectTzipError(() => parse(rawFile(`{${lone}}`)), 'TZIP_CORRUPT').message).toContain('lone UTF-16 surrogate');
     const pair = '"\\ud83d\\ude00": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}';
     expect(parse(rawFile(`{${pair}}`)).tensors[0]?.name).toBe('\u{1F600}');
+    // Nesting: 128 levels (the top object, the entry, 126 arrays in an extra key) is read, 129 refused, on both sides
+    // (Python's json.loads refused 100,000 levels that this reader took).
+    const nested = (levels: number) => `{"n": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0], "x": ${'['.repeat(levels - 2)}${']'.repeat(levels - 2)}}}`;
+    expect(parse(rawFile(nested(128))).tensors).toHaveLength(1);
+    expect(expectTzipError(() => parse(rawFile(nested(129))), 'TZIP_CORRUPT').message).toContain('nested 129 levels deep');
+    expect(expectTzipError(() => parse(rawFile(nested(100_000))), 'TZIP_CORRUPT').message).toContain('more than 128');
     // A dimension of 2^53 is refused for its size, not called negative or fractional.
     const big = '"b": {"dtype": "U8", "shape": [9007199254740992], "data_offsets": [0, 0]}';
     expect(expectTzipError(() => parse(rawFile(`{${big}}`)), 'TZIP_CORRUPT', 'b').message).toContain('from 0 to 2^53 - 1 (9007199254740992)');

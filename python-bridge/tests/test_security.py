@@ -486,6 +486,15 @@ def test_safetensors_headers_are_read_as_the_typescript_reader_reads_them():
     with pytest.raises(_container.ContainerError, match="lone UTF-16 surrogate"):
         parse(b'{"\\ud800": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}')
     assert parse(b'{"\\ud83d\\ude00": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}').tensors[0].name == "\U0001F600"
+    def nested(levels: int) -> bytes:
+        inner = "[" * (levels - 2) + "]" * (levels - 2)
+        return ('{"n": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0], "x": ' + inner + "}}").encode()
+
+    assert len(parse(nested(128)).tensors) == 1
+    with pytest.raises(_container.ContainerError, match="nested 129 levels deep"):
+        parse(nested(129))
+    with pytest.raises(_container.ContainerError, match="more than 128"):
+        parse(nested(100_000))
     for meta in (b'{"a": {"b": "c"}}', b'{"a": 1}', b'{"a": null}', b'{"\\udc00": "x"}', b'{"a": "\\ud800"}'):
         with pytest.raises(_container.ContainerError, match="__metadata__"):
             parse(b'{"__metadata__": ' + meta + b", " + t.encode() + b"}")

@@ -36,11 +36,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 import secrets
 import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from ._default import resolve_client
@@ -169,6 +171,23 @@ class Entry:
         return self.end - self.begin
 
 
+#: Deepest nesting of arrays and objects accepted in a safetensors header: serde_json's recursion limit (the
+#: safetensors crate's), as the TypeScript reader (src/safetensors.ts MAX_JSON_DEPTH).
+MAX_JSON_DEPTH = 128
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _json_depth(text: str) -> int:
+    """How deep the arrays and objects of the JSON ``text`` nest: brackets outside strings, counted with numpy (a
+    header may be 100 MB). Text that is not JSON gives some number; json.loads refuses it afterwards."""
+    b = np.frombuffer(_JSON_STRING.sub('""', text).encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    if b.size == 0:
+        return 0
+    step = (b == ord("{")).astype(np.int32) + (b == ord("[")) - (b == ord("}")) - (b == ord("]"))
+    return int(np.cumsum(step).max(initial=0))
+
+
 def _well_formed(text: str) -> bool:
     """True when ``text`` has no lone surrogate (JSON's \\ud800-\\udfff escapes may make one; UTF-8 cannot hold it, and
     the safetensors crate refuses it, as the TypeScript reader does: docs/container.md)."""
@@ -226,6 +245,9 @@ def parse_safetensors_header(prefix: bytes, file_size: int, file: str | os.PathL
     data_length = file_size - data_offset
     try:
         text = bytes(prefix[_LENGTH_PREFIX:data_offset]).decode("utf-8")
+        depth = _json_depth(text)
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested {depth} levels deep, more than {MAX_JSON_DEPTH}")
         obj = json.loads(text.rstrip("\0"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ContainerError("TZIP_CORRUPT", f"safetensors header is not UTF-8 JSON: {e}", file) from None
