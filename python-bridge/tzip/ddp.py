@@ -21,6 +21,11 @@ DDP hands it over).
 
 The all-reduce of a bucket runs on the state's worker thread, so backward keeps computing the next buckets meanwhile;
 DDP calls the hook for the buckets in the same order on every rank, and the one thread keeps that order on the wire.
+The thread's collectives go over a process group of their own (the same ranks and backend as ``process_group``, made
+with ``torch.distributed.new_group``): DDP issues collectives of its own on ``process_group`` from the autograd thread
+during backward (with ``find_unused_parameters=True``, the map of the parameters used), and two threads' collectives
+on one group reach the ranks in different orders, which deadlocks until the group's timeout (an adversarial pass
+found every run with ``find_unused_parameters=True`` hung so, also with ``codec="raw"``).
 
 Switching (``tzip.attach`` / ``tzip.detach``): DDP takes one comm hook per model, for good (``register_comm_hook``
 can be called only once), so the hook consults ``state.enabled`` at every bucket: False sends the bucket through
@@ -68,7 +73,7 @@ class LosslessState:
     """
 
     __slots__ = ["process_group", "codec", "client", "strict", "enabled", "bytes_raw", "bytes_sent", "buckets",
-                 "_lock", "_executor"]
+                 "_lock", "_executor", "_wire"]
 
     def __init__(self, process_group: dist.ProcessGroup | None = None, codec: str | None = None,
                  client: Client | None = None, strict: bool = False, enabled: bool = True):
@@ -82,6 +87,20 @@ class LosslessState:
         self.buckets = 0
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # The worker thread's own group (module docstring): made here when the process group exists (every member
+        # rank builds its state in the same order), else at the first bucket.
+        self._wire: dist.ProcessGroup | None = None
+        if dist.is_available() and dist.is_initialized():
+            self._wire_group()
+
+    def _wire_group(self) -> dist.ProcessGroup:
+        """The process group the worker thread's collectives use: the ranks and backend of ``process_group``, a
+        group of its own (``use_local_synchronization``: only its members take part in making it)."""
+        if self._wire is None:
+            pg = self.process_group if self.process_group is not None else dist.group.WORLD
+            self._wire = dist.new_group(dist.get_process_group_ranks(pg), backend=dist.get_backend(pg),
+                                        use_local_synchronization=True)
+        return self._wire
 
     @property
     def ratio(self) -> float:
@@ -101,12 +120,12 @@ class LosslessState:
         cuda = tensor.device.type == "cuda"
         fut: torch.futures.Future = torch.futures.Future(devices=[tensor.device] if cuda else None)
         stream = torch.cuda.current_stream(tensor.device) if cuda else None  # ordered after the bucket's producers
+        group = self._wire_group()
 
         def run() -> None:
             try:
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext(), tagged("gradients"):
-                    traffic = _all_reduce(tensor, dist.ReduceOp.SUM, self.process_group, self.codec, self.client,
-                                          self.strict)
+                    traffic = _all_reduce(tensor, dist.ReduceOp.SUM, group, self.codec, self.client, self.strict)
                     with self._lock:
                         self.bytes_raw += traffic.bytes_raw
                         self.bytes_sent += traffic.bytes_sent
