@@ -247,6 +247,13 @@ def test_single_process_round_trip_every_dtype(client, tmp_path):
           "bool": torch.rand(77, generator=g) > 0.5, "c64": torch.randn(5, 3, dtype=torch.complex64, generator=g),
           "u8": torch.randint(0, 256, (333,), dtype=torch.uint8, generator=g), "scalar": torch.tensor(7.25),
           "empty": torch.empty(0, 4), "nested": {"x": w[:3].t().contiguous(), "n": [1, 2.5, "three"]}}
+    # Dtypes safetensors lacks are stored as U8 bytes; a 1-D one of 1-byte elements has the same shape as its bytes,
+    # which made the Reader hand the tensor itself to decompress as a uint8 destination (an adversarial pass found
+    # float8_e8m0fnu and float4_e2m1fn_x2 checkpoints unloadable).
+    u8 = torch.randint(0, 256, (64,), dtype=torch.uint8, generator=g)
+    sd.update({"e8m0": u8[:24].view(torch.float8_e8m0fnu), "fp4x2": u8[24:40].view(torch.float4_e2m1fn_x2),
+               "e8m0_2d": u8[40:].view(torch.float8_e8m0fnu).reshape(4, 6), "c32": torch.randn(6, generator=g).to(
+                   torch.complex32)})
     folder = tmp_path / "one"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

@@ -67,6 +67,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ._container import (
+    SAFETENSORS_DTYPES,
     ContainerError,
     ContainerReader,
     Entry,
@@ -454,9 +455,12 @@ class Reader(StorageReader):
                 if tuple(ri.lengths) != info.shape or any(ri.storage_offsets) or not t.is_contiguous() or t.numel() == 0:
                     return None
                 in_place.add(e.name)
-                if (e.dtype, tuple(e.shape)) == (safetensors_layout(t.dtype, tuple(t.shape))[0], tuple(t.shape)):
+                own = safetensors_layout(t.dtype, tuple(t.shape))[:2]
+                if t.dtype in SAFETENSORS_DTYPES and (e.dtype, tuple(e.shape)) == own:
                     return t  # the frame's layout is the tensor's own
-                return byte_view(t)  # a frame of the tensor's bytes
+                # A frame of the tensor's bytes (U8 [nbytes]), also where that has the tensor's shape (a 1-D tensor of
+                # a 1-byte dtype safetensors lacks, such as float8_e8m0fnu): its dtype is not the frame's.
+                return byte_view(t)
 
             for e, flat in decode_entries(reader, entries, self.client, device=device, out=out, strict=self.strict):
                 info, ris, targets = jobs[e.name]
