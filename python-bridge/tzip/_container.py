@@ -198,6 +198,16 @@ def _well_formed(text: str) -> bool:
     return True
 
 
+def _bad_metadata_key(metadata: dict) -> str | None:
+    """The first key of ``metadata`` that breaks the format's rule for ``__metadata__`` (strings to strings, Unicode
+    text without lone surrogates), as JSON (a key that is not a string: its repr), or None when none does. The reader
+    refuses such a header, the writer such a map."""
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not _well_formed(k) or not _well_formed(v):
+            return json.dumps(k) if isinstance(k, str) else repr(k)
+    return None
+
+
 def _utf8(name: str) -> bytes:
     return name.encode("utf-8", "surrogatepass")
 
@@ -259,10 +269,10 @@ def parse_safetensors_header(prefix: bytes, file_size: int, file: str | os.PathL
         if name == "__metadata__":
             if not isinstance(value, dict):
                 raise ContainerError("TZIP_CORRUPT", "__metadata__ is not a JSON object", file)
-            for k, v in value.items():
-                if not isinstance(v, str) or not _well_formed(k) or not _well_formed(v):
-                    raise ContainerError("TZIP_CORRUPT", f"__metadata__ entry {json.dumps(k)} is not a string of Unicode "
-                                         "text (the format's map of strings to strings)", file)
+            bad = _bad_metadata_key(value)
+            if bad is not None:
+                raise ContainerError("TZIP_CORRUPT", f"__metadata__ entry {bad} is not a string of Unicode "
+                                     "text (the format's map of strings to strings)", file)
             metadata = value
             continue
         if not _well_formed(name):
@@ -331,8 +341,7 @@ def encode_safetensors_header(tensors: Sequence[tuple[str, str, Sequence[int], i
     """
     body: dict[str, Any] = {}
     if metadata is not None:
-        if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) and _well_formed(k)
-                                                     and _well_formed(v) for k, v in metadata.items()):
+        if not isinstance(metadata, dict) or _bad_metadata_key(metadata) is not None:
             raise ValueError(f"metadata must map strings to strings (safetensors' __metadata__), got {metadata!r:.200}")
         body["__metadata__"] = metadata
     offsets = []

@@ -18,8 +18,8 @@ import torch
 
 from ._xxh32 import chunk_digests, xxh32
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "DEFAULT_CHUNK", "DTYPE_CODES", "CODEC_IDS", "FrameHeader", "HEADER_FIXED_BYTES",
-           "fixed_ndim", "read_layout",
+__all__ = ["MAGIC", "FORMAT_VERSION", "DEFAULT_CHUNK", "DTYPE_CODES", "CODEC_IDS", "FrameHeader", "LAYOUT_BYTES",
+           "read_layout",
            "FrameError", "max_compressed_size", "encode_raw", "read_header", "decode_raw"]
 
 MAGIC = b"TZFR"
@@ -108,30 +108,35 @@ def _fail(what: str, code: str = "TZIP_CORRUPT") -> FrameError:
     return FrameError(code, f"invalid tzip frame: {what}")
 
 
-#: Bytes of a frame's fixed header (before the shape).
-HEADER_FIXED_BYTES = _FIXED
+#: Bytes that hold any frame's fixed header and shape (at most 32 dimensions): what read_layout needs at most.
+LAYOUT_BYTES = _FIXED + 8 * 32
 
 
-def fixed_ndim(fixed: bytes) -> int:
-    """The ndim field of a frame's fixed header (``fixed``: its first 48 bytes; 0 when fewer): how many u64 shape
-    entries follow it."""
-    return fixed[8] if len(fixed) >= _FIXED else 0
-
-
-def read_layout(head: bytes) -> tuple[str, list[int], int, str]:
-    """A frame's (dtype, shape, nbytes, codec) from its fixed header and shape (``head``: at least 48 + 8 * ndim bytes).
-    Checks magic, version and the dtype and codec codes; the chunk table and digests are left to read_header and the
-    decoder. Raises FrameError (TZIP_TRUNCATED when ``head`` is short)."""
-    if len(head) < _FIXED:
-        raise _fail(f"{len(head)} bytes, the fixed header needs {_FIXED}", "TZIP_TRUNCATED")
-    magic, version, dtype_code, codec_id, ndim = _HEADER.unpack_from(head, 0)[:5]
-    nbytes = _HEADER.unpack_from(head, 0)[8]
+def _check_ident(magic: bytes, version: int, dtype_code: int, codec_id: int) -> None:
+    """The checks of a fixed header that read_header and read_layout share: magic, version, dtype and codec codes."""
     if magic != MAGIC:
         raise _fail(f"bad magic {magic!r}")
+    if version == 1:
+        raise _fail("format version 1: pre-release version-1 frames are no longer read; re-compress the original tensor "
+                    f"(this reader knows version {FORMAT_VERSION})", "TZIP_UNSUPPORTED")
     if version != FORMAT_VERSION:
         raise _fail(f"format version {version} (this reader knows {FORMAT_VERSION})", "TZIP_UNSUPPORTED")
     if dtype_code not in _DTYPE_NAMES or codec_id not in _CODEC_NAMES:
         raise _fail(f"unknown dtype code {dtype_code} or codec id {codec_id}")
+
+
+def read_layout(head: bytes) -> tuple[str, list[int], int, str]:
+    """A frame's (dtype, shape, nbytes, codec) from its first bytes (``head``: 48 + 8 * ndim of them at least; the
+    first :data:`LAYOUT_BYTES` of a frame always do). Checks magic, version, the dtype and codec codes and ndim; the
+    chunk table and digests are left to read_header and the decoder. Raises FrameError (TZIP_TRUNCATED when ``head``
+    is short)."""
+    if len(head) < _FIXED:
+        raise _fail(f"{len(head)} bytes, the fixed header needs {_FIXED}", "TZIP_TRUNCATED")
+    fields = _HEADER.unpack_from(head, 0)
+    magic, version, dtype_code, codec_id, ndim, nbytes = fields[0], fields[1], fields[2], fields[3], fields[4], fields[8]
+    _check_ident(magic, version, dtype_code, codec_id)
+    if ndim > 32:
+        raise _fail("more than 32 dimensions")
     if len(head) < _FIXED + 8 * ndim:
         raise _fail(f"{len(head)} bytes, the header's shape needs {_FIXED + 8 * ndim}", "TZIP_TRUNCATED")
     shape = list(struct.unpack_from(f"<{ndim}Q", head, _FIXED))
@@ -150,15 +155,7 @@ def read_header(frame) -> FrameHeader:
         raise _fail(f"{len(buf)} bytes, the fixed header needs {_FIXED}", "TZIP_TRUNCATED")
     (magic, version, dtype_code, codec_id, ndim, flags, reserved10, chunk_size, nbytes, payload_bytes, n_chunks,
      checksum, header_digest, reserved44) = _HEADER.unpack_from(buf, 0)
-    if magic != MAGIC:
-        raise _fail(f"bad magic {magic!r}")
-    if version == 1:
-        raise _fail("format version 1: pre-release version-1 frames are no longer read; re-compress the original tensor "
-                    f"(this reader knows version {FORMAT_VERSION})", "TZIP_UNSUPPORTED")
-    if version != FORMAT_VERSION:
-        raise _fail(f"format version {version} (this reader knows {FORMAT_VERSION})", "TZIP_UNSUPPORTED")
-    if dtype_code not in _DTYPE_NAMES or codec_id not in _CODEC_NAMES:
-        raise _fail(f"unknown dtype code {dtype_code} or codec id {codec_id}")
+    _check_ident(magic, version, dtype_code, codec_id)
     if flags or reserved10 or reserved44 or ndim > 32:
         raise _fail("reserved fields set or more than 32 dimensions")
     if not (4096 <= chunk_size <= 65536 and chunk_size % 256 == 0) or n_chunks != -(-nbytes // chunk_size):

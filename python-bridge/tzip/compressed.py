@@ -24,7 +24,7 @@ import msgpack
 import torch
 
 from ._dlpack import frame_layout_of
-from ._frame import HEADER_FIXED_BYTES, fixed_ndim, read_header, read_layout
+from ._frame import LAYOUT_BYTES, read_header, read_layout
 
 __all__ = ["CompressedTensor"]
 
@@ -161,21 +161,13 @@ def _check_header(fdtype: str, fshape: list, fnbytes: int, fcodec: str, dtype, s
 
 def check_layout(ct: CompressedTensor) -> None:
     """Checks that ``ct``'s frame header gives its dtype, shape, byte count and codec (docs/protocol.md, "Tensors and
-    frames"), reading only the fixed header and the shape (48 + 8 * ndim bytes; a CUDA payload's are copied to the
-    host). The chunk table, digests and data are the decoder's to check.
+    frames"), reading only the fixed header and the shape (the first LAYOUT_BYTES, 304, at most: a CUDA payload's are
+    copied to the host in one copy). The chunk table, digests and data are the decoder's to check.
 
     Raises ValueError (a FrameError for a header that is not a frame's) when they differ.
     """
-    p = ct.payload
-    head = p[:HEADER_FIXED_BYTES]
-    if not head.is_cpu:
-        head = head.cpu()
-    fixed = head.numpy().tobytes()
-    ndim = fixed_ndim(fixed)
-    if ndim:
-        tail = p[HEADER_FIXED_BYTES:HEADER_FIXED_BYTES + 8 * ndim]
-        fixed += (tail if tail.is_cpu else tail.cpu()).numpy().tobytes()
-    fdtype, fshape, fnbytes, fcodec = read_layout(fixed)
+    head = ct.payload[:LAYOUT_BYTES]
+    fdtype, fshape, fnbytes, fcodec = read_layout((head if head.is_cpu else head.cpu()).numpy().tobytes())
     _check_header(fdtype, fshape, fnbytes, fcodec, ct.dtype, ct.shape, ct.nbytes, ct.codec)
 
 
