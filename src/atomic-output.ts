@@ -74,49 +74,33 @@ export async function writeAtomically<T>(target: string, write: (handle: FileHan
     const kind = existing.isFIFO() ? 'a FIFO' : 'a socket';
     throw new TzipError('TZIP_IO', `is ${kind}: tzip writes its output at positions, so it must be a file or a device`, { file: target });
   }
-  if (existing !== null && !existing.isFile() && !existing.isDirectory()) return writeInPlace(path, target, write);
-  const tempPath = join(dirname(path), `.${basename(path)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+  // A device is written where it is; anything else through a temporary file renamed over it.
+  const inPlace = existing !== null && !existing.isFile() && !existing.isDirectory();
+  const writePath = inPlace ? path : join(dirname(path), `.${basename(path)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
   let handle: FileHandle;
   try {
-    handle = await open(tempPath, 'wx');
+    handle = await open(writePath, inPlace ? 'w' : 'wx');
   } catch (err) {
     throw toTzipError(err, { file: target });
   }
   let result: T;
   try {
-    result = await write(handle, tempPath);
-    await handle.sync();
+    result = await write(handle, writePath);
+    if (!inPlace) await handle.sync();
     await handle.close();
     // A folder as target fails at the rename below (EISDIR), as before; a file keeps its mode.
-    if (existing !== null && existing.isFile()) await chmod(tempPath, existing.mode & 0o7777);
+    if (existing !== null && existing.isFile()) await chmod(writePath, existing.mode & 0o7777);
   } catch (err) {
     await handle.close().catch(() => undefined);
-    await unlink(tempPath).catch(() => undefined);
+    if (!inPlace) await unlink(writePath).catch(() => undefined);
     throw err instanceof Error && 'syscall' in err ? toTzipError(err, { file: target }) : err;
   }
+  if (inPlace) return result;
   try {
-    await rename(tempPath, path);
+    await rename(writePath, path);
   } catch (err) {
-    await unlink(tempPath).catch(() => undefined);
+    await unlink(writePath).catch(() => undefined);
     throw toTzipError(err, { file: target });
   }
   return result;
-}
-
-/** writeAtomically's path for a device at `path`: opened for writing and written where it is. */
-async function writeInPlace<T>(path: string, target: string, write: (handle: FileHandle, tempPath: string) => Promise<T>): Promise<T> {
-  let handle: FileHandle;
-  try {
-    handle = await open(path, 'w');
-  } catch (err) {
-    throw toTzipError(err, { file: target });
-  }
-  try {
-    const result = await write(handle, path);
-    await handle.close();
-    return result;
-  } catch (err) {
-    await handle.close().catch(() => undefined);
-    throw err instanceof Error && 'syscall' in err ? toTzipError(err, { file: target }) : err;
-  }
 }

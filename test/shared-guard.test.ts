@@ -31,12 +31,17 @@ fs.writeFileSync(path, Buffer.alloc(n, 7));
 })();
 `;
 
+/** Runs `script` in a child Node with the addon's path as argv[1]; expects it to exit 0 (no signal); its stdout's JSON. */
+function runChild(script: string): unknown {
+  const r = spawnSync(process.execPath, ['-e', script, addonPath()], { encoding: 'utf8', timeout: 60_000 });
+  expect(r.signal, r.stderr).toBeNull();
+  expect(r.status, r.stderr).toBe(0);
+  return JSON.parse(r.stdout.trim());
+}
+
 describe('mapShared SIGBUS guard', () => {
   it('survives a file shrunk under its mapping, reads zeros there and reports the mapping faulted', () => {
-    const r = spawnSync(process.execPath, ['-e', CHILD, addonPath()], { encoding: 'utf8', timeout: 60_000 });
-    expect(r.signal, r.stderr).toBeNull();
-    expect(r.status, r.stderr).toBe(0);
-    expect(JSON.parse(r.stdout.trim())).toEqual({
+    expect(runChild(CHILD)).toEqual({
       before: false, after: true, readBack: [7, 7, 0, 0], otherLength: 4096, otherFaulted: false,
     });
   });
@@ -65,10 +70,7 @@ try {
 
 describe('mapShared of a file larger than a Buffer', () => {
   it('is TZIP_UNSUPPORTED, and the process lives', () => {
-    const r = spawnSync(process.execPath, ['-e', BIG_CHILD, addonPath()], { encoding: 'utf8', timeout: 60_000 });
-    expect(r.signal, r.stderr).toBeNull();
-    expect(r.status, r.stderr).toBe(0);
-    const out = JSON.parse(r.stdout.trim()) as { code: string; message: string };
+    const out = runChild(BIG_CHILD) as { code: string; message: string };
     expect(out.code).toBe('TZIP_UNSUPPORTED');
     expect(out.message).toContain("above Node's Buffer size limit");
   });
