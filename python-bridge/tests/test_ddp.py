@@ -12,7 +12,10 @@ real model (all-MiniLM-L6-v2) on real text, and the daemon away (raw frames, one
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -213,9 +216,52 @@ def test_daemon_away_hook_sends_raw_once_warned_strict_raises():
         assert len(warned) == 1, warned
         raw, sent, _ = got["auto"][2]
         assert sent > raw  # raw frames
-        assert strict is not None and ("DaemonUnavailableError" in strict or "DaemonSpawnError" in strict or
-                                       "no tzip daemon" in strict or "cannot start the tzip daemon" in strict), strict
+        # DDP raises RuntimeError from backward; its message names the hook's own error (not "Unable to cast")
+        assert strict is not None and ("DaemonUnavailableError: " in strict or "DaemonSpawnError: " in strict), strict
         assert after == [2.0] * 3
+
+
+EXIT_SCRIPT = """
+import datetime, sys, weakref
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import tzip.ddp
+rank, world, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=60))
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)),
+            bucket_cap_mb=0.05)
+state = tzip.ddp.LosslessState(codec="raw")
+model.register_comm_hook(state, tzip.ddp.lossless_allreduce_hook)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(8, 64)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+wire = weakref.ref(state._wire_group())
+dist.destroy_process_group()
+print("hook group freed:", wire() is None, flush=True)
+"""  # the model and the state stay alive to the end, as in a training script's globals
+
+
+def test_destroy_process_group_frees_the_hook_group_and_ranks_exit_cleanly(tmp_path):
+    # When the state held its group strongly, destroy_process_group() could not free it: gloo's threads outlived it,
+    # and one of them sometimes took the GIL during interpreter shutdown, killing the rank with SIGABRT ("terminate
+    # called without an active exception"; 3 of 35 runs of this script before the fix, 0 of 35 after).
+    script = tmp_path / "train.py"
+    script.write_text(EXIT_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(tmp_path / "store")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0 and "hook group freed: True" in out, (p.returncode, out[-2000:])
 
 
 def test_state_pickles_without_group_client_or_thread():

@@ -8,7 +8,9 @@ counters; the daemon away (raw frames and one warning; strict raises). GPU varia
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 import time
 import warnings
 
@@ -262,9 +264,20 @@ class DecompressFails:
         raise tz.DaemonUnavailableError("injected: the daemon went away")
 
 
+def _calls_alive() -> int:
+    """tzip.distributed's per-call objects still alive (each holds its process group)."""
+    for t in threading.enumerate():  # isend/irecv's worker threads hold their call until they return
+        if t.name.startswith("tzip-p2p"):
+            t.join(10)
+    return sum(1 for o in gc.get_objects() if isinstance(o, tzd._Call))
+
+
 def w_mismatches(rank, world):
-    """Each case: what this rank raised (type name, message, seconds), or None."""
+    """Each case: what this rank raised (type name, message, seconds), or None; and the calls each case left alive
+    with the garbage collector off (a reference cycle keeps its call, and so its process group, until a collection:
+    destroy_process_group() then could not free the group and processes died with SIGABRT at exit)."""
     seen = {}
+    left = {}
 
     def case(name, fn):
         t0 = time.monotonic()
@@ -273,6 +286,7 @@ def w_mismatches(rank, world):
             seen[name] = (None, "", time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - reported to the test
             seen[name] = (type(e).__name__, str(e), time.monotonic() - t0)
+        left[name] = _calls_alive()
 
     def p2p(sent, into):  # even ranks send to the next odd one
         if rank % 2 == 0:
@@ -281,6 +295,8 @@ def w_mismatches(rank, world):
             tzd.recv(into, rank - 1)
 
     last = world - 1  # the odd one out in the collectives
+    gc.collect()
+    gc.disable()
     case("p2p size", lambda: p2p(torch.zeros(10), torch.zeros(11)))
     case("p2p dtype", lambda: p2p(torch.zeros(10), torch.zeros(10, dtype=torch.float64)))
     case("p2p shape", lambda: p2p(torch.zeros(2, 5), torch.zeros(5, 2)))
@@ -309,10 +325,11 @@ def w_mismatches(rank, world):
     case("MIN of complex", lambda: tzd.all_reduce(torch.zeros(4, dtype=torch.complex64), op=ReduceOp.MIN))
     case("AVG of int", lambda: tzd.all_reduce(torch.zeros(4, dtype=torch.int32), op=ReduceOp.AVG))
     case("SUM of float8", lambda: tzd.all_reduce(torch.zeros(4).to(torch.float8_e4m3fn)))
+    gc.enable()
     # the group is still in step
     t = torch.full((3,), float(rank))
     tzd.all_reduce(t)
-    return seen, t.tolist()
+    return seen, t.tolist(), left
 
 
 def w_counters(rank, world):
@@ -433,8 +450,9 @@ def test_mismatch_raises_on_every_rank(pools, world):
         "different calls": "MismatchError", "BAND": "ValueError", "MIN of complex": "TypeError",
         "AVG of int": "TypeError", "SUM of float8": "TypeError",
     }
-    for rank, (seen, after) in enumerate(results):
+    for rank, (seen, after, left) in enumerate(results):
         assert after == [float(sum(range(world)))] * 3
+        assert left == dict.fromkeys(left, 0), (rank, left)  # freed without the garbage collector
         for name, want in expect.items():
             got, msg, seconds = seen[name]
             assert got == want, (rank, name, got, msg)
@@ -449,7 +467,7 @@ def test_mismatch_raises_on_every_rank(pools, world):
         assert between[2] < 10 and (rank == last or "between the exchange and the gather" in between[1])
     # both sides of a pair, and every rank of a collective, see the same message, naming both descriptions
     for name in expect:
-        msgs = {seen[name][1] for seen, _ in results}
+        msgs = {seen[name][1] for seen, _, _ in results}
         if name.startswith("p2p"):
             msgs = {results[0][0][name][1], results[1][0][name][1]}
         assert len(msgs) == 1, (name, msgs)

@@ -33,6 +33,10 @@ DDP's own all-reduce (``torch.distributed.all_reduce`` of the averaged bucket, a
 same arithmetic as DDP without a hook. Flip it between iterations, on every rank at the same iteration (all ranks
 must take the same path for a bucket). The daemon's requests are tagged as the job's gradients stream, and a job
 whose codec is set "off" (``tzip set JOB codec=off``) sends its shards plain (tzip.distributed's codec="raw").
+
+Errors: what a bucket's all-reduce raises (MismatchError, DaemonUnavailableError with ``strict=True``, ...) DDP
+raises from ``backward()`` as RuntimeError, its message "Got the following error when running the callback:
+<type>: <message>" (DDP's reducer rethrows errors in C++, so the original type survives only in the message).
 """
 
 # No `from __future__ import annotations` here: DDP's register_comm_hook compares the hook's annotations with
@@ -40,6 +44,7 @@ whose codec is set "off" (``tzip set JOB codec=off``) sends its shards plain (tz
 import concurrent.futures
 import contextlib
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -88,19 +93,24 @@ class LosslessState:
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         # The worker thread's own group (module docstring): made here when the process group exists (every member
-        # rank builds its state in the same order), else at the first bucket.
-        self._wire: dist.ProcessGroup | None = None
+        # rank builds its state in the same order), else at the first bucket. Held weakly: torch.distributed's
+        # registry owns it, so destroy_process_group() frees it while the model and this state live on. Held
+        # strongly, gloo's threads outlived the group's destruction and one of them sometimes took the GIL during
+        # interpreter shutdown: "terminate called without an active exception" (SIGABRT) at exit.
+        self._wire: weakref.ref[dist.ProcessGroup] | None = None
         if dist.is_available() and dist.is_initialized():
             self._wire_group()
 
     def _wire_group(self) -> dist.ProcessGroup:
         """The process group the worker thread's collectives use: the ranks and backend of ``process_group``, a
         group of its own (``use_local_synchronization``: only its members take part in making it)."""
-        if self._wire is None:
+        wire = self._wire() if self._wire is not None else None
+        if wire is None:  # not made yet, or destroyed with the others (a new group after init_process_group again)
             pg = self.process_group if self.process_group is not None else dist.group.WORLD
-            self._wire = dist.new_group(dist.get_process_group_ranks(pg), backend=dist.get_backend(pg),
-                                        use_local_synchronization=True)
-        return self._wire
+            wire = dist.new_group(dist.get_process_group_ranks(pg), backend=dist.get_backend(pg),
+                                  use_local_synchronization=True)
+            self._wire = weakref.ref(wire)
+        return wire
 
     @property
     def ratio(self) -> float:
@@ -122,7 +132,7 @@ class LosslessState:
         stream = torch.cuda.current_stream(tensor.device) if cuda else None  # ordered after the bucket's producers
         group = self._wire_group()
 
-        def run() -> None:
+        def run(fut: torch.futures.Future) -> None:
             try:
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext(), tagged("gradients"):
                     traffic = _all_reduce(tensor, dist.ReduceOp.SUM, group, self.codec, self.client, self.strict)
@@ -133,12 +143,23 @@ class LosslessState:
                     fut.set_result(tensor)
             except BaseException as e:  # noqa: BLE001 - DDP raises it from backward
                 fut.set_exception(e)
+                # the error's traceback holds this frame: without this, error -> frame -> future -> error is a cycle
+                # through a C++ object that no collector frees (the bucket and the process group would leak)
+                fut = None
 
         with self._lock:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tzip-ddp")
-            self._executor.submit(run)
-        return fut
+            self._executor.submit(run, fut)
+        # DDP's reducer reads the Future's value in C++ and takes an error only from there: an exception set from
+        # Python (set_exception) reached the user as "RuntimeError: Unable to cast <message> to Tensor". A callback
+        # that raises it turns it into the C++ error, whose message keeps the exception's type and text.
+        return fut.then(_bucket_value)
+
+
+def _bucket_value(fut: torch.futures.Future) -> torch.Tensor:
+    """The worker's result: the reduced bucket, or the error it raised (raised here, so it reaches DDP)."""
+    return fut.value()
 
 
 def lossless_allreduce_hook(state: LosslessState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

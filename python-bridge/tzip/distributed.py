@@ -386,6 +386,9 @@ class _Call:
         self._client = client
         self.strict = strict
         self.traffic = Traffic(calls=1)
+        # what this rank's preparation raised (attempt); kept on the call rather than in the functions' locals so
+        # that raising it forms no reference cycle (raise_own)
+        self.error: BaseException | None = None
         # the daemon counts the call's requests under this stream of the job: the caller's tag (the DDP hook:
         # gradients), else sendrecv; read here, in the caller's thread (isend/irecv run on a worker thread)
         self.stream = _stream_tag.get() or "sendrecv"
@@ -492,10 +495,38 @@ class _Call:
             raise MismatchError("tzip.distributed: the ranks are in different calls: " +
                                 ", ".join(f"rank {r}: {k}" for r, k in kinds.items()))
 
-    def raise_failed(self, heads: list[_Head], err: BaseException | None) -> None:
-        """This rank's own error, else a RuntimeError naming the ranks that failed before the exchange."""
+    def attempt(self, fn: Callable[[], object]):
+        """fn()'s value; or None, keeping what it raised in ``error`` (the call still takes part in the header
+        exchange, marked failed, and raises it after that)."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - raised by raise_own after the exchange
+            self.error = e
+            return None
+
+    @property
+    def status(self) -> int:
+        """The header's status: _FAILED once attempt() caught an error, else _OK."""
+        return _OK if self.error is None else _FAILED
+
+    def raise_own(self) -> None:
+        """Raises the error attempt() kept, if any, and forgets it.
+
+        Why not ``raise err`` from a local: the error's traceback holds the frames it passes through, and a frame
+        that also holds the error in a local makes a cycle that only the garbage collector frees. Until it runs, the
+        cycle keeps this call and its process group alive, so ``destroy_process_group()`` cannot free the group and
+        gloo's threads outlive it; one of them then takes the GIL during interpreter shutdown and the process dies
+        with "terminate called without an active exception" (SIGABRT) at exit."""
+        err, self.error = self.error, None
         if err is not None:
-            raise err
+            try:
+                raise err
+            finally:
+                del err
+
+    def raise_failed(self, heads: list[_Head]) -> None:
+        """This rank's own error, else a RuntimeError naming the ranks that failed before the exchange."""
+        self.raise_own()
         failed = [r for r, h in enumerate(heads) if h.status != _OK]
         if failed:
             raise RuntimeError(f"tzip.distributed.{self.kind}: rank(s) {failed} of the group failed before the "
@@ -503,14 +534,6 @@ class _Call:
 
     def done(self) -> None:
         _record(self.kind, self.traffic)
-
-
-def _attempt(fn: Callable[[], object]) -> tuple[object, BaseException | None]:
-    """fn()'s value, or its exception (the call still takes part in the header exchange, marked failed)."""
-    try:
-        return fn(), None
-    except Exception as e:  # noqa: BLE001 - re-raised after the exchange
-        return None, e
 
 
 def _slots(w: _Wire | None) -> list[tuple[int, int]]:
@@ -570,7 +593,11 @@ class Work:
 
     def wait(self, timeout: float | None = None):
         """Blocks until done (``timeout`` seconds at most: then concurrent.futures.TimeoutError)."""
-        return self._future.result(timeout)
+        future = self._future
+        try:
+            return future.result(timeout)
+        finally:
+            del self, future  # the error's traceback holds this frame: no cycle back to it (_Call.raise_own)
 
     def is_completed(self) -> bool:
         return self._future.done()
@@ -581,21 +608,6 @@ def _start(group, fn: Callable[[], object], device: torch.device) -> Work:
     per group on NCCL (messages matched by order). CUDA work runs on the caller's current stream."""
     work = Work()
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-
-    def run() -> None:
-        if not work._future.set_running_or_notify_cancel():
-            return
-        try:
-            if stream is not None:
-                with torch.cuda.stream(stream):
-                    value = fn()
-            else:
-                value = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to wait()
-            work._future.set_exception(e)
-        else:
-            work._future.set_result(value)
-
     g = group if group is not None else dist.group.WORLD
     if "nccl" in str(dist.get_backend(g)).lower():
         key = _group_key(g)
@@ -603,10 +615,27 @@ def _start(group, fn: Callable[[], object], device: torch.device) -> Work:
             ex = _fifo.get(key)
             if ex is None:
                 ex = _fifo[key] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tzip-p2p")
-        ex.submit(run)
+        ex.submit(_run, work._future, fn, stream)
     else:
-        threading.Thread(target=run, name="tzip-p2p", daemon=True).start()
+        threading.Thread(target=_run, args=(work._future, fn, stream), name="tzip-p2p", daemon=True).start()
     return work
+
+
+def _run(future: concurrent.futures.Future, fn: Callable[[], object], stream) -> None:
+    """_start's worker: fn()'s value or exception into ``future`` (on ``stream`` when not None)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                value = fn()
+        else:
+            value = fn()
+    except BaseException as e:  # noqa: BLE001 - handed to wait()
+        future.set_exception(e)
+        future = None  # the error's traceback holds this frame: no cycle through the future (Call.raise_own)
+    else:
+        future.set_result(value)
 
 
 _P2P_SLOTS = 1
@@ -628,9 +657,9 @@ def _p2p(kind: str, tensor, peer: int, group, codec: str | None, client: Client 
     return _start(call.group, lambda: body(call, seq), call.device)
 
 
-def _handshake(call: _Call, peer: int, seq: int, row: list[int], err: BaseException | None) -> _Head:
-    """Sends this side's header and receives the peer's (both in flight at once); raises this side's ``err``, or
-    when the peer is not the matching call or failed before the transfer."""
+def _handshake(call: _Call, peer: int, seq: int, row: list[int]) -> _Head:
+    """Sends this side's header and receives the peer's (both in flight at once); raises this side's own error
+    (``call.error``), or when the peer is not the matching call or failed before the transfer."""
     mine, theirs = (0, 1) if call.kind == "send" else (1, 0)  # the sender's header is part 0, the receiver's part 1
     want = "recv" if call.kind == "send" else "send"
     head = torch.empty(len(row), dtype=torch.int64, device=call.wire)
@@ -638,8 +667,7 @@ def _handshake(call: _Call, peer: int, seq: int, row: list[int], err: BaseExcept
     dist.send(call.to_wire(torch.tensor(row, dtype=torch.int64)), peer, group=call.group, tag=_tag(seq, mine))
     pending.wait()
     call.traffic.bytes_sent += 2 * len(row) * 8
-    if err is not None:
-        raise err
+    call.raise_own()
     got = _Head.parse(head.cpu().tolist())
     if got.magic != _MAGIC or got.kind != _KINDS[want]:
         raise MismatchError(f"tzip.distributed.{call.kind}: rank {peer} is not in tzip.distributed.{want}")
@@ -671,10 +699,10 @@ def _send(call: _Call, tensor: torch.Tensor, dst: int, seq: int) -> None:
         _check_tensor(tensor, "tensor")
         return call.encode([tensor])[0]
 
-    w, err = _attempt(prepare)
+    w = call.attempt(prepare)
     desc = _desc_or_none(tensor) if isinstance(tensor, torch.Tensor) else None
     frames = _slots(w)
-    peer = _handshake(call, dst, seq, _header("send", _FAILED if err else _OK, 0, desc, 0, 0, frames, _P2P_SLOTS), err)
+    peer = _handshake(call, dst, seq, _header("send", call.status, 0, desc, 0, 0, frames, _P2P_SLOTS))
     if _key(peer.desc) != _key(desc):
         raise _p2p_mismatch(dist.get_rank(), desc, dst, peer.desc)
     if w.data.numel():
@@ -696,9 +724,9 @@ def irecv(tensor: torch.Tensor, src: int, group=None, client: Client | None = No
 
 
 def _recv(call: _Call, tensor: torch.Tensor, src: int, seq: int) -> torch.Tensor:
-    _, err = _attempt(lambda: _check_tensor(tensor, "tensor"))
+    call.attempt(lambda: _check_tensor(tensor, "tensor"))
     desc = _desc_or_none(tensor) if isinstance(tensor, torch.Tensor) else None
-    peer = _handshake(call, src, seq, _header("recv", _FAILED if err else _OK, 0, desc, 0, 0, [], _P2P_SLOTS), err)
+    peer = _handshake(call, src, seq, _header("recv", call.status, 0, desc, 0, 0, [], _P2P_SLOTS))
     if _key(peer.desc) != _key(desc):
         raise _p2p_mismatch(src, peer.desc, dist.get_rank(), desc)
     size, codec = peer.frames[0]
@@ -744,12 +772,12 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str | None = No
         g_src = dist.get_group_rank(call.group, src)
         return g_src, (call.encode([tensor])[0] if g_src == call.me else None)
 
-    got, err = _attempt(prepare)
+    got = call.attempt(prepare)
     g_src, w = got if got is not None else (-1, None)
     frames = _slots(w)
-    heads = call.exchange(_header("broadcast", _FAILED if err else _OK, call.n, _desc_or_none(tensor), src, 0,
+    heads = call.exchange(_header("broadcast", call.status, call.n, _desc_or_none(tensor), src, 0,
                                   frames, call.n))
-    call.raise_failed(heads, err)
+    call.raise_failed(heads)
     srcs = {h.aux0 for h in heads}
     if len(srcs) > 1:
         raise MismatchError("tzip.distributed.broadcast: the ranks name different sources: " +
@@ -816,12 +844,12 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
         layout = _digest([x for t in tensor_list for x in _key(_desc(t))] + [len(tensor_list)])
         return layout, call.encode([tensor])[0]
 
-    got, err = _attempt(prepare)
+    got = call.attempt(prepare)
     layout, w = got if got is not None else (0, None)
     frames = _slots(w)
-    heads = call.exchange(_header("all_gather", _FAILED if err else _OK, call.n, _desc_or_none(tensor), 0, layout,
+    heads = call.exchange(_header("all_gather", call.status, call.n, _desc_or_none(tensor), 0, layout,
                                   frames, call.n))
-    call.raise_failed(heads, err)
+    call.raise_failed(heads)
     want = _digest([x for h in heads for x in _key(h.desc)] + [call.n])
     odd = [r for r, h in enumerate(heads) if h.aux1 != want]
     if odd:
@@ -887,12 +915,12 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op=Redu
         sent.insert(call.me, _Wire(torch.empty(0, dtype=torch.uint8, device=call.wire), _PLAIN))
         return code, layout, sent
 
-    got, err = _attempt(prepare)
+    got = call.attempt(prepare)
     code, layout, sent = got if got is not None else (0, 0, [])
     frames = [(w.data.numel(), w.codec) for w in sent]
-    heads = call.exchange(_header("reduce_scatter", _FAILED if err else _OK, call.n, _desc_or_none(output), code,
+    heads = call.exchange(_header("reduce_scatter", call.status, call.n, _desc_or_none(output), code,
                                   layout, frames, call.n))
-    call.raise_failed(heads, err)
+    call.raise_failed(heads)
     _check_ops(call, heads)
     want = _digest([x for h in heads for x in _key(h.desc)] + [call.n])
     odd = [r for r, h in enumerate(heads) if h.aux1 != want]
@@ -973,13 +1001,13 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str | None, client: Clie
             sent.insert(me, _Wire(torch.empty(0, dtype=torch.uint8, device=call.wire), _PLAIN))
         return code, bounds, sent
 
-    got, err = _attempt(prepare)
+    got = call.attempt(prepare)
     code, bounds, sent = got if got is not None else (0, [], [])
     frames = [(w.data.numel(), w.codec) for w in sent]
     # aux1 = 1: this rank sends plain bytes (codec="raw"), so its reduced shard's size is known without asking
-    heads = call.exchange(_header("all_reduce", _FAILED if err else _OK, n, _desc_or_none(tensor), code,
+    heads = call.exchange(_header("all_reduce", call.status, n, _desc_or_none(tensor), code,
                                   int(call.codec == "raw"), frames, n))
-    call.raise_failed(heads, err)
+    call.raise_failed(heads)
     _check_ops(call, heads)
     ref = heads[0].desc
     odd = [r for r, h in enumerate(heads) if _key(h.desc) != _key(ref)]
@@ -1018,24 +1046,22 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str | None, client: Clie
             return acc, None
         return acc, _Wire(call.to_wire(_bytes_of(acc)), _PLAIN) if all_plain else call.encode([acc])[0]
 
-    got, err = _attempt(reduce_and_encode)
+    got = call.attempt(reduce_and_encode)
     acc, red = got if got is not None else (None, None)
     if all_plain or n == 1:
-        if err is not None:
-            raise err  # plain bytes, no daemon: a local failure (memory); the others are left to time out
+        call.raise_own()  # plain bytes, no daemon: a local failure (memory); the others are left to time out
         sizes = [(b - a) * itemsize for a, b in bounds]
         codecs = [_PLAIN] * n
     else:
         # the sizes are known once every rank has reduced: one small gather, which also carries a failure (the daemon
         # gone between the two phases) so that no rank waits for a shard that never comes
         row = torch.tensor([red.data.numel() if red is not None else 0, red.codec if red is not None else 0,
-                            _FAILED if err else _OK], dtype=torch.int64)
+                            call.status], dtype=torch.int64)
         out = torch.empty(3 * n, dtype=torch.int64, device=call.wire)
         dist.all_gather_into_tensor(out, call.to_wire(row), group=call.group)
         call.traffic.bytes_sent += 3 * 8 * (n - 1)
         rows = out.view(n, 3).cpu().tolist()
-        if err is not None:
-            raise err
+        call.raise_own()
         failed = [r for r, x in enumerate(rows) if x[2] != _OK]
         if failed:
             raise RuntimeError(f"tzip.distributed.all_reduce: rank(s) {failed} failed between the exchange and the "
