@@ -178,6 +178,18 @@ def w_all_reduce_vs_dist(rank, world):
                 tzd.all_reduce(t, op=ReduceOp.AVG)
                 assert same(t, plain), (str(dtype), shape, "AVG")
                 checked += 1
+    # NaNs (with payloads), infinities, -0.0 and subnormals: SUM gives NaN where gloo does, every other element bit
+    # for bit (the module docstring: a NaN's bits are the arithmetic's choice)
+    for dtype in FLOATS:
+        x = data(rank, (70001,), dtype, 99)
+        plain = x.clone()
+        dist.all_reduce(plain)
+        t = x.clone()
+        tzd.all_reduce(t)
+        nan = plain.isnan()
+        assert nan.any() and torch.equal(t.isnan(), nan), str(dtype)
+        assert same(t[~nan], plain[~nan]), str(dtype)
+        checked += 1
     # bool: gloo adds the bytes (True + True stores 2); tzip's SUM is logical or: the same truth values
     x = data(rank, (1000,), torch.bool, 5)
     plain = x.clone()

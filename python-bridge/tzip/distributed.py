@@ -31,8 +31,11 @@ it raises its own error and the other ranks raise RuntimeError naming it.
 
 With ``codec="raw"`` the same steps run with the tensors' bytes in place of frames (no daemon involved): that is the
 uncompressed reference, and every codec's result is bit-identical to it. Where the order cannot matter (two ranks:
-``a + b == b + a`` in IEEE arithmetic) the result is also bit-identical to ``dist.all_reduce``; with more ranks
-``dist.all_reduce`` reduces in the backend's own order (gloo's ring) and may differ from both in the last bits.
+``a + b == b + a`` in IEEE arithmetic) the result is also bit-identical to ``dist.all_reduce``, NaNs aside: a NaN
+stays a NaN, but its bits are the arithmetic's choice (x86 keeps the first operand's payload; torch's vectorised
+bf16 add writes 0xFFFF where gloo's scalar one writes 0x7FC0), and gloo's MIN and MAX may drop a NaN that
+``torch.minimum``/``maximum`` keep. With more ranks ``dist.all_reduce`` reduces in the backend's own order (gloo's
+ring) and may differ from both in the last bits.
 
 Ops (``ReduceOp``), each step one torch op in the tensor's dtype:
 
