@@ -17,6 +17,7 @@ import warnings
 import pytest
 import torch
 
+import tzip._spawn as tz_spawn
 import tzip.client as tz
 from tzip._dlpack import int_alias
 
@@ -231,3 +232,28 @@ def test_spawning_client_restarts_a_killed_daemon(sock_dir):
         c.shutdown_daemon()
     finally:
         c.close()
+
+
+def test_spawning_client_restarts_a_daemon_killed_again_and_again(sock_dir):
+    # The new daemon's socket file often gets the inode number its dead predecessor's had (ext4: 4 of 6 restarts in
+    # an adversarial run): spawn_daemon took it for the stale file, waited its whole 15 s and gave up on a daemon that
+    # was serving (strict: DaemonSpawnError; lenient: raw frames, a DDP hook's bucket failed).
+    sock = os.path.join(sock_dir, "respawn4", "tzip.sock")
+    c = tz.connect(sock, spawn=True, strict=True)
+    t = torch.randn(2048)
+    try:
+        for _ in range(4):
+            dead = c.daemon_info["pid"]
+            os.kill(dead, signal.SIGKILL)
+            t0 = time.monotonic()
+            ct = c.compress(t)  # strict: raises if no daemon could be started
+            took = time.monotonic() - t0
+            assert ct.codec != "raw" and c.daemon_info["pid"] != dead
+            assert took < 10, f"restart took {took:.1f} s (spawn_daemon's timeout is 15 s)"
+            assert torch.equal(c.decompress(ct), t)
+        c.shutdown_daemon()
+    finally:
+        c.close()
+        pid = tz_spawn.daemon_pid(sock)
+        if pid is not None:  # never leave a spawned daemon behind
+            os.kill(pid, signal.SIGTERM)
