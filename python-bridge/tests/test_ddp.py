@@ -151,6 +151,12 @@ def w_daemon_away(rank, world):
     return got, ours, strict, t.tolist()
 
 
+def w_hook_group_timeout(rank, world):
+    """The timeout of the hook's own group, in seconds (the pool's process group has 30 s)."""
+    group = tzip.ddp.LosslessState()._wire_group()
+    return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+
 # --- tests ------------------------------------------------------------------------------------------------------------
 
 
@@ -219,6 +225,12 @@ def test_daemon_away_hook_sends_raw_once_warned_strict_raises():
         # DDP raises RuntimeError from backward; its message names the hook's own error (not "Unable to cast")
         assert strict is not None and ("DaemonUnavailableError: " in strict or "DaemonSpawnError: " in strict), strict
         assert after == [2.0] * 3
+
+
+def test_hook_group_has_the_jobs_timeout(pools):
+    # made with torch's default (30 minutes), a stalled peer held the other ranks for 30 minutes whatever timeout the
+    # job gave init_process_group (an adversarial pass: 74 s of a 70 s stall with a 10 s timeout)
+    assert pools(2).run(w_hook_group_timeout, timeout=120) == [30.0, 30.0]
 
 
 EXIT_SCRIPT = """

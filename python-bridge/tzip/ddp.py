@@ -43,6 +43,7 @@ raises from ``backward()`` as RuntimeError, its message "Got the following error
 # dist.GradBucket and torch.futures.Future[torch.Tensor] themselves, not with their names.
 import concurrent.futures
 import contextlib
+import datetime
 import threading
 import weakref
 from typing import Any
@@ -102,13 +103,14 @@ class LosslessState:
             self._wire_group()
 
     def _wire_group(self) -> dist.ProcessGroup:
-        """The process group the worker thread's collectives use: the ranks and backend of ``process_group``, a
-        group of its own (``use_local_synchronization``: only its members take part in making it)."""
+        """The process group the worker thread's collectives use: the ranks, backend and timeout of
+        ``process_group``, a group of its own (``use_local_synchronization``: only its members take part in making
+        it; each waits for the others up to the timeout)."""
         wire = self._wire() if self._wire is not None else None
         if wire is None:  # not made yet, or destroyed with the others (a new group after init_process_group again)
             pg = self.process_group if self.process_group is not None else dist.group.WORLD
             wire = dist.new_group(dist.get_process_group_ranks(pg), backend=dist.get_backend(pg),
-                                  use_local_synchronization=True)
+                                  timeout=_timeout_of(pg), use_local_synchronization=True)
             self._wire = weakref.ref(wire)
         return wire
 
@@ -155,6 +157,18 @@ class LosslessState:
         # Python (set_exception) reached the user as "RuntimeError: Unable to cast <message> to Tensor". A callback
         # that raises it turns it into the C++ error, whose message keeps the exception's type and text.
         return fut.then(_bucket_value)
+
+
+def _timeout_of(pg: dist.ProcessGroup) -> datetime.timedelta | None:
+    """The timeout ``pg``'s collectives were given (init_process_group's or new_group's), or None (torch's default)
+    where this torch keeps it elsewhere. Without it the hook's group had torch's default of 30 minutes whatever the
+    job asked for: a stalled peer held the other ranks for 30 minutes instead of raising after the job's timeout."""
+    for device in ("cpu", "cuda"):
+        try:
+            return pg._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    return None
 
 
 def _bucket_value(fut: torch.futures.Future) -> torch.Tensor:
