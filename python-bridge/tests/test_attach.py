@@ -152,6 +152,7 @@ def _status(warned=()) -> dict:
     clients = [c for (pid, _), c in _default._clients.items() if pid == os.getpid() and not c._closed]  # noqa: SLF001
     return {"attached": tzip.attaching.attached(), "hooked": state is not None,
             "enabled": bool(state is not None and state.enabled), "buckets": state.buckets if state else 0,
+            "codec": state.codec if state else None, "strict": state.strict if state else None,
             "offloaded": offloaded, "settings": clients[0].settings if clients else None,
             "connected": bool(clients and clients[0].connected), "warned": list(warned)}
 
@@ -251,6 +252,16 @@ def test_attach_then_detach_is_bit_identical_and_listed(pools, reference, daemon
     st = pool.run(w_steps, n=1)
     assert [s["buckets"] for s in st] == buckets  # DDP's own all-reduce: the hook's tzip path no longer runs
     assert stream_bytes(the_job(daemon.socket), "gradients") == before
+    # attached again, the model's hook takes the new call's settings (it kept the first attach's codec and strict)
+    att = pool.run(w_attach, codec="max", strict=True)
+    assert all(a["enabled"] and a["codec"] == "max" and a["strict"] is True for a in att), att
+    pool.run(w_detach)
+    att = pool.run(w_attach, optimizer=False, codec="raw")
+    assert all(a["enabled"] and a["codec"] == "raw" and a["strict"] is False for a in att), att
+    pool.run(w_detach)
+    att = pool.run(w_attach, model=False, optimizer=False, codec="bytes")  # attach(): what was attached before
+    assert all(a["enabled"] and a["codec"] == "bytes" for a in att), att
+    pool.run(w_detach)
     assert_matches(pool.run(w_end), reference)
 
 

@@ -127,7 +127,8 @@ def _find_ddp(model):
 
 
 def _attach_ddp(ddp, process_group, client, strict: bool, codec: str | None):
-    """The model's LosslessState, switched on; the hook is registered the first time."""
+    """The model's LosslessState, switched on with this call's codec, client and strict; the hook is registered
+    the first time."""
     from .ddp import LosslessState, lossless_allreduce_hook
 
     state = _reg.ddp.get(ddp)
@@ -144,6 +145,8 @@ def _attach_ddp(ddp, process_group, client, strict: bool, codec: str | None):
             state = LosslessState(group, codec, client, strict, enabled=True)
             ddp.register_comm_hook(state, lossless_allreduce_hook)
         _reg.ddp[ddp] = state
+    # a model attached before keeps its hook but takes this call's settings, as an optimizer attached again does
+    state.codec, state.client, state.strict = codec, client, strict
     state.enabled = True
     return state
 
@@ -173,7 +176,12 @@ def attach(model=None, optimizer=None, process_group=None, job: str | None = Non
            client=None, strict: bool = False) -> Attachment:
     """Switches tzip on for the rest of the run (see the module docstring); callable at any step, on every rank at
     the same one. ``attach()`` with neither ``model`` nor ``optimizer`` after :func:`detach` switches on again the
-    models and optimizers attached before; with them, those are added (the others stay as they are).
+    models and optimizers attached before; with them, those are added (the others stay as they are). Whatever a
+    call switches on, attached before or not, takes its ``codec``, ``client`` and ``strict``.
+
+    The first attach of a model makes its hook's process group (:mod:`tzip.ddp`): a collective over the group's
+    ranks, which waits for all of them up to the group's timeout (init_process_group's), so every rank must call
+    it at the same iteration.
 
     Args:
         model: a ``DistributedDataParallel`` model (its gradients go through tzip's lossless comm hook).
@@ -210,8 +218,8 @@ def attach(model=None, optimizer=None, process_group=None, job: str | None = Non
         if ddp is not None:
             _attach_ddp(ddp, process_group, client, strict, codec)
         elif optimizer is None:
-            for state in list(_reg.ddp.values()):
-                state.enabled = True
+            for d in list(_reg.ddp):
+                _attach_ddp(d, process_group, client, strict, codec)
         if optimizer is not None:
             _attach_optimizer(optimizer, c, strict, codec)
         if model is None and optimizer is None:  # attach() again: what was attached before
