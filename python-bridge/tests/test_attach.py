@@ -367,6 +367,40 @@ def test_tzip_attach_env_attaches_from_the_start(daemon, reference):
             pools.close()
 
 
+def w_fsdp_steps(rank, world, n):
+    """n steps of an FSDP2 model (its optimizer cannot be offloaded); the tzip warnings they gave."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    fully_shard(m[0])
+    fully_shard(m)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(n):
+            m(torch.randn(4, 32)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return [str(w.message) for w in caught if "tzip" in str(w.message)]
+
+
+def test_tzip_attach_env_warns_once_for_an_optimizer_it_cannot_attach(daemon):
+    # an FSDP2 job under TZIP_ATTACH=1: the attach was tried again, and warned, after every step (12 in 12 steps)
+    with tempfile.TemporaryDirectory(prefix="tzip-site-") as d:
+        site_dir = os.path.join(d, "site")
+        os.mkdir(site_dir)
+        tzip.attaching.install_pth(site_dir)
+        Path(d, "sitecustomize.py").write_text(f"import site\nsite.addsitedir({site_dir!r})\n")
+        pools = Pools({"TZIP_SOCKET": daemon.socket, "TZIP_CLI": os.path.join(d, "no-cli.js"), "TZIP_JOB": JOB + "-fsdp",
+                       "TZIP_ATTACH": "1", "PYTHONPATH": os.pathsep.join([d, str(HERE)])})
+        try:
+            for warned in pools(2).run(w_fsdp_steps, n=5):
+                assert len(warned) == 1 and "DTensor parameter" in warned[0], warned
+        finally:
+            pools.close()
+
+
 def test_pth_line_costs_nothing_unless_tzip_attach_is_1():
     with tempfile.TemporaryDirectory(prefix="tzip-site-") as d:
         tzip.attaching.install_pth(d)

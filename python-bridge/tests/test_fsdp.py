@@ -131,6 +131,29 @@ def w_premul_sum_refused(rank, world):
     return got, t.tolist()
 
 
+def w_offload_refused(rank, world):
+    """CompressedOffload and AttachedOffload of an FSDP2 model's optimizer: the errors (type, message); the
+    optimizer still steps."""
+    from tzip.optim import AttachedOffload, CompressedOffload
+
+    m = mlp()
+    shard(m, [m[0], m[2], m[4]], None, "cpu", world)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    batches = mlp_batches(rank, 2)
+    next(batches)(m).backward()
+    opt.step()
+    got = []
+    for make in (CompressedOffload, AttachedOffload):
+        try:
+            make(opt, codec="raw")
+            got.append(None)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            got.append((type(e).__name__, str(e)))
+    next(batches)(m).backward()
+    opt.step()
+    return got
+
+
 def w_daemon_away(rank, world):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -194,6 +217,13 @@ def test_premul_sum_raises_on_every_rank(pools):
     for got, after in results:
         assert got is not None and "PREMUL_SUM" in got and "set_force_sum_reduction_for_comms" in got, got
         assert after == [2.0] * 3
+
+
+def test_optimizer_offload_refuses_dtensor_parameters(pools):
+    # it failed deep inside with "Attempted to access the data pointer on an invalid python storage"
+    for got in pools(2).run(w_offload_refused, timeout=120):
+        for err in got:
+            assert err is not None and err[0] == "TypeError" and "DTensor parameter" in err[1], err
 
 
 def test_daemon_away_sends_uncompressed_once_warned_strict_raises():

@@ -89,6 +89,8 @@ class _Registry:
         # Optimizers seen; each keeps its AttachedOffload as ``_tzip_offload`` (a value of a WeakKeyDictionary
         # would hold its key alive: the offload refers to its optimizer).
         self.optimizers: weakref.WeakSet = weakref.WeakSet()
+        # Optimizers TZIP_ATTACH=1 could not attach (it warned once): not tried again at every step.
+        self.refused: weakref.WeakSet = weakref.WeakSet()
 
 
 _reg = _Registry()
@@ -273,15 +275,17 @@ def install_pth(site_dir: str | None = None) -> str:
     return path
 
 
-def _auto(**what) -> None:
-    """attach(**what) for TZIP_ATTACH=1; a failure warns and never stops the job."""
+def _auto(**what) -> bool:
+    """attach(**what) for TZIP_ATTACH=1; a failure warns and never stops the job. Returns whether it attached."""
     if _reg.state is False:
-        return  # the job detached: new models and optimizers stay as they are
+        return False  # the job detached: new models and optimizers stay as they are
     try:
         attach(**what)
     except Exception as e:  # noqa: BLE001 - the job goes on without tzip
         warnings.warn(f"tzip: TZIP_ATTACH=1 could not attach {', '.join(what)}: {type(e).__name__}: {e}",
                       RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 def _patch_ddp(module) -> None:
@@ -307,12 +311,12 @@ def _patch_optimizer(module) -> None:
     def after_step(opt, args, kwargs) -> None:
         # After the first step the optimizer's state exists (and its constructor has finished): attach it then.
         # Every later step finds it known and returns at once.
-        if getattr(opt, "_tzip_offload", None) is not None or _reg.state is False:
+        if getattr(opt, "_tzip_offload", None) is not None or _reg.state is False or opt in _reg.refused:
             return
         from .optim import CompressedOffload
 
-        if not isinstance(opt, CompressedOffload):
-            _auto(optimizer=opt)
+        if not isinstance(opt, CompressedOffload) and not _auto(optimizer=opt):
+            _reg.refused.add(opt)  # warned once; an explicit tzip.attach(optimizer=opt) still tries
 
     module.register_optimizer_step_post_hook(after_step)
 

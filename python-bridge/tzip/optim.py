@@ -109,6 +109,20 @@ def _dense_permutation(t: torch.Tensor) -> bool:
     return t.permute(order).is_contiguous()
 
 
+def _check_plain_parameters(optimizer: torch.optim.Optimizer) -> None:
+    """TypeError for parameters that are wrapper tensor subclasses (DTensor: FSDP2, tensor parallelism): their
+    state is DTensors too, whose bytes live in a local shard with no storage of their own to offload (the offload
+    failed deep inside with "Attempted to access the data pointer on an invalid python storage")."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    for i, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            if is_traceable_wrapper_subclass(p):
+                raise TypeError(f"the optimizer's param_groups[{i}] holds a {type(p).__name__} parameter (FSDP2, tensor "
+                                "parallelism): tzip's optimizer offload takes plain tensors only, so its state stays "
+                                "where it is; FSDP2's collectives compress with tzip.fsdp.use_lossless_collectives")
+
+
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
     return (t.get_device(), t.untyped_storage().data_ptr())  # get_device: -1 for the CPU
 
@@ -233,7 +247,8 @@ class CompressedOffload(torch.optim.Optimizer):
             GPU); None: one chunk per device, dtype and state key.
 
     Raises:
-        TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload.
+        TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload, or has DTensor (or
+            other wrapper subclass) parameters, as FSDP2 and tensor parallelism make.
         ValueError: unknown codec, negative sizes, or ``strict=True`` with a lenient client.
         DaemonUnavailableError: ``strict=True``, ``client=None`` and no daemon can be reached or started.
     """
@@ -245,6 +260,7 @@ class CompressedOffload(torch.optim.Optimizer):
             raise TypeError(f"CompressedOffload wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, CompressedOffload):
             raise TypeError("this optimizer is already a CompressedOffload")
+        _check_plain_parameters(optimizer)
         check_codec(codec)
         if min_bytes < 1 or (chunk_bytes is not None and chunk_bytes < 1):
             raise ValueError(f"min_bytes ({min_bytes}) and chunk_bytes ({chunk_bytes}) must be positive")
@@ -706,7 +722,8 @@ class AttachedOffload:
     Args: as :class:`CompressedOffload` (``codec``, ``client``, ``strict``, ``min_bytes``, ``chunk_bytes``).
 
     Raises:
-        TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload (already offloaded).
+        TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload (already offloaded), or
+            has DTensor parameters (as CompressedOffload).
         ValueError, DaemonUnavailableError: as :class:`CompressedOffload`.
     """
 
