@@ -132,12 +132,19 @@ class LosslessState:
         cuda = tensor.device.type == "cuda"
         fut: torch.futures.Future = torch.futures.Future(devices=[tensor.device] if cuda else None)
         stream = torch.cuda.current_stream(tensor.device) if cuda else None  # ordered after the bucket's producers
-        group = self._wire_group()
+        # Weakly, like the state: the job may destroy the group as soon as the last bucket's Future completes, while
+        # this thread is still on its way out of run().
+        wire = weakref.ref(self._wire_group())
 
         def run(fut: torch.futures.Future) -> None:
             try:
+                group = wire()
+                if group is None:
+                    raise RuntimeError("tzip.ddp: the hook's process group was destroyed before this bucket was "
+                                       "all-reduced (destroy_process_group during backward?)")
                 with torch.cuda.stream(stream) if cuda else contextlib.nullcontext(), tagged("gradients"):
                     traffic = _all_reduce(tensor, dist.ReduceOp.SUM, group, self.codec, self.client, self.strict)
+                    group = None
                     with self._lock:
                         self.bytes_raw += traffic.bytes_raw
                         self.bytes_sent += traffic.bytes_sent
