@@ -616,10 +616,10 @@ def test_a_job_name_with_control_characters_is_sent_printable(daemon):
         c.close()
 
 
-def run_attached(pool, **attach_kw):
-    """The job: one plain step, attach (with ``attach_kw``), two steps, detach, one step; (losses, parameters,
-    optimizer state) per rank."""
-    pool.run(w_start)
+def run_attached(pool, start=None, **attach_kw):
+    """The job (``w_start(**start)``): one plain step, attach (with ``attach_kw``), two steps, detach, one step;
+    (losses, parameters, optimizer state) per rank."""
+    pool.run(w_start, **(start or {}))
     pool.run(w_steps, n=1)
     pool.run(w_attach, **attach_kw)
     pool.run(w_steps, n=2)
@@ -639,3 +639,22 @@ def test_attached_compressed_equals_attached_with_codec_raw(pools, reference, da
         assert c == r, rank  # losses' float bits, parameters' and optimizer state's sha256
     assert_matches(compressed, reference)
     assert_matches(raw, reference)
+
+
+def test_three_ranks_attached_compressed_equals_attached_with_codec_raw(pools, daemon):
+    """Any world size: the attached job equals the same job attached with codec="raw" (three ranks, where the hook's
+    sum in rank order may differ from DDP's own)."""
+    def gradients() -> tuple[int, int]:  # the job's gradient bytes compressed so far: (in, out)
+        job = the_job(daemon.socket)
+        g = (job or {}).get("streams", {}).get("gradients", {}).get("compress", {})
+        return g.get("bytes_in", 0), g.get("bytes_out", 0)
+
+    pool = pools(3)
+    before = gradients()
+    compressed = run_attached(pool, start={"model": "mlp"}, codec="auto")
+    after = gradients()
+    raw = run_attached(pool, start={"model": "mlp"}, codec="raw")
+    assert compressed == raw  # per rank: losses' float bits, parameters' and optimizer state's sha256
+    assert len({(c[1], c[2]) for c in compressed}) == 1  # the replicas agree
+    bytes_in, bytes_out = after[0] - before[0], after[1] - before[1]
+    assert 0 < bytes_out < bytes_in, (before, after)  # this run's gradients went through the daemon, compressed
