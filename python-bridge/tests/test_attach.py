@@ -12,6 +12,7 @@ the workers' clients can never start a daemon of their own ($TZIP_CLI names no f
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import os
@@ -342,29 +343,37 @@ def test_all_reduce_with_some_ranks_plain_is_lossless(pools):
     assert pools(2).run(w_mixed_codecs) == [[True, True], [True, True]]
 
 
-def test_tzip_attach_env_attaches_from_the_start(daemon, reference):
-    """TZIP_ATTACH=1: the .pth line runs at interpreter start-up (here through a sitecustomize that adds a site
-    folder holding tzip-attach.pth, as an installed wheel's site-packages would)."""
+@contextlib.contextmanager
+def attach_env_pools(socket: str, job: str):
+    """Pools of workers started with TZIP_ATTACH=1 and TZIP_JOB=``job``: the .pth line runs at interpreter start-up
+    (here through a sitecustomize that adds a site folder holding tzip-attach.pth, as an installed wheel's
+    site-packages would)."""
     with tempfile.TemporaryDirectory(prefix="tzip-site-") as d:
         site_dir = os.path.join(d, "site")
         os.mkdir(site_dir)
         tzip.attaching.install_pth(site_dir)
         Path(d, "sitecustomize.py").write_text(f"import site\nsite.addsitedir({site_dir!r})\n")
-        job = JOB + "-env"
-        pools = Pools({"TZIP_SOCKET": daemon.socket, "TZIP_CLI": os.path.join(d, "no-cli.js"), "TZIP_JOB": job,
+        pools = Pools({"TZIP_SOCKET": socket, "TZIP_CLI": os.path.join(d, "no-cli.js"), "TZIP_JOB": job,
                        "TZIP_ATTACH": "1", "PYTHONPATH": os.pathsep.join([d, str(HERE)])})
         try:
-            pool = pools(2)
-            st = pool.run(w_start)
-            assert all(s["attached"] and s["hooked"] and s["enabled"] for s in st), st
-            st = pool.run(w_steps, n=STEPS)
-            assert all(s["offloaded"] > 0 and s["buckets"] > 0 for s in st), st  # the optimizer after its first step
-            got = the_job(daemon.socket, job)
-            assert got is not None and got["attached"] is True, got
-            assert stream_bytes(got, "gradients") > 0 and stream_bytes(got, "optimizer") > 0
-            assert_matches(pool.run(w_end), reference)
+            yield pools
         finally:
             pools.close()
+
+
+def test_tzip_attach_env_attaches_from_the_start(daemon, reference):
+    """TZIP_ATTACH=1 attaches the job's DDP model and optimizer from its start."""
+    job = JOB + "-env"
+    with attach_env_pools(daemon.socket, job) as pools:
+        pool = pools(2)
+        st = pool.run(w_start)
+        assert all(s["attached"] and s["hooked"] and s["enabled"] for s in st), st
+        st = pool.run(w_steps, n=STEPS)
+        assert all(s["offloaded"] > 0 and s["buckets"] > 0 for s in st), st  # the optimizer after its first step
+        got = the_job(daemon.socket, job)
+        assert got is not None and got["attached"] is True, got
+        assert stream_bytes(got, "gradients") > 0 and stream_bytes(got, "optimizer") > 0
+        assert_matches(pool.run(w_end), reference)
 
 
 def w_fsdp_steps(rank, world, n):
@@ -386,19 +395,10 @@ def w_fsdp_steps(rank, world, n):
 
 
 def test_tzip_attach_env_warns_once_for_an_optimizer_it_cannot_attach(daemon):
-    # an FSDP2 job under TZIP_ATTACH=1: the attach was tried again, and warned, after every step (12 in 12 steps)
-    with tempfile.TemporaryDirectory(prefix="tzip-site-") as d:
-        site_dir = os.path.join(d, "site")
-        os.mkdir(site_dir)
-        tzip.attaching.install_pth(site_dir)
-        Path(d, "sitecustomize.py").write_text(f"import site\nsite.addsitedir({site_dir!r})\n")
-        pools = Pools({"TZIP_SOCKET": daemon.socket, "TZIP_CLI": os.path.join(d, "no-cli.js"), "TZIP_JOB": JOB + "-fsdp",
-                       "TZIP_ATTACH": "1", "PYTHONPATH": os.pathsep.join([d, str(HERE)])})
-        try:
-            for warned in pools(2).run(w_fsdp_steps, n=5):
-                assert len(warned) == 1 and "DTensor parameter" in warned[0], warned
-        finally:
-            pools.close()
+    # an FSDP2 job under TZIP_ATTACH=1: the attach was tried again, and warned, after every step
+    with attach_env_pools(daemon.socket, JOB + "-fsdp") as pools:
+        for warned in pools(2).run(w_fsdp_steps, n=5):
+            assert len(warned) == 1 and "DTensor parameter" in warned[0], warned
 
 
 def test_pth_line_costs_nothing_unless_tzip_attach_is_1():

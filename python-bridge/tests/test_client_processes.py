@@ -235,9 +235,9 @@ def test_spawning_client_restarts_a_killed_daemon(sock_dir):
 
 
 def test_spawning_client_restarts_a_daemon_killed_again_and_again(sock_dir):
-    # The new daemon's socket file often gets the inode number its dead predecessor's had (ext4: 4 of 6 restarts in
-    # an adversarial run): spawn_daemon took it for the stale file, waited its whole 15 s and gave up on a daemon that
-    # was serving (strict: DaemonSpawnError; lenient: raw frames, a DDP hook's bucket failed).
+    # The new daemon's socket file often gets the inode number its dead predecessor's had (ext4): spawn_daemon took it
+    # for the stale file, waited its whole 15 s and gave up on a daemon that was serving (strict: DaemonSpawnError;
+    # lenient: raw frames, a DDP hook's bucket failed).
     sock = os.path.join(sock_dir, "respawn4", "tzip.sock")
     c = tz.connect(sock, spawn=True, strict=True)
     t = torch.randn(2048)

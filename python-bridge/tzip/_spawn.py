@@ -160,8 +160,8 @@ def daemon_pid(socket_path: str) -> int | None:
 
 def _file_identity(path: str) -> tuple[int, int, int] | None:
     """(device, inode, ctime in ns) of ``path``, None when it does not exist. The inode alone does not tell a new
-    socket file from a dead daemon's: ext4 often gives the new socket the inode number just freed (seen in 4 of 6
-    restarts after a SIGKILL), and a client then waited its whole timeout for a daemon that was already serving."""
+    socket file from a dead daemon's: ext4 often gives the new socket the inode number just freed, and a client then
+    waited its whole timeout for a daemon that was already serving."""
     try:
         st = os.stat(path)
     except OSError:

@@ -636,7 +636,7 @@ def _run(future: concurrent.futures.Future, fn: Callable[[], object], stream) ->
             value = fn()
     except BaseException as e:  # noqa: BLE001 - handed to wait()
         future.set_exception(e)
-        future = None  # the error's traceback holds this frame: no cycle through the future (Call.raise_own)
+        future = None  # the error's traceback holds this frame: no cycle through the future (_Call.raise_own)
     else:
         future.set_result(value)
 
