@@ -1,0 +1,227 @@
+"""Benchmark of inference with weights kept compressed in GPU memory (tzip.inference) against plain bf16.
+
+    python -m tzip.bench_inference [--weights PATH] [--layers 22] [--hidden 2048] [--batches 1,8,64]
+                                   [--prefill 512] [--new-tokens 128] [--codecs fast,max] [--json PATH]
+
+The model: a Llama causal LM of TinyLlama-1.1B's shape (hidden 2048, MLP 5632, 32 heads, 4 key/value heads, vocab
+32000; ``--layers``/``--hidden`` scale it) in bf16, whose every weight matrix is tiled from the trained
+all-MiniLM-L6-v2's bf16 matrices (``--weights``: its safetensors file, default data/demo/minilm-weights-bf16.safetensors,
+made by ``python -m tzip.demo_data``). Its weight statistics are those of real trained weights; its outputs mean
+nothing. No pretrained causal LM larger than this ships in a package of the registries this project can reach.
+
+Rows, in one process on one GPU: ``bf16`` (plain), then each tzip codec resident (``compress_model`` of the same
+model in place; decode into a shared scratch buffer per block, next block prefetched on a side stream), and, when
+``accelerate`` is importable, Accelerate's CPU offload of the share of the weights that tzip ``fast`` frees.
+Columns: GPU memory of the weights (torch.cuda.memory_allocated, scratch included), compress time, prefill time of
+``--prefill`` tokens at batch 1, and generated tokens/s at each batch size (greedy ``generate()`` of
+``--new-tokens`` tokens after a ``--prefill``-token prompt; tokens/s counts the generated tokens over the whole call)
+relative to bf16, and whether every generated token id equals bf16's. Also the decode rate of all frames of the model
+(one block after another on the whole GPU, CUDA events). Prints the machine, the command and a table; ``--json``
+writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import _native
+from .inference import compress_model
+
+
+def tiled(src: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``src`` repeated along every dimension and cut to ``shape`` (1-D sources tile 1-D shapes)."""
+    reps = [math.ceil(s / d) for s, d in zip(shape, src.shape)]
+    t = src.repeat(*reps)
+    return t[tuple(slice(0, s) for s in shape)].contiguous()
+
+
+def build_model(weights: Path, layers: int, hidden: int, device: torch.device):
+    """The Llama model of the module docstring, bf16, on ``device``."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    src = load_file(str(weights))
+    mats = [v for k, v in sorted(src.items()) if v.dim() == 2 and v.dtype == torch.bfloat16
+            and "embeddings" not in k and min(v.shape) >= 384]
+    norms = [v for k, v in sorted(src.items()) if k.endswith("LayerNorm.weight")]
+    emb = src["embeddings.word_embeddings.weight"]
+    heads = max(1, hidden // 64)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=int(hidden * 2.75) // 256 * 256, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=max(1, heads // 8), vocab_size=32000,
+                      max_position_embeddings=4096, tie_word_embeddings=False, attn_implementation="sdpa")
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with device:
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    k = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" in name:
+                p.copy_(tiled(emb, tuple(p.shape)))
+            elif p.dim() == 2:
+                p.copy_(tiled(mats[k % len(mats)], tuple(p.shape)))
+                k += 1
+            else:
+                p.copy_(tiled(norms[k % len(norms)], tuple(p.shape)))
+    return model.to(device).eval(), cfg
+
+
+def _sync_time(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def run_row(model, prompts: dict[int, torch.Tensor], new_tokens: int, prefill: torch.Tensor) -> dict:
+    out = {}
+    with torch.no_grad():
+        model(prefill[:, :16])  # warm-up (and the prefetch order is learnt)
+        out["prefill_s"] = min(_sync_time(lambda: model(prefill)) for _ in range(3))
+        for b, ids in prompts.items():
+            kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                      eos_token_id=None)
+            model.generate(ids[:, :8], max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0,
+                           eos_token_id=None)
+            res = {}
+            t = _sync_time(lambda: res.setdefault("ids", model.generate(ids, **kw)))
+            out[f"tok_s_b{b}"] = b * new_tokens / t
+            out[f"ids_b{b}"] = res["ids"].cpu()
+    return out
+
+
+def decode_rate(cm) -> float:
+    """GB/s of original bytes: every block's frames decoded one block after another on the current stream."""
+    stream = torch.cuda.current_stream()
+    blocks = cm._blocks
+    total = sum(w.nbytes for b in blocks for w in b.weights)
+    for b in blocks:
+        cm._decode_block(b, 0, stream)
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for b in blocks:
+            cm._decode_block(b, 0, stream)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    cm.check()
+    return total / best / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench_inference", description=__doc__.splitlines()[0])
+    ap.add_argument("--weights", type=Path, default=Path("data/demo/minilm-weights-bf16.safetensors"))
+    ap.add_argument("--layers", type=int, default=22)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--codecs", default="fast,max")
+    ap.add_argument("--no-offload", action="store_true", help="leave out the Accelerate CPU-offload row")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_inference: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    print(f"machine: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).multi_processor_count} SMs),"
+          f" torch {torch.__version__}, {platform.node()}")
+    print("command: python -m tzip.bench_inference " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])))
+    base = torch.cuda.memory_allocated()
+    model, cfg = build_model(a.weights, a.layers, a.hidden, dev)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: Llama, {a.layers} layers, hidden {a.hidden}, {n_params / 1e9:.3f} B parameters, bf16, weights tiled "
+          f"from {a.weights.name}")
+    batches = [int(x) for x in a.batches.split(",")]
+    g = torch.Generator().manual_seed(0)
+    prompts = {b: torch.randint(0, cfg.vocab_size, (b, a.prefill), generator=g).to(dev) for b in batches}
+    prefill = prompts[batches[0]][:1]
+    rows = []
+    mem = torch.cuda.memory_allocated() - base
+    r = {"row": "bf16", "weights_gib": mem / 2**30, "compress_s": 0.0, **run_row(model, prompts, a.new_tokens, prefill)}
+    rows.append(r)
+    ref = r
+    freed_share = None
+    for codec in [c for c in a.codecs.split(",") if c]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        cm = compress_model(model, codec=codec)
+        torch.cuda.synchronize()
+        t_c = time.perf_counter() - t0
+        torch.cuda.empty_cache()
+        mem = torch.cuda.memory_allocated() - base
+        r = {"row": f"tzip {codec}", "weights_gib": mem / 2**30, "compress_s": t_c, "ratio": cm.stats["ratio"],
+             "decode_gb_s": decode_rate(cm), **run_row(model, prompts, a.new_tokens, prefill)}
+        rows.append(r)
+        if codec == "fast":
+            freed_share = 1 - mem / rows[0]["weights_gib"] / 2**30
+        cm.decompress()
+        torch.cuda.empty_cache()
+    if not a.no_offload and freed_share:
+        try:
+            r = offload_row(model, cfg, rows[0]["weights_gib"] * (1 - freed_share), prompts, a.new_tokens, prefill)
+            rows.append(r)
+        except Exception as e:  # reported as a row, the rest of the table stands
+            rows.append({"row": "accelerate offload", "error": f"{type(e).__name__}: {e}"[:200]})
+
+    cols = ["row", "weights GiB", "x bf16", "ratio", "compress s", "decode GB/s", "prefill ms"] + \
+        [f"tok/s b{b} (x bf16)" for b in batches] + ["ids == bf16"]
+    print()
+    print(" | ".join(cols))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['row']} | {r['error']}")
+            continue
+        cells = [r["row"], f"{r['weights_gib']:.3f}", f"{r['weights_gib'] / ref['weights_gib']:.3f}",
+                 f"{r.get('ratio', 1.0):.4f}", f"{r['compress_s']:.2f}",
+                 f"{r['decode_gb_s']:.0f}" if "decode_gb_s" in r else "-", f"{r['prefill_s'] * 1e3:.1f}"]
+        for b in batches:
+            cells.append(f"{r[f'tok_s_b{b}']:.1f} ({r[f'tok_s_b{b}'] / ref[f'tok_s_b{b}']:.2f})")
+        same = all(torch.equal(r[f"ids_b{b}"], ref[f"ids_b{b}"]) for b in batches)
+        cells.append("yes" if same else "NO")
+        print(" | ".join(cells))
+    if a.json:
+        a.json.write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("ids_")} for r in rows],
+                                     indent=1))
+    bad = any("error" not in r and not all(torch.equal(r[f"ids_b{b}"], ref[f"ids_b{b}"]) for b in batches)
+              for r in rows)
+    return 1 if bad else 0
+
+
+def offload_row(model, cfg, gpu_gib: float, prompts, new_tokens: int, prefill) -> dict:
+    """Accelerate's dispatch_model with the decoder layers that do not fit ``gpu_gib`` of weights kept on the CPU."""
+    from accelerate import dispatch_model
+    layers = cfg.num_hidden_layers
+    per_layer = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters()) / 2**30
+    other = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30 - layers * per_layer
+    on_gpu = max(0, min(layers, int((gpu_gib - other) / per_layer)))
+    device_map = {"model.embed_tokens": 0, "model.norm": 0, "model.rotary_emb": 0, "lm_head": 0}
+    for i in range(layers):
+        device_map[f"model.layers.{i}"] = 0 if i < on_gpu else "cpu"
+    base = torch.cuda.memory_allocated()
+    model.cpu()
+    torch.cuda.empty_cache()
+    model = dispatch_model(model, device_map=device_map)
+    mem = torch.cuda.memory_allocated() - base + sum(
+        p.numel() * p.element_size() for p in model.parameters() if p.device.type == "cuda")
+    del mem
+    mem = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type == "cuda") / 2**30
+    return {"row": f"accelerate offload ({layers - on_gpu}/{layers} layers on CPU)", "weights_gib": mem,
+            "compress_s": 0.0, **run_row(model, prompts, new_tokens, prefill)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
