@@ -76,33 +76,50 @@ def build_model(weights: Path, layers: int, hidden: int, device: torch.device):
     return model.to(device).eval(), cfg
 
 
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _sync_time(fn) -> float:
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    _sync()
     return time.perf_counter() - t0
+
+
+def weight_bytes(model, dev: torch.device, base: int) -> int:
+    """Bytes the weights occupy: on a GPU, torch.cuda.memory_allocated above ``base`` (frames and scratch included);
+    on the CPU, the parameters' bytes plus a compressed model's frames and scratch."""
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_allocated(dev) - base
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    cm = getattr(model, "tzip_compressed", None)
+    return n + (cm.stats["compressed_bytes"] + cm.stats["scratch_bytes"] if cm is not None else 0)
 
 
 def run_row(model, prompts: dict[int, torch.Tensor], new_tokens: int, prefill: torch.Tensor) -> dict:
     out = {}
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
         model(prefill[:, :16])  # warm-up (and the prefetch order is learnt)
         out["prefill_s"] = min(_sync_time(lambda: model(prefill)) for _ in range(3))
         for b, ids in prompts.items():
-            kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                      eos_token_id=None)
-            model.generate(ids[:, :8], max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0,
-                           eos_token_id=None)
+            model.generate(ids[:, :8], max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up of this batch size
             res = {}
-            t = _sync_time(lambda: res.setdefault("ids", model.generate(ids, **kw)))
+            t = _sync_time(lambda: res.setdefault(
+                "ids", model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)))
             out[f"tok_s_b{b}"] = b * new_tokens / t
             out[f"ids_b{b}"] = res["ids"].cpu()
     return out
 
 
-def decode_rate(cm) -> float:
-    """GB/s of original bytes: every block's frames decoded one block after another on the current stream."""
+def decode_rate(cm) -> float | None:
+    """GB/s of original bytes: every block's frames decoded one block after another on the current stream (GPU)."""
+    if cm.device.type != "cuda":
+        return None
     stream = torch.cuda.current_stream()
     blocks = cm._blocks
     total = sum(w.nbytes for b in blocks for w in b.weights)
@@ -130,17 +147,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--codecs", default="fast,max")
+    ap.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (a smoke run of the same code)")
     ap.add_argument("--no-offload", action="store_true", help="leave out the Accelerate CPU-offload row")
+    ap.add_argument("--checkpoint-dir", type=Path, default=Path("/tmp/tzip-bench-inference"),
+                    help="where the checkpoint rows write the model as safetensors and .tzip (local disk)")
+    ap.add_argument("--no-checkpoint", action="store_true", help="leave out the checkpoint rows")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_inference: needs a CUDA GPU", file=sys.stderr)
+    dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("bench_inference: no CUDA GPU (--device cpu runs the same code on the CPU)", file=sys.stderr)
         return 2
-    dev = torch.device("cuda")
-    print(f"machine: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).multi_processor_count} SMs),"
-          f" torch {torch.__version__}, {platform.node()}")
-    print("command: python -m tzip.bench_inference " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])))
-    base = torch.cuda.memory_allocated()
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        print(f"machine: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, {platform.node()}")
+    else:
+        print(f"machine: CPU ({platform.processor() or platform.machine()}), torch {torch.__version__}, {platform.node()}")
+    print("command: python -m tzip.bench_inference " + " ".join(shlex.quote(x) for x in (argv if argv is not None
+                                                                                       else sys.argv[1:])))
+    base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     model, cfg = build_model(a.weights, a.layers, a.hidden, dev)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: Llama, {a.layers} layers, hidden {a.hidden}, {n_params / 1e9:.3f} B parameters, bf16, weights tiled "
@@ -150,59 +175,113 @@ def main(argv: list[str] | None = None) -> int:
     prompts = {b: torch.randint(0, cfg.vocab_size, (b, a.prefill), generator=g).to(dev) for b in batches}
     prefill = prompts[batches[0]][:1]
     rows = []
-    mem = torch.cuda.memory_allocated() - base
-    r = {"row": "bf16", "weights_gib": mem / 2**30, "compress_s": 0.0, **run_row(model, prompts, a.new_tokens, prefill)}
-    rows.append(r)
-    ref = r
-    freed_share = None
+    ref = {"row": "bf16", "weights_gib": weight_bytes(model, dev, base) / 2**30, "compress_s": 0.0,
+           **run_row(model, prompts, a.new_tokens, prefill)}
+    rows.append(ref)
+    fast_gib = None
     for codec in [c for c in a.codecs.split(",") if c]:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        cm = compress_model(model, codec=codec)
-        torch.cuda.synchronize()
-        t_c = time.perf_counter() - t0
-        torch.cuda.empty_cache()
-        mem = torch.cuda.memory_allocated() - base
-        r = {"row": f"tzip {codec}", "weights_gib": mem / 2**30, "compress_s": t_c, "ratio": cm.stats["ratio"],
-             "decode_gb_s": decode_rate(cm), **run_row(model, prompts, a.new_tokens, prefill)}
-        rows.append(r)
-        if codec == "fast":
-            freed_share = 1 - mem / rows[0]["weights_gib"] / 2**30
-        cm.decompress()
-        torch.cuda.empty_cache()
-    if not a.no_offload and freed_share:
-        try:
-            r = offload_row(model, cfg, rows[0]["weights_gib"] * (1 - freed_share), prompts, a.new_tokens, prefill)
+        for prefetch in ((True, False) if codec == "fast" and dev.type == "cuda" else (True,)):
+            _sync()
+            t0 = time.perf_counter()
+            cm = compress_model(model, codec=codec, prefetch=prefetch)
+            _sync()
+            t_c = time.perf_counter() - t0
+            r = {"row": f"tzip {codec}" + ("" if prefetch else " (no prefetch)"),
+                 "weights_gib": weight_bytes(model, dev, base) / 2**30, "compress_s": t_c, "ratio": cm.stats["ratio"],
+                 "scratch_gib": cm.stats["scratch_bytes"] / 2**30, "decode_gb_s": decode_rate(cm),
+                 **run_row(model, prompts, a.new_tokens, prefill)}
             rows.append(r)
+            if codec == "fast" and prefetch:
+                fast_gib = r["weights_gib"]
+            cm.decompress()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    ckpt = [] if a.no_checkpoint else checkpoint_rows(model, a.checkpoint_dir, dev)
+    if not a.no_offload and fast_gib and dev.type == "cuda":
+        try:
+            rows.append(offload_row(model, cfg, fast_gib, prompts, a.new_tokens, prefill))
         except Exception as e:  # reported as a row, the rest of the table stands
-            rows.append({"row": "accelerate offload", "error": f"{type(e).__name__}: {e}"[:200]})
+            rows.append({"row": "accelerate offload", "error": f"{type(e).__name__}: {e}"[:300]})
 
-    cols = ["row", "weights GiB", "x bf16", "ratio", "compress s", "decode GB/s", "prefill ms"] + \
+    cols = ["row", "weights GiB", "x bf16", "ratio", "scratch GiB", "compress s", "decode GB/s", "prefill ms"] + \
         [f"tok/s b{b} (x bf16)" for b in batches] + ["ids == bf16"]
     print()
     print(" | ".join(cols))
+    bad = False
     for r in rows:
         if "error" in r:
             print(f"{r['row']} | {r['error']}")
             continue
         cells = [r["row"], f"{r['weights_gib']:.3f}", f"{r['weights_gib'] / ref['weights_gib']:.3f}",
-                 f"{r.get('ratio', 1.0):.4f}", f"{r['compress_s']:.2f}",
-                 f"{r['decode_gb_s']:.0f}" if "decode_gb_s" in r else "-", f"{r['prefill_s'] * 1e3:.1f}"]
+                 f"{r.get('ratio', 1.0):.4f}", f"{r.get('scratch_gib', 0.0):.3f}", f"{r['compress_s']:.2f}",
+                 f"{r['decode_gb_s']:.0f}" if r.get("decode_gb_s") else "-", f"{r['prefill_s'] * 1e3:.1f}"]
         for b in batches:
             cells.append(f"{r[f'tok_s_b{b}']:.1f} ({r[f'tok_s_b{b}'] / ref[f'tok_s_b{b}']:.2f})")
         same = all(torch.equal(r[f"ids_b{b}"], ref[f"ids_b{b}"]) for b in batches)
+        bad |= not same
         cells.append("yes" if same else "NO")
         print(" | ".join(cells))
+    if ckpt:
+        print()
+        print("checkpoint | file GB | ratio | write s (encode) | load s | x safetensors | identical")
+        for r in ckpt:
+            bad |= r["identical"] == "NO"
+            print(f"{r['row']} | {r['file_gb']:.3f} | {r['ratio']:.4f} | {r['write_s']:.2f} | {r['load_s']:.3f} | "
+                  f"{r['load_x']:.2f} | {r['identical']}")
     if a.json:
-        a.json.write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("ids_")} for r in rows],
-                                     indent=1))
-    bad = any("error" not in r and not all(torch.equal(r[f"ids_b{b}"], ref[f"ids_b{b}"]) for b in batches)
-              for r in rows)
+        a.json.write_text(json.dumps({"rows": [{k: v for k, v in r.items() if not k.startswith("ids_")} for r in rows],
+                                      "checkpoint": ckpt}, indent=1))
     return 1 if bad else 0
 
 
+def checkpoint_rows(model, folder: Path, dev: torch.device) -> list[dict]:
+    """The model's weights as a safetensors file, then as .tzip files written with the GPU encoder
+    (tzip.files.compress_file); each loaded to the GPU (safetensors.torch.load_file(device=...) against
+    tzip.files.load_file), best of 3, the page cache warm for both (the same file read just before)."""
+    from safetensors.torch import load_file as st_load, save_file
+    from .files import compress_file, load_file
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / "model.safetensors"
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(src))
+    del state
+    size = src.stat().st_size
+
+    def best(fn) -> float:
+        fn()
+        out = []
+        for _ in range(3):
+            out.append(_sync_time(fn))
+        return min(out)
+
+    t_st = best(lambda: st_load(str(src), device=str(dev)))
+    rows = [{"row": "safetensors", "file_gb": size / 1e9, "ratio": 1.0, "write_s": 0.0, "load_s": t_st, "load_x": 1.0,
+             "identical": "-"}]
+    ref = st_load(str(src), device=str(dev))
+    for codec in ("fast", "auto"):
+        dst = folder / f"model-{codec}.tzip"
+        _sync()
+        t0 = time.perf_counter()
+        compress_file(src, dst, codec, dev)
+        t_w = time.perf_counter() - t0
+        t_l = best(lambda: load_file(dst, dev))
+        got = load_file(dst, dev)
+        same = list(got) == list(ref) and all(
+            torch.equal(got[k].reshape(-1).view(torch.uint8), ref[k].reshape(-1).view(torch.uint8)) for k in ref)
+        rows.append({"row": f"tzip {codec}", "file_gb": dst.stat().st_size / 1e9, "ratio": dst.stat().st_size / size,
+                     "write_s": t_w, "load_s": t_l, "load_x": t_st / t_l, "identical": "yes" if same else "NO"})
+        del got
+        dst.unlink()
+    src.unlink()
+    del ref
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
 def offload_row(model, cfg, gpu_gib: float, prompts, new_tokens: int, prefill) -> dict:
-    """Accelerate's dispatch_model with the decoder layers that do not fit ``gpu_gib`` of weights kept on the CPU."""
+    """Accelerate's dispatch_model with the decoder layers that do not fit ``gpu_gib`` of weights kept on the CPU
+    (moved to the GPU for each forward by Accelerate's hooks)."""
     from accelerate import dispatch_model
     layers = cfg.num_hidden_layers
     per_layer = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters()) / 2**30
@@ -211,15 +290,10 @@ def offload_row(model, cfg, gpu_gib: float, prompts, new_tokens: int, prefill) -
     device_map = {"model.embed_tokens": 0, "model.norm": 0, "model.rotary_emb": 0, "lm_head": 0}
     for i in range(layers):
         device_map[f"model.layers.{i}"] = 0 if i < on_gpu else "cpu"
-    base = torch.cuda.memory_allocated()
-    model.cpu()
+    model = dispatch_model(model.cpu(), device_map=device_map)
     torch.cuda.empty_cache()
-    model = dispatch_model(model, device_map=device_map)
-    mem = torch.cuda.memory_allocated() - base + sum(
-        p.numel() * p.element_size() for p in model.parameters() if p.device.type == "cuda")
-    del mem
     mem = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type == "cuda") / 2**30
-    return {"row": f"accelerate offload ({layers - on_gpu}/{layers} layers on CPU)", "weights_gib": mem,
+    return {"row": f"accelerate offload ({layers - on_gpu}/{layers} layers on the CPU)", "weights_gib": mem,
             "compress_s": 0.0, **run_row(model, prompts, new_tokens, prefill)}
 
 

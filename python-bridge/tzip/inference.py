@@ -470,3 +470,4 @@ def _encode(order: list[_Weight], codec: str, device: torch.device, chunk_bytes:
         acc += w.nbytes
     flush()
     return out
+

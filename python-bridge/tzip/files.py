@@ -1,0 +1,204 @@
+"""``.tzip`` files through the in-process codec (libtzip.so, :mod:`tzip._native`): no daemon, CPU or GPU.
+
+:func:`compress_file` writes what ``tzip compress`` writes for a safetensors file (the same bytes, any thread count,
+CPU or GPU encoder); :func:`load_file` reads one back as ``safetensors.torch.load_file`` would read the original,
+straight onto a GPU: the *compressed* frames cross the disk and PCIe and are decoded on the GPU. The container format is
+docs/container.md; its reading and checks are :class:`tzip._container.ContainerReader`'s.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import _native
+from ._container import (ContainerError, ContainerReader, ContainerWriter, atomic_file, parse_header_length,
+                         reinterpret, torch_dtype_of)
+
+__all__ = ["compress_file", "load_file"]
+
+_ALIGN = 256  # frames staged on the GPU start 256-byte aligned (the decoder's fast path wants 16)
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _device(device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device {dev}: only CUDA and CPU")
+    return dev
+
+
+def _batches(items: list, size_of, limit: int) -> list[list]:
+    out, cur, size = [], [], 0
+    for it in items:
+        if cur and size + _align(size_of(it)) > limit:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(it)
+        size += _align(size_of(it))
+    if cur:
+        out.append(cur)
+    return out
+
+
+def compress_file(src, dst, codec: str = "auto", device="cpu", *, chunk_bytes: int = 65536,
+                  batch_bytes: int = 256 << 20) -> int:
+    """Compresses the safetensors file ``src`` into the ``.tzip`` file ``dst`` (written atomically): byte for byte
+    what ``tzip compress SRC -o DST --codec CODEC`` writes, its header bytes kept verbatim.
+
+    Args:
+        codec: auto, fast, max, bytes or raw, for every tensor (other dtypes than bf16/fp16/fp32 get bytes).
+        device: ``"cpu"`` (the C++ encoder on every core) or a CUDA device (the GPU encoder, one launch sequence per
+            batch of ``batch_bytes``).
+
+    Returns the size of ``dst`` in bytes. Raises ContainerError for a damaged ``src`` (its header is checked as the
+    CLI checks it), ValueError for an unknown codec, OSError from reading or writing, NativeCodecError from the codec.
+    """
+    dev = _device(device)
+    _native.codec_id(codec)
+    with open(src, "rb") as f:
+        data = f.read()
+    n = parse_header_length(data[:8], len(data), src)
+    header_bytes = data[: 8 + n]
+    body = torch.frombuffer(bytearray(data[8 + n:]), dtype=torch.uint8) if len(data) > 8 + n else \
+        torch.empty(0, dtype=torch.uint8)
+    del data
+    threads = max(1, os.cpu_count() or 1)
+    with atomic_file(dst) as fd:
+        w = ContainerWriter(fd, header_bytes, body.numel(), dst)
+
+        def view(e) -> torch.Tensor:  # the entry's bytes as the codec sees them (its codec dtype and shape)
+            dt = torch_dtype_of(e.dtype)
+            return body[e.begin: e.end].view(dt).reshape(e.shape)
+
+        if dev.type == "cpu":
+            for e in w.entries:
+                w.write_frame(_native.cpu_encode(view(e), codec, chunk_bytes, threads))
+        else:
+            stream = torch.cuda.current_stream(dev)
+            for batch in _batches(w.entries, lambda e: e.nbytes, batch_bytes):
+                tensors = [view(e).to(dev, non_blocking=False) for e in batch]
+                bounds = [_native.max_frame_bytes(e.nbytes, len(e.shape), chunk_bytes) for e in batch]
+                offs, total = [], 0
+                for b in bounds:
+                    offs.append(total)
+                    total += _align(b)
+                frames = torch.empty(total, dtype=torch.uint8, device=dev)
+                sizes = torch.zeros(len(batch), dtype=torch.int64, device=dev)
+                _native.gpu_encode(tensors, [codec] * len(batch),
+                                   [frames[o: o + b] for o, b in zip(offs, bounds)], sizes, stream.cuda_stream,
+                                   chunk_bytes)
+                host = frames.cpu()  # synchronises
+                for o, s in zip(offs, sizes.tolist()):
+                    w.write_frame(host[o: o + s])
+        return w.finish()
+
+
+def load_file(path, device="cuda", *, verify: bool = True, batch_bytes: int = 256 << 20) -> dict[str, torch.Tensor]:
+    """Reads a ``.tzip`` file (``tzip compress`` of a safetensors file) into a dict of tensors by name on ``device``,
+    decoded in this process: no daemon. On a GPU the *compressed* frames cross the disk and PCIe (read into pinned
+    memory, copied while the previous batch decodes) and are decoded there; on the CPU by the C++ core.
+
+    Like ``safetensors.torch.load_file(path, device)``: the same names, dtypes, shapes and bytes as the safetensors
+    file that was compressed (data-section order). Every frame header is checked against the file's index before
+    anything is copied, and (``verify``) every chunk digest and checksum at decode.
+
+    Args:
+        path: the ``.tzip`` file. device: ``"cuda"``, ``"cuda:N"``, a torch.device, or ``"cpu"``.
+        verify: check chunk digests (header digests and checksums are always checked).
+        batch_bytes: compressed bytes per copy-and-decode batch (two pinned buffers of this size; a larger frame gets
+            a batch of its own).
+
+    Raises:
+        tzip._container.ContainerError (a ValueError): the file is damaged (TZIP_CORRUPT, TZIP_TRUNCATED,
+            TZIP_CHECKSUM, TZIP_UNSUPPORTED), naming the file and the tensor; nothing is returned.
+        tzip._native.NativeCodecError: the library is missing, or a CUDA failure.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    out: dict[str, torch.Tensor] = {}
+    with ContainerReader(path) as reader:
+        entries = [e for e in reader.entries if e.kind == "tensor"]
+        dtypes = {}
+        for e in entries:
+            dt = torch_dtype_of(e.file_dtype)
+            if dt is None:
+                raise ContainerError("TZIP_UNSUPPORTED", f"safetensors dtype {e.file_dtype} has no torch dtype here",
+                                     reader.path, e.name)
+            dtypes[e.name] = dt
+        # Decoded tensors in the frames' layout (the codec dtype and shape), seen as the file's dtype at the end.
+        flat = {e.name: torch.empty(e.nbytes, dtype=torch.uint8, device=dev) for e in entries}
+        if dev.type == "cpu":
+            threads = max(1, os.cpu_count() or 1)
+            for e in entries:
+                frame = reader.read_frame(e)
+                try:
+                    _native.cpu_decode(frame, flat[e.name], verify, threads)
+                except _native.NativeCodecError as err:
+                    raise ContainerError(err.code, err.detail, reader.path, e.name) from None
+        else:
+            _load_gpu(reader, entries, flat, dev, verify, batch_bytes)
+        for e in entries:
+            out[e.name] = reinterpret(flat[e.name], dtypes[e.name], e.file_shape)
+    return out
+
+
+def _load_gpu(reader, entries, flat: dict[str, torch.Tensor], dev: torch.device, verify: bool,
+              batch_bytes: int) -> None:
+    """Batches of frames: read into one of two pinned buffers, copied to the GPU on a side stream, decoded on the
+    current stream; the next batch is read from disk meanwhile. One synchronisation at the end reads every error."""
+    batches: list[list] = []
+    cur, size = [], 0
+    for e in entries:
+        if cur and size + _align(e.frame_bytes) > batch_bytes:
+            batches.append(cur)
+            cur, size = [], 0
+        cur.append(e)
+        size += _align(e.frame_bytes)
+    if cur:
+        batches.append(cur)
+    cap = max((sum(_align(e.frame_bytes) for e in b) for b in batches), default=0)
+    pinned = [torch.empty(cap, dtype=torch.uint8, pin_memory=True) for _ in range(min(2, len(batches)))]
+    staged = [torch.empty(cap, dtype=torch.uint8, device=dev) for _ in range(min(2, len(batches)))]
+    copied = [torch.cuda.Event() for _ in pinned]   # pinned[k] may be refilled once this passed
+    decoded = [torch.cuda.Event() for _ in pinned]  # staged[k] may be overwritten once this passed
+    copy_stream = torch.cuda.Stream(dev)
+    stream = torch.cuda.current_stream(dev)
+    errors = torch.zeros(len(entries), dtype=torch.int32, device=dev)
+    first = 0
+    keep = []  # pointer arrays of queued decodes stay alive until the end
+    for n, batch in enumerate(batches):
+        k = n % 2
+        if n >= 2:
+            copied[k].synchronize()  # the copy out of pinned[k], queued two batches ago
+        offs, o = [], 0
+        for e in batch:
+            offs.append(o)
+            reader.read_frame(e, out=pinned[k][o: o + e.frame_bytes])  # header checked against the index
+            o += _align(e.frame_bytes)
+        with torch.cuda.stream(copy_stream):
+            if n >= 2:
+                copy_stream.wait_event(decoded[k])
+            staged[k][:o].copy_(pinned[k][:o], non_blocking=True)
+            copied[k].record(copy_stream)
+        stream.wait_event(copied[k])
+        arrays = _native.PointerArrays([staged[k].data_ptr() + x for x in offs], [e.frame_bytes for e in batch],
+                                       [flat[e.name].data_ptr() for e in batch], [e.nbytes for e in batch])
+        keep.append(arrays)
+        _native.gpu_decode(arrays, errors[first: first + len(batch)], stream.cuda_stream, 0, verify)
+        decoded[k].record(stream)
+        first += len(batch)
+    for t in staged:
+        t.record_stream(stream)
+    bad = torch.nonzero(errors).flatten().tolist()  # synchronises
+    if bad:
+        i = bad[0]
+        raise ContainerError(_native.code_name(errors[i]), "the frame does not decode on the GPU", reader.path,
+                             entries[i].name)
