@@ -150,3 +150,25 @@ def test_gpu_decode_reports_a_corrupt_frame_per_frame():
     codes = err.tolist()
     assert codes[0] == 0 and _native.code_name(codes[1]) in ("TZIP_CHECKSUM", "TZIP_CORRUPT")
     assert torch.equal(outs[0].cpu().view(torch.uint8), t.view(torch.uint8))
+
+
+@needs_cuda
+def test_a_decode_plan_runs_many_times_like_decode():
+    t, f = _some_frame()
+    dev = torch.device("cuda")
+    fd = f.to(dev)
+    out = torch.full_like(t, 0, device=dev)
+    err = torch.full((1,), -1, dtype=torch.int32, device=dev)
+    arrays = _native.PointerArrays([fd.data_ptr()], [fd.numel()], [out.data_ptr()], [frame_nbytes(t)])
+    plan = _native.DecodePlan(arrays, err, verify=True, tensors=(fd, out))
+    s = torch.cuda.current_stream()
+    for _ in range(3):
+        out.zero_()
+        plan.run(s.cuda_stream)
+        assert int(err[0]) == 0
+        assert torch.equal(out.cpu().view(torch.uint8), t.view(torch.uint8))
+    fd[-1] ^= 1  # the same plan now reports the damage
+    plan.run(s.cuda_stream)
+    assert _native.code_name(int(err[0])) in ("TZIP_CHECKSUM", "TZIP_CORRUPT")
+    torch.cuda.synchronize()
+    plan.close()

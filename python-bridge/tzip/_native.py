@@ -22,7 +22,7 @@ from ._errors import ERROR_CODES
 from ._frame import CODEC_IDS, DEFAULT_CHUNK, DTYPE_CODES
 
 __all__ = ["NativeCodecError", "library", "available", "CODEC_AUTO", "code_name", "codec_id", "frame_spec", "max_frame_bytes",
-           "cpu_encode", "cpu_decode", "frame_info", "gpu_encode", "gpu_decode", "PointerArrays"]
+           "cpu_encode", "cpu_decode", "frame_info", "gpu_encode", "gpu_decode", "PointerArrays", "DecodePlan"]
 
 #: Codec id of "auto" in the C ABI (resolved per tensor from its data; gpu/codec.h kCodecAuto).
 CODEC_AUTO = 255
@@ -73,6 +73,9 @@ def _declare(lib: ctypes.CDLL) -> None:
                                       c.POINTER(u64), c.POINTER(u64)]),
         "tzip_gpu_encode": (c.c_int, [sz, vp, vp, vp, vp, vp, vp, vp, vp, u32, c.c_int, vp]),
         "tzip_gpu_decode": (c.c_int, [sz, vp, vp, vp, vp, vp, c.c_int, c.c_int, vp]),
+        "tzip_gpu_decode_plan": (c.c_int, [sz, vp, vp, vp, vp, vp, c.c_int, c.c_int, c.POINTER(vp)]),
+        "tzip_gpu_decode_run": (c.c_int, [vp, vp]),
+        "tzip_gpu_decode_plan_free": (None, [vp]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
@@ -220,6 +223,43 @@ def gpu_decode(arrays: PointerArrays, errors: torch.Tensor, stream: int, sm_budg
     host checks before queuing."""
     _check(library().tzip_gpu_decode(arrays.count, arrays.frames, arrays.frame_bytes, arrays.outs, arrays.out_bytes,
                                      errors.data_ptr(), sm_budget, 1 if verify else 0, stream))
+
+
+class DecodePlan:
+    """A prepared GPU decode of fixed frames into fixed outputs (capi.h, tzip_gpu_decode_plan): :meth:`run` queues
+    only the kernels (no allocation, no copy from the host, nothing that stops CUDA graph capture).
+
+    Keeps references to ``tensors`` (the frames, outputs and error array it points into) so that they outlive it.
+    Runs of one plan must not overlap: order them on one stream or with events."""
+
+    def __init__(self, arrays: PointerArrays, errors: torch.Tensor, sm_budget: int = 0, verify: bool = False,
+                 tensors: tuple = ()):
+        if errors.numel() < arrays.count or errors.dtype != torch.int32 or errors.device.type != "cuda":
+            raise ValueError("errors must be a CUDA int32 tensor of one element per frame")
+        self._lib = library()
+        self._keep = (arrays, errors, tensors)
+        self._errors = errors
+        handle = ctypes.c_void_p()
+        _check(self._lib.tzip_gpu_decode_plan(arrays.count, arrays.frames, arrays.frame_bytes, arrays.outs,
+                                              arrays.out_bytes, errors.data_ptr(), sm_budget, 1 if verify else 0,
+                                              ctypes.byref(handle)))
+        self._handle = handle
+
+    def run(self, stream: int) -> None:
+        """Queues one run on the CUDA stream handle ``stream``; per-frame error codes land in the errors tensor."""
+        _check(self._lib.tzip_gpu_decode_run(self._handle, stream))
+
+    def close(self) -> None:
+        """Frees the plan's device memory (its runs must have finished: call after a synchronisation)."""
+        if self._handle:
+            self._lib.tzip_gpu_decode_plan_free(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
 
 
 def gpu_encode(tensors: list[torch.Tensor], codecs: list[str], frames: list[torch.Tensor], sizes: torch.Tensor,

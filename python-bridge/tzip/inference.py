@@ -69,7 +69,7 @@ class _Block:
     weights: list[_Weight]
     offsets: list[int] = field(default_factory=list)  # byte offset of each weight in a scratch slot
     bytes: int = 0                                    # bytes of a scratch slot this block uses
-    arrays: list = field(default_factory=list)        # per slot: _native.PointerArrays (GPU)
+    plans: list = field(default_factory=list)         # per slot: _native.DecodePlan (GPU)
     errors: torch.Tensor | None = None                # per-frame error codes of the last decode (GPU, int32)
     handles: list = field(default_factory=list)
 
@@ -180,6 +180,11 @@ class CompressedModel:
                 w.param.data = seen[id(w.param)]
         for h in self._state_hooks:
             h.remove()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            for b in self._blocks:
+                for p in b.plans:
+                    p.close()
         self._blocks = []
         self._scratch = None
         if model is not None and getattr(model, "tzip_compressed", None) is self:
@@ -201,7 +206,7 @@ class CompressedModel:
 
     def _decode_block(self, b: _Block, slot: int, stream) -> None:
         if self.device.type == "cuda":
-            _native.gpu_decode(b.arrays[slot], b.errors, stream.cuda_stream, self.sm_budget, self.verify)
+            b.plans[slot].run(stream.cuda_stream)
         else:
             for i, w in enumerate(b.weights):
                 _native.cpu_decode(w.frame, self._view(slot, b, i), self.verify, self._threads)
@@ -222,6 +227,11 @@ class CompressedModel:
 
     # ------------------------------------------------------------------------------------------------ hooks
 
+    def _other(self, slot: int) -> int:
+        """The slot a block decodes into when the last block used ``slot``: the other one with prefetch (the two
+        alternate), else the only one (stream order keeps the previous block's kernels before the decode)."""
+        return 1 - slot if self.prefetch else 0
+
     def _pre(self, module: nn.Module, args, kwargs):
         b = self._by_module[id(module)]
         if self._active is not None:
@@ -231,19 +241,27 @@ class CompressedModel:
                                            for a in (*args, *kwargs.values())):
             raise RuntimeError(f"tzip.inference: block {b.name!r} got inputs that require grad; a compressed model is "
                                "for inference (run it under torch.no_grad() or torch.inference_mode())")
+        capturing = False
         if self.device.type == "cuda":
             stream = torch.cuda.current_stream(self.device)
             pending, self._pending = self._pending, None
-            if pending is not None and pending[0] is b:
+            capturing = torch.cuda.is_current_stream_capturing()
+            if capturing:
+                # CUDA graph capture (torch.cuda.graph synchronises the device first, so no prefetch is in flight):
+                # the graph gets this block's decode on the capturing stream itself, into the slot it will use at
+                # every replay; a prefetch on another stream would leave that stream unjoined at the end of capture.
+                slot = self._other(self._cur_slot)
+                self._decode_block(b, slot, stream)
+            elif pending is not None and pending[0] is b:
                 slot = pending[1]
                 stream.wait_event(self._done_ev[slot])
             else:
                 if pending is not None:  # a prefetch that guessed wrong still writes the other slot: wait for it
                     stream.wait_event(self._done_ev[pending[1]])
-                slot = 1 - self._cur_slot
+                slot = self._other(self._cur_slot)
                 self._decode_block(b, slot, stream)
         else:
-            slot = 1 - self._cur_slot
+            slot = 0  # decoded at once, in the caller's thread: one slot
             self._decode_block(b, slot, None)
         for i, w in enumerate(b.weights):
             w.param.data = self._view(slot, b, i)
@@ -253,7 +271,7 @@ class CompressedModel:
             self._next[id(self._last.module)] = b
         self._last = b
         nb = self._next.get(id(module))
-        if self.prefetch and nb is not None and nb is not b:
+        if self.prefetch and not capturing and nb is not None and nb is not b:
             # The other slot holds the block before this one, whose kernels are all queued before this point.
             other = 1 - slot
             self._free_ev[other].record(stream)
@@ -389,7 +407,7 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
         b.bytes = off
         slot_bytes = max(slot_bytes, off)
     cm = CompressedModel(model, plan, device, codec, prefetch, sm_budget, verify)
-    slots = 2
+    slots = 2 if cm.prefetch else 1
     cm._slot_bytes = slot_bytes
     cm._scratch = torch.empty(slots * slot_bytes, dtype=torch.uint8, device=device)
     for b in plan:
@@ -397,9 +415,11 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
             b.errors = torch.zeros(len(b.weights), dtype=torch.int32, device=device)
             for s in range(slots):
                 base = cm._scratch.data_ptr() + s * slot_bytes
-                b.arrays.append(_native.PointerArrays(
+                arrays = _native.PointerArrays(
                     [w.frame.data_ptr() for w in b.weights], [w.frame.numel() for w in b.weights],
-                    [base + o for o in b.offsets], [w.nbytes for w in b.weights]))
+                    [base + o for o in b.offsets], [w.nbytes for w in b.weights])
+                b.plans.append(_native.DecodePlan(arrays, b.errors, sm_budget, verify,
+                                                  tensors=(cm._scratch, *(w.frame for w in b.weights))))
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     for b in plan:  # every frame decodes back to the parameter's bytes before any parameter is touched
         cm._decode_block(b, 0, stream)

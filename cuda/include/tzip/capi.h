@@ -83,6 +83,24 @@ TZIP_API int tzip_gpu_encode(size_t count, const void* const* data, const uint64
 TZIP_API int tzip_gpu_decode(size_t count, const void* const* frames, const uint64_t* frame_bytes, void* const* outs,
                              const uint64_t* out_bytes, int32_t* d_errors, int sm_budget, int verify, void* stream);
 
+/** A prepared decode (tzip::gpu::DecodePlan): the decode of fixed frames into fixed outputs, described once in device
+ * memory of its own, then run many times with no allocation, no host-to-device copy and no pointer look-up; a run can
+ * be captured in a CUDA graph. Inference decodes each block's weights before every forward through one. */
+typedef struct tzip_decode_plan tzip_decode_plan;
+
+/** Prepares the decode tzip_gpu_decode would queue for the same arguments (the pointers must stay valid while the
+ * plan lives). Synchronous. *plan receives the plan (free it with tzip_gpu_decode_plan_free). */
+TZIP_API int tzip_gpu_decode_plan(size_t count, const void* const* frames, const uint64_t* frame_bytes,
+                                  void* const* outs, const uint64_t* out_bytes, int32_t* d_errors, int sm_budget,
+                                  int verify, tzip_decode_plan** plan);
+
+/** Queues one run of `plan` on `stream`: the same bytes and per-frame error codes as tzip_gpu_decode. Runs of one plan
+ * must not overlap (order them on one stream, or with events). */
+TZIP_API int tzip_gpu_decode_run(const tzip_decode_plan* plan, void* stream);
+
+/** Frees a plan whose runs have finished. NULL is a no-op. */
+TZIP_API void tzip_gpu_decode_plan_free(tzip_decode_plan* plan);
+
 #ifdef __cplusplus
 }
 #endif

@@ -47,6 +47,18 @@ int from_status(const tzip::gpu::Status& st, const char* who) {
 
 int invalid(const std::string& message) { return fail(int(tzip::ErrorCode::InvalidArgument), message); }
 
+std::vector<tzip::gpu::DecodeItem> decode_items(size_t count, const void* const* frames, const uint64_t* frame_bytes,
+                                                void* const* outs, const uint64_t* out_bytes) {
+  std::vector<tzip::gpu::DecodeItem> items(count);
+  for (size_t i = 0; i < count; ++i) {
+    items[i].frame = frames[i];
+    items[i].frame_bytes = frame_bytes[i];
+    items[i].out = outs[i];
+    items[i].out_bytes = out_bytes[i];
+  }
+  return items;
+}
+
 }  // namespace
 
 extern "C" {
@@ -154,19 +166,44 @@ int tzip_gpu_decode(size_t count, const void* const* frames, const uint64_t* fra
   return guarded("tzip_gpu_decode", [&]() -> int {
     if (count == 0) return 0;
     if (!frames || !frame_bytes || !outs || !out_bytes || !d_errors) return invalid("tzip_gpu_decode: null array");
-    std::vector<tzip::gpu::DecodeItem> items(count);
-    for (size_t i = 0; i < count; ++i) {
-      items[i].frame = frames[i];
-      items[i].frame_bytes = frame_bytes[i];
-      items[i].out = outs[i];
-      items[i].out_bytes = out_bytes[i];
-    }
+    std::vector<tzip::gpu::DecodeItem> items = decode_items(count, frames, frame_bytes, outs, out_bytes);
     tzip::gpu::DecodeOptions opt;
     opt.sm_budget = sm_budget;
     opt.verify = verify != 0;
     opt.stream = stream;
     return from_status(tzip::gpu::decode(items.data(), count, opt, d_errors), "tzip_gpu_decode");
   });
+}
+
+int tzip_gpu_decode_plan(size_t count, const void* const* frames, const uint64_t* frame_bytes, void* const* outs,
+                         const uint64_t* out_bytes, int32_t* d_errors, int sm_budget, int verify,
+                         tzip_decode_plan** plan) {
+  return guarded("tzip_gpu_decode_plan", [&]() -> int {
+    if (!plan) return invalid("tzip_gpu_decode_plan: null result pointer");
+    *plan = nullptr;
+    if (!frames || !frame_bytes || !outs || !out_bytes || !d_errors)
+      return invalid("tzip_gpu_decode_plan: null array");
+    std::vector<tzip::gpu::DecodeItem> items = decode_items(count, frames, frame_bytes, outs, out_bytes);
+    tzip::gpu::DecodeOptions opt;
+    opt.sm_budget = sm_budget;
+    opt.verify = verify != 0;
+    tzip::gpu::DecodePlan* p = nullptr;
+    const int rc = from_status(tzip::gpu::decode_plan_create(items.data(), count, opt, d_errors, &p),
+                               "tzip_gpu_decode_plan");
+    if (rc == 0) *plan = reinterpret_cast<tzip_decode_plan*>(p);
+    return rc;
+  });
+}
+
+int tzip_gpu_decode_run(const tzip_decode_plan* plan, void* stream) {
+  return guarded("tzip_gpu_decode_run", [&]() -> int {
+    return from_status(tzip::gpu::decode_plan_run(reinterpret_cast<const tzip::gpu::DecodePlan*>(plan), stream),
+                       "tzip_gpu_decode_run");
+  });
+}
+
+void tzip_gpu_decode_plan_free(tzip_decode_plan* plan) {
+  tzip::gpu::decode_plan_destroy(reinterpret_cast<tzip::gpu::DecodePlan*>(plan));
 }
 
 }  // extern "C"

@@ -103,6 +103,25 @@ struct DecodeOptions {
 /// partly written, never anything outside it. Asynchronous like encode.
 Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors);
 
+// ------------------------------------------------------------------------------------------------ decode plans
+
+/// A decode of fixed frames into fixed outputs, prepared once and run many times (weights kept compressed for
+/// inference: the same block decoded before every forward). Its descriptors live in device memory of its own, so a run
+/// queues only two memsets and the kernels: no allocation, no host-to-device copy, no pointer look-up, and it can be
+/// captured in a CUDA graph (torch.cuda.graph). Runs of one plan must not overlap (they share its workspace): order
+/// them on one stream, or with events.
+struct DecodePlan;
+
+/// Prepares the decode of `items` (as decode(); their pointers must stay valid for the plan's life) reporting into
+/// `d_errors`. Synchronous (allocates and copies); on success *plan owns device memory until decode_plan_destroy.
+Status decode_plan_create(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors,
+                          DecodePlan** plan);
+/// Queues one run of the plan on `stream` (a cudaStream_t of the plan's device): what decode() would do with the same
+/// items, byte for byte, errors included.
+Status decode_plan_run(const DecodePlan* plan, void* stream);
+/// Frees the plan's device memory (its runs must have finished). Null is a no-op.
+void decode_plan_destroy(DecodePlan* plan);
+
 // ------------------------------------------------------------------------------------------------ tuning / tests
 
 /// Knobs for benchmarks and tests; defaults are the production settings.
@@ -165,6 +184,9 @@ Status alloc_async(void** p, size_t bytes, void* stream);
 void free_async(void* p, void* stream);
 Status memset_async(void* p, int value, size_t bytes, void* stream);
 Status check_launch(const char* what);
+/// The Status of a CUDA runtime error code (a cudaError_t): kOutOfMemory for cudaErrorMemoryAllocation, else
+/// kCudaError with "what: <CUDA's text>"; ok for cudaSuccess.
+Status cuda_status(int cuda_error, const char* what);
 
 }  // namespace detail
 

@@ -16,16 +16,22 @@
 namespace tzip {
 namespace gpu {
 
-namespace {
+namespace detail {
 
-Status cuda_status(cudaError_t e, const char* what) {
+Status cuda_status(int e, const char* what) {
   Status s;
   if (e != cudaSuccess) {
     s.code = e == cudaErrorMemoryAllocation ? kOutOfMemory : kCudaError;
-    s.message = std::string(what) + ": " + cudaGetErrorString(e);
+    s.message = std::string(what) + ": " + cudaGetErrorString(cudaError_t(e));
   }
   return s;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::cuda_status;
 
 Tuning g_tuning;
 std::mutex g_tuning_mu;

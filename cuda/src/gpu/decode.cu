@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -1520,9 +1521,25 @@ Status TZIP_PART_FN(const DecArgs& a, int sm_budget, int sm_count, cudaStream_t 
 #if !defined(TZIP_DECODE_PART)
 using namespace dec;
 
-Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors) {
-  using namespace detail;
-  if (count == 0) return Status{};
+namespace {
+
+/// The workspace of a call of `count` frames: descriptors, error keys and tickets first and contiguous (one upload
+/// sets all three), then the per-class prefix sums and the queue of deferred chunks.
+struct Workspace {
+  size_t b_t, b_err, b_base, b_tickets, b_queue;
+  size_t bytes() const { return b_t + b_err + kClasses * b_base + b_tickets + b_queue; }
+  size_t image_bytes() const { return b_t + b_err + b_tickets; }
+};
+
+Workspace workspace_of(size_t count, uint64_t queue_cap) {
+  auto al = [](size_t x) { return (x + 255) & ~size_t(255); };
+  return Workspace{al(sizeof(DecTensor) * count), al(8 * count), al(8 * (count + 1)), al(64), al(8 * queue_cap)};
+}
+
+/// Checks the items and fills their descriptors; *queue_cap and *out_total get the queue's size and the output bytes;
+/// `ptrs` gets every pointer (d_errors first) for DeviceGuard::bind.
+Status describe(const DecodeItem* items, size_t count, int32_t* d_errors, std::vector<DecTensor>* tensors,
+                std::vector<const void*>* ptrs, uint64_t* queue_cap, uint64_t* out_total) {
   Status st;
   if (!items || !d_errors) {
     st.code = kInvalidArgument;
@@ -1534,10 +1551,10 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
     st.message = "too many frames in one call";
     return st;
   }
-  std::vector<DecTensor> tensors(count);
-  std::vector<const void*> ptrs;
-  ptrs.push_back(d_errors);
-  uint64_t queue_cap = 0, out_total = 0;
+  tensors->assign(count, DecTensor{});
+  ptrs->push_back(d_errors);
+  *queue_cap = 0;
+  *out_total = 0;
   for (size_t i = 0; i < count; ++i) {
     const DecodeItem& it = items[i];
     if ((!it.frame && it.frame_bytes) || (!it.out && it.out_bytes)) {
@@ -1545,46 +1562,90 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
       st.message = "frame " + std::to_string(i) + ": null pointer with a nonzero size";
       return st;
     }
-    DecTensor& t = tensors[i];
+    DecTensor& t = (*tensors)[i];
     std::memset(&t, 0, sizeof t);
     t.frame = static_cast<const uint8_t*>(it.frame);
     t.frame_len = it.frame ? it.frame_bytes : 0;
     t.out = static_cast<uint8_t*>(it.out);
     t.out_len = it.out_bytes;
-    queue_cap += it.out_bytes / kMinChunkBytes + 1;
-    out_total += it.out_bytes;
-    if (it.frame) ptrs.push_back(it.frame);
-    if (it.out) ptrs.push_back(it.out);
+    *queue_cap += it.out_bytes / kMinChunkBytes + 1;
+    *out_total += it.out_bytes;
+    if (it.frame) ptrs->push_back(it.frame);
+    if (it.out) ptrs->push_back(it.out);
   }
+  return st;
+}
+
+/// The kernels' arguments over a workspace laid out by `w` at `ws`.
+DecArgs args_over(void* ws, const Workspace& w, size_t count, uint64_t queue_cap, bool verify, int32_t* d_errors,
+                  const Tuning& tune) {
+  uint8_t* p = static_cast<uint8_t*>(ws);
+  DecArgs a{};
+  a.t = reinterpret_cast<DecTensor*>(p); p += w.b_t;
+  a.err = reinterpret_cast<unsigned long long*>(p); p += w.b_err;
+  a.tickets = reinterpret_cast<unsigned long long*>(p);
+  a.queue_len = a.tickets + 3;
+  p += w.b_tickets;
+  for (uint32_t c = 0; c < kClasses; ++c) { a.base[c] = reinterpret_cast<uint64_t*>(p); p += w.b_base; }
+  a.queue = reinterpret_cast<unsigned long long*>(p);
+  a.queue_cap = queue_cap;
+  a.n = uint32_t(count);
+  a.verify = verify ? 1 : 0;
+  a.errors = d_errors;
+  a.debug = tune.debug ? 1 : 0;
+  a.bf16_class = tune.bf16_kernel ? 1 : 0;
+  a.ring_pairs = tune.ring_pairs ? 1 : 0;
+  return a;
+}
+
+/// The image the upload copies to the start of the workspace: descriptors, error keys at ~0 (no error), tickets at 0.
+std::vector<uint8_t> image_of(const std::vector<DecTensor>& tensors, const Workspace& w) {
+  std::vector<uint8_t> image(w.image_bytes(), 0);
+  std::memcpy(image.data(), tensors.data(), sizeof(DecTensor) * tensors.size());
+  std::memset(image.data() + w.b_t, 0xFF, 8 * tensors.size());
+  return image;
+}
+
+/// The kernels of a call, in order, on `s` (after its descriptors, error keys and tickets are in place).
+Status queue_kernels(const DecArgs& a, int sm_budget, int sms, cudaStream_t s, uint32_t tile_ok, uint32_t defer_all) {
+  using namespace detail;
+  int grid = 0;
+  size_t smem = 0;
+  Status r = persistent_grid(reinterpret_cast<const void*>(parse_kernel), 1024, &smem, sm_budget, sms, a.n, &grid);
+  if (!r.ok()) return r;
+  parse_kernel<<<grid, 1024, smem, s>>>(a);
+  if (!(r = check_launch("parse_kernel")).ok()) return r;
+  scan_kernel<<<1, 1024, 0, s>>>(a);
+  if (!(r = check_launch("scan_kernel")).ok()) return r;
+  if (!(r = run_part1(a, sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
+  if (!(r = run_part2(a, sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
+  if (a.bf16_class && !(r = run_part3(a, sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
+  if (a.bf16_class && !(r = run_part4(a, sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
+  if (!(r = run_part0(a, sm_budget, sms, s, 0, 0)).ok()) return r;
+  errors_kernel<<<(unsigned)std::min<size_t>((a.n + 255) / 256, 1024), 256, 0, s>>>(a);
+  return check_launch("errors_kernel");
+}
+
+}  // namespace
+
+Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors) {
+  using namespace detail;
+  if (count == 0) return Status{};
+  std::vector<DecTensor> tensors;
+  std::vector<const void*> ptrs;
+  uint64_t queue_cap = 0, out_total = 0;
+  Status st = describe(items, count, d_errors, &tensors, &ptrs, &queue_cap, &out_total);
+  if (!st.ok()) return st;
   DeviceGuard guard;
   st = opt.device >= 0 ? guard.bind_device(opt.device) : guard.bind(ptrs.data(), ptrs.size());
   if (!st.ok()) return st;
   void* stream = opt.stream;
   const Tuning tune = get_tuning();
-
-  auto al = [](size_t x) { return (x + 255) & ~size_t(255); };
-  const size_t b_t = al(sizeof(DecTensor) * count), b_err = al(8 * count), b_base = al(8 * (count + 1)),
-               b_tickets = al(64), b_queue = al(8 * queue_cap);
+  const Workspace w = workspace_of(count, queue_cap);
   void* ws = nullptr;
-  st = alloc_async(&ws, b_t + b_err + kClasses * b_base + b_tickets + b_queue, stream);
+  st = alloc_async(&ws, w.bytes(), stream);
   if (!st.ok()) return st;
-  // Descriptors, error keys and tickets first and contiguous: one upload sets all three (below).
-  uint8_t* p = static_cast<uint8_t*>(ws);
-  DecArgs a{};
-  a.t = reinterpret_cast<DecTensor*>(p); p += b_t;
-  a.err = reinterpret_cast<unsigned long long*>(p); p += b_err;
-  a.tickets = reinterpret_cast<unsigned long long*>(p);
-  a.queue_len = a.tickets + 3;
-  p += b_tickets;
-  for (uint32_t c = 0; c < kClasses; ++c) { a.base[c] = reinterpret_cast<uint64_t*>(p); p += b_base; }
-  a.queue = reinterpret_cast<unsigned long long*>(p);
-  a.queue_cap = queue_cap;
-  a.n = uint32_t(count);
-  a.verify = opt.verify ? 1 : 0;
-  a.errors = d_errors;
-  a.debug = tune.debug ? 1 : 0;
-  a.bf16_class = tune.bf16_kernel ? 1 : 0;
-  a.ring_pairs = tune.ring_pairs ? 1 : 0;
+  const DecArgs a = args_over(ws, w, count, queue_cap, opt.verify, d_errors, tune);
 
   auto fail = [&](Status s) {
     free_async(ws, stream);
@@ -1593,33 +1654,13 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
   const cudaStream_t s = cudaStream_t(stream);
   const int sms = guard.sm_count();
   const uint32_t tile_ok = tune.use_tile_decode ? 1 : 0, defer_all = tune.defer_all ? 1 : 0;
-  // The kernels of the call, in order (queued after the descriptors' upload).
-  auto kernels = [&]() -> Status {
-    int grid = 0;
-    size_t smem = 0;
-    Status r = persistent_grid(reinterpret_cast<const void*>(parse_kernel), 1024, &smem, opt.sm_budget, sms, count,
-                               &grid);
-    if (!r.ok()) return r;
-    parse_kernel<<<grid, 1024, smem, s>>>(a);
-    if (!(r = check_launch("parse_kernel")).ok()) return r;
-    scan_kernel<<<1, 1024, 0, s>>>(a);
-    if (!(r = check_launch("scan_kernel")).ok()) return r;
-    if (!(r = run_part1(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
-    if (!(r = run_part2(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
-    if (a.bf16_class && !(r = run_part3(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
-    if (a.bf16_class && !(r = run_part4(a, opt.sm_budget, sms, s, tile_ok, defer_all)).ok()) return r;
-    if (!(r = run_part0(a, opt.sm_budget, sms, s, 0, 0)).ok()) return r;
-    errors_kernel<<<(unsigned)std::min<size_t>((count + 255) / 256, 1024), 256, 0, s>>>(a);
-    return check_launch("errors_kernel");
-  };
+  auto kernels = [&]() -> Status { return queue_kernels(a, opt.sm_budget, sms, s, tile_ok, defer_all); };
   // The error keys start at ~0 (no error) and the tickets at 0. For a batch of up to kInitUploadBytes of them, they go
   // up with the descriptors: a small call's fixed cost is mostly its stream operations (gpu_test --small-calls), and
   // this saves two of them. Such a call of a caller that allows it (opt.graphs) is replayed from a CUDA graph of the
   // whole sequence, kept per stream and everything the kernels' arguments are made of (gpu/graph.h).
-  if (b_err <= kInitUploadBytes) {
-    std::vector<uint8_t> image(b_t + b_err + b_tickets, 0);
-    std::memcpy(image.data(), tensors.data(), sizeof(DecTensor) * count);
-    std::memset(image.data() + b_t, 0xFF, 8 * count);
+  if (w.b_err <= kInitUploadBytes) {
+    const std::vector<uint8_t> image = image_of(tensors, w);
     if (opt.graphs && count <= kGraphMaxItems && out_total <= kGraphMaxBytes) {
       GraphKey key;
       key.w = {1, uint64_t(guard.device()), uint64_t(reinterpret_cast<uintptr_t>(stream)), count, a.verify,
@@ -1640,6 +1681,78 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
   if (!(st = kernels()).ok()) return fail(st);
   free_async(ws, stream);
   return Status{};
+}
+
+// ------------------------------------------------------------------------------------------------ decode plans
+
+struct DecodePlan {
+  int device = -1;
+  int sm_budget = 10;
+  int sms = 0;
+  uint32_t tile_ok = 1, defer_all = 0;
+  void* ws = nullptr;  // cudaMalloc'd: lives as long as the plan
+  DecArgs args{};
+};
+
+Status decode_plan_create(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors,
+                          DecodePlan** out) {
+  using namespace detail;
+  if (!out) return Status{kInvalidArgument, "decode_plan_create: null result pointer"};
+  *out = nullptr;
+  if (count == 0) return Status{kInvalidArgument, "decode_plan_create: a plan needs at least one frame"};
+  std::vector<DecTensor> tensors;
+  std::vector<const void*> ptrs;
+  uint64_t queue_cap = 0, out_total = 0;
+  Status st = describe(items, count, d_errors, &tensors, &ptrs, &queue_cap, &out_total);
+  if (!st.ok()) return st;
+  DeviceGuard guard;
+  st = opt.device >= 0 ? guard.bind_device(opt.device) : guard.bind(ptrs.data(), ptrs.size());
+  if (!st.ok()) return st;
+  const Tuning tune = get_tuning();
+  const Workspace w = workspace_of(count, queue_cap);
+  auto plan = std::make_unique<DecodePlan>();
+  cudaError_t e = cudaMalloc(&plan->ws, w.bytes());
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    plan->ws = nullptr;
+    return cuda_status(e, "cudaMalloc of a decode plan's workspace");
+  }
+  // Synchronous: the descriptors are in place before any stream can run the plan.
+  const std::vector<uint8_t> image = image_of(tensors, w);
+  e = cudaMemcpy(plan->ws, image.data(), image.size(), cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(plan->ws);
+    return cuda_status(e, "cudaMemcpy of a decode plan's descriptors");
+  }
+  plan->device = guard.device();
+  plan->sm_budget = opt.sm_budget;
+  plan->sms = guard.sm_count();
+  plan->tile_ok = tune.use_tile_decode ? 1 : 0;
+  plan->defer_all = tune.defer_all ? 1 : 0;
+  plan->args = args_over(plan->ws, w, count, queue_cap, opt.verify, d_errors, tune);
+  *out = plan.release();
+  return Status{};
+}
+
+Status decode_plan_run(const DecodePlan* plan, void* stream) {
+  using namespace detail;
+  if (!plan) return Status{kInvalidArgument, "decode_plan_run: null plan"};
+  DeviceGuard guard;
+  Status st = guard.bind_device(plan->device);
+  if (!st.ok()) return st;
+  const DecArgs& a = plan->args;
+  // The parse kernel rewrites every parsed field of the descriptors, so only the error keys and tickets start over.
+  if (!(st = memset_async(a.err, 0xFF, 8 * size_t(a.n), stream)).ok()) return st;
+  if (!(st = memset_async(a.tickets, 0, 64, stream)).ok()) return st;
+  return queue_kernels(a, plan->sm_budget, plan->sms, cudaStream_t(stream), plan->tile_ok, plan->defer_all);
+}
+
+void decode_plan_destroy(DecodePlan* plan) {
+  if (!plan) return;
+  detail::DeviceGuard guard;
+  if (guard.bind_device(plan->device).ok()) cudaFree(plan->ws);
+  delete plan;
 }
 #endif  // !TZIP_DECODE_PART
 
