@@ -50,3 +50,26 @@ def test_connect_to_a_socket_whose_folder_cannot_be_made_falls_back_to_raw_and_w
 def test_strict_connect_to_a_socket_whose_folder_cannot_be_made_raises_daemon_unavailable(socket_under_a_file):
     with pytest.raises(DaemonUnavailableError, match="notes.txt"):
         tzip.connect(socket_under_a_file, strict=True)
+
+
+def test_a_json_file_given_as_safetensors_is_called_not_a_safetensors_file(tmp_path):
+    """A model folder's config.json given where a safetensors file goes (tzip.files.compress_file, as `tzip compress
+    config.json` in the CLI): the error says it is not a safetensors file and shows the text it starts with. It used
+    to say only "safetensors header length 7234013700659612283 exceeds the 100000000-byte limit". The code stays
+    TZIP_CORRUPT (the CLI's exit code 2), as the TypeScript reader's (test/cli.test.ts)."""
+    import json
+
+    from tzip import _container, files
+
+    src = tmp_path / "config.json"
+    src.write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": 384}, indent=2))
+    with pytest.raises(_container.ContainerError) as e:
+        files.compress_file(src, tmp_path / "config.tzip")
+    assert e.value.code == "TZIP_CORRUPT"
+    assert 'not a safetensors file: it starts with text ("{\\n  \\"arc")' in str(e.value), str(e.value)
+    assert str(src) in str(e.value)
+    assert not (tmp_path / "config.tzip").exists()
+    # a binary length that is merely absurd is not called text
+    with pytest.raises(_container.ContainerError) as e:
+        _container.parse_header_length((2 ** 63).to_bytes(8, "little"), 100, "x.safetensors")
+    assert e.value.code == "TZIP_CORRUPT" and "not a safetensors file" not in str(e.value)
