@@ -18,6 +18,8 @@ import torch
 import tzip
 from tzip.client import DaemonUnavailableError
 
+from test_client_support import shared_daemon as daemon  # noqa: F401  (one daemon for the module)
+
 
 @pytest.fixture
 def socket_under_a_file(tmp_path, monkeypatch):
@@ -73,3 +75,15 @@ def test_a_json_file_given_as_safetensors_is_called_not_a_safetensors_file(tmp_p
     with pytest.raises(_container.ContainerError) as e:
         _container.parse_header_length((2 ** 63).to_bytes(8, "little"), 100, "x.safetensors")
     assert e.value.code == "TZIP_CORRUPT" and "not a safetensors file" not in str(e.value)
+
+
+def test_an_empty_tensor_has_no_ratio_rather_than_nan(daemon):
+    """CompressedTensor.ratio of an empty tensor is None (the CLI's --json null, its tables' "-"), and its repr says
+    ``ratio=-``: it used to be NaN, printed ``ratio=nan``. The tensor still comes back as it went."""
+    with tzip.connect(daemon.socket, spawn=False) as c:
+        empty, full = c.compress([torch.empty(0, 4, dtype=torch.bfloat16), torch.ones(512, dtype=torch.bfloat16)])
+        assert empty.nbytes == 0 and empty.ratio is None
+        assert "ratio=-," in repr(empty) and "nan" not in repr(empty)
+        assert isinstance(full.ratio, float) and full.ratio == full.compressed_nbytes / 1024
+        back = c.decompress(empty)
+        assert back.dtype == torch.bfloat16 and tuple(back.shape) == (0, 4)
