@@ -10,6 +10,7 @@ out of every integration that uses the default client (``tzip.save`` included).
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -87,3 +88,33 @@ def test_an_empty_tensor_has_no_ratio_rather_than_nan(daemon):
         assert isinstance(full.ratio, float) and full.ratio == full.compressed_nbytes / 1024
         back = c.decompress(empty)
         assert back.dtype == torch.bfloat16 and tuple(back.shape) == (0, 4)
+
+
+@pytest.mark.parametrize("mode, chmod", [(0o755, True), (0o1777, False)])
+def test_a_socket_folder_open_to_others_falls_back_with_the_fix_in_the_warning(tmp_path, monkeypatch, mode, chmod):
+    """A socket in an existing folder of mode 755 (a `mkdir` with the usual umask): the daemon refuses such a folder,
+    and the client falls back to raw frames with one warning that leads with the folder, its mode and the fix (a
+    socket in a folder of its own, or `chmod 700 DIR`; never chmod for a folder others write in, such as a 1777 one).
+    It used to give the fix only inside the daemon's log tail, and not at all where no CLI could be found (a pip
+    install without Node: here $TZIP_CLI names no file). strict=True raises DaemonUnavailableError with the same
+    words."""
+    folder = tmp_path / "sockets"
+    folder.mkdir()
+    os.chmod(folder, mode)
+    monkeypatch.setenv("TZIP_CLI", str(tmp_path / "no-cli.js"))
+    socket = str(folder / "tzip.sock")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c = tzip.connect(socket)
+        try:
+            assert c.compress(torch.ones(64)).codec == "raw"
+        finally:
+            c.close()
+    ours = [str(w.message) for w in caught if "tzip" in str(w.message)]
+    assert len(ours) == 1, ours
+    assert f"the socket folder {folder} has mode {mode:o}, open to other users" in ours[0], ours[0]
+    assert f"e.g. {folder / f'tzip-{os.getuid()}' / 'tzip.sock'}" in ours[0]
+    assert (f"`chmod 700 {folder}`" in ours[0]) is chmod
+    assert not (folder / "tzip.sock.log").exists()  # no daemon was started only to be refused
+    with pytest.raises(DaemonUnavailableError, match="open to other users"):
+        tzip.connect(socket, strict=True)
