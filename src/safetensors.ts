@@ -125,10 +125,27 @@ function elementCount(shape: readonly number[]): bigint {
 }
 
 /**
+ * "not a safetensors file: it starts with text ..." when the 8 bytes where a safetensors file keeps its header
+ * length are all printable ASCII or whitespace (a config.json, a README, a tokenizer file passed by mistake: read
+ * as a u64 those give lengths like 7234013700659612283, which alone told a user nothing); "" otherwise. A real
+ * header length is below 2^27 (100 MB), so its high bytes are 0 and never all printable; and 8 printable bytes
+ * always read as more than 100 MB (the top byte is at least 0x09), so only the TZIP_CORRUPT case needs the note.
+ */
+function textPrefixNote(prefix: Uint8Array): string {
+  const head = prefix.subarray(0, LENGTH_PREFIX_BYTES);
+  const printable = (b: number) => (b >= 0x20 && b <= 0x7e) || b === 0x09 || b === 0x0a || b === 0x0d;
+  if (!head.every(printable)) return '';
+  return `not a safetensors file: it starts with text (${JSON.stringify(Buffer.from(head).toString('latin1'))}) where a `
+    + 'safetensors file starts with the length of its JSON header, an 8-byte little-endian integer; ';
+}
+
+/**
  * Reads the header length N from the first 8 bytes of a safetensors file.
  * @param fileSize size of the whole safetensors file in bytes.
  * @throws TzipError TZIP_TRUNCATED when fewer than 8 bytes exist or N > fileSize - 8;
- *   TZIP_CORRUPT when N exceeds {@link MAX_HEADER_BYTES}. Errors name `file`.
+ *   TZIP_CORRUPT when N exceeds {@link MAX_HEADER_BYTES}; when those 8 bytes are text (a JSON or text file that
+ *   is not safetensors) its message starts with "not a safetensors file: it starts with text", the code being the
+ *   same. Errors name `file`.
  */
 export function parseHeaderLength(prefix: Uint8Array, fileSize: number, file: string): number {
   if (prefix.byteLength < LENGTH_PREFIX_BYTES || fileSize < LENGTH_PREFIX_BYTES) {
@@ -136,7 +153,8 @@ export function parseHeaderLength(prefix: Uint8Array, fileSize: number, file: st
   }
   const n = Buffer.from(prefix.buffer, prefix.byteOffset, LENGTH_PREFIX_BYTES).readBigUInt64LE(0);
   if (n > BigInt(MAX_HEADER_BYTES)) {
-    throw new TzipError('TZIP_CORRUPT', `safetensors header length ${n} exceeds the ${MAX_HEADER_BYTES}-byte limit`, { file });
+    throw new TzipError('TZIP_CORRUPT',
+      `${textPrefixNote(prefix)}safetensors header length ${n} exceeds the ${MAX_HEADER_BYTES}-byte limit`, { file });
   }
   const length = Number(n);
   if (length > fileSize - LENGTH_PREFIX_BYTES) {

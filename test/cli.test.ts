@@ -162,6 +162,20 @@ describe('tzip', () => {
     expect((JSON.parse(d.stdout) as { error: { tensor: string } }).error.tensor).toBe('encoder.weight');
   });
 
+  it('says a JSON file given to compress is not a safetensors file, with the same exit code and error code', async () => {
+    // A new user's first try (issue 36): the model folder's config.json. The message used to be only "safetensors
+    // header length 7234013700659612283 exceeds the 100000000-byte limit".
+    await writeFile(join(tmp(), 'config.json'), JSON.stringify({ architectures: ['BertModel'], hidden_size: 384 }, null, 2));
+    const r = await run('compress', 'config.json', '-o', 'config.tzip');
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain('config.json: not a safetensors file: it starts with text ("{\\n  \\"arc")');
+    const j = await run('compress', 'config.json', '-o', 'config.tzip', '--json');
+    expect(j.code).toBe(2);
+    const err = (JSON.parse(j.stdout) as { error: { code: string; exitCode: number; message: string } }).error;
+    expect([err.code, err.exitCode]).toEqual(['TZIP_CORRUPT', 2]);
+    expect(err.message).toContain('not a safetensors file');
+  });
+
   it('prints tensor names and dtype strings from a file with their control characters escaped', async () => {
     // A name that would set the terminal title, colour the rest red and forge a table row (an adversarial pass found
     // them printed raw by inspect and in error messages).

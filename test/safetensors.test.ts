@@ -151,6 +151,16 @@ describe('parseSafetensorsHeader', () => {
     enormous.writeBigUInt64LE(2n ** 63n);
     expectTzipError(() => parse(enormous), 'TZIP_CORRUPT');
     expectTzipError(() => parse(Buffer.alloc(5)), 'TZIP_TRUNCATED');
+    // a binary length that is absurd is not called text
+    expect(expectTzipError(() => parse(enormous), 'TZIP_CORRUPT').message).not.toContain('not a safetensors file');
+  });
+
+  it('says a text file is not a safetensors file, keeping the error codes', () => {
+    const json = Buffer.from('{\n  "architectures": ["BertModel"]\n}\n');
+    const e = expectTzipError(() => parse(json), 'TZIP_CORRUPT'); // "{\n  \"arc" read as a u64 is over 100 MB
+    expect(e.message).toContain('not a safetensors file: it starts with text ("{\\n  \\"arc")');
+    const t = Buffer.from('hi there, a README');
+    expect(expectTzipError(() => parse(t), 'TZIP_CORRUPT').message).toContain('it starts with text ("hi there")');
   });
 
   it('keeps a tensor named __proto__', () => {

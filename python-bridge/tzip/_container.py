@@ -221,16 +221,32 @@ def _is_offset(v: Any) -> bool:
     return isinstance(v, float) and v.is_integer() and 0 <= v <= _MAX_SAFE
 
 
+def _text_prefix_note(prefix: bytes) -> str:
+    """"not a safetensors file: it starts with text ..." when the 8 bytes where a safetensors file keeps its header
+    length are all printable ASCII or whitespace (a config.json or README passed by mistake: read as a u64 they give
+    lengths like 7234013700659612283, which alone told a user nothing); "" otherwise. A real header length is below
+    2^27 (100 MB): its high bytes are 0, never printable; 8 printable bytes always read as more than 100 MB (the top
+    byte is at least 0x09), so only the TZIP_CORRUPT case needs the note. The same words as the TypeScript reader's."""
+    head = bytes(prefix[:_LENGTH_PREFIX])
+    if not all(0x20 <= b <= 0x7E or b in (0x09, 0x0A, 0x0D) for b in head):
+        return ""
+    return (f"not a safetensors file: it starts with text ({json.dumps(head.decode('latin-1'))}) where a safetensors "
+            "file starts with the length of its JSON header, an 8-byte little-endian integer; ")
+
+
 def parse_header_length(prefix: bytes, file_size: int, file: str | os.PathLike) -> int:
     """N from the first 8 bytes of a safetensors file of ``file_size`` bytes.
 
-    Raises ContainerError: TZIP_TRUNCATED (fewer than 8 bytes, or N > file_size - 8), TZIP_CORRUPT (N > 100,000,000).
+    Raises ContainerError: TZIP_TRUNCATED (fewer than 8 bytes, or N > file_size - 8), TZIP_CORRUPT (N > 100,000,000;
+    when those 8 bytes are text, a JSON or text file that is not safetensors, the message starts with "not a
+    safetensors file: it starts with text").
     """
     if len(prefix) < _LENGTH_PREFIX or file_size < _LENGTH_PREFIX:
         raise ContainerError("TZIP_TRUNCATED", f"safetensors file of {file_size} bytes has no 8-byte header length", file)
     (n,) = struct.unpack_from("<Q", prefix, 0)
     if n > MAX_HEADER_BYTES:
-        raise ContainerError("TZIP_CORRUPT", f"safetensors header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit", file)
+        raise ContainerError("TZIP_CORRUPT", f"{_text_prefix_note(prefix)}safetensors header length {n} exceeds the "
+                                             f"{MAX_HEADER_BYTES}-byte limit", file)
     if n > file_size - _LENGTH_PREFIX:
         raise ContainerError("TZIP_TRUNCATED", f"safetensors header length {n} exceeds the {file_size - _LENGTH_PREFIX} "
                                                "bytes after the length prefix", file)

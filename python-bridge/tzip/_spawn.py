@@ -246,6 +246,31 @@ def cli_command() -> list[str]:
 last_spawn_cli: CliChoice | None = None
 
 
+def open_folder_problem(sock_dir: str, socket_path: str) -> str | None:
+    """Why the daemon would refuse an existing socket folder open to group or others, and how to fix it (the words of
+    src/daemon/paths.ts openFolderMessage: a socket in a folder of its own, or ``chmod 700 DIR`` for a folder that
+    others cannot write in); None when the folder is private, missing or not ours to judge (another user's, not a
+    folder: the daemon says why). Checked before a daemon is started, so the fix reaches the user's warning even
+    where no CLI can be found or the daemon's log cannot be read."""
+    try:
+        st = os.lstat(sock_dir)
+    except OSError:
+        return None
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or not (st.st_mode & 0o077):
+        return None
+    example = os.path.join(sock_dir, f"tzip-{os.getuid()}", os.path.basename(socket_path))
+    instead = (f"name a socket in a folder of its own, e.g. {example} (TZIP_SOCKET or tzip.connect(socket)), which "
+               "tzip creates with mode 0700" if len(os.fsencode(example)) <= MAX_SOCKET_PATH_BYTES else
+               "name a socket in a folder of its own (TZIP_SOCKET or tzip.connect(socket)), which tzip creates with mode 0700")
+    # A folder others may write in (/tmp, a shared project folder) is theirs too: never suggest closing it.
+    shared = bool(st.st_mode & 0o022) or bool(st.st_mode & 0o1000)
+    close = "" if shared else f"; or, if {sock_dir} is tzip's alone, `chmod 700 {sock_dir}`"
+    return (f"the socket folder {sock_dir} has mode {stat.S_IMODE(st.st_mode):o}, open to other users: tzip keeps its "
+            f"socket in a private folder and changes the mode only of a folder it creates; {instead}{close}")
+
+
 def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] | None = None) -> int:
     """Starts a daemon on ``socket_path`` unless one runs; waits until it serves. Returns its pid.
 
@@ -269,6 +294,9 @@ def spawn_daemon(socket_path: str, timeout: float = 15.0, extra_args: list[str] 
             pass
     except OSError as e:  # a failed start like the others: the client falls back to raw frames (strict: raises)
         raise DaemonSpawnError(f"cannot start the tzip daemon: cannot create the socket folder {sock_dir}: {e}") from e
+    problem = open_folder_problem(sock_dir, socket_path)
+    if problem is not None:  # the daemon would refuse it: say so, with the fix, first (not after a log tail)
+        raise DaemonSpawnError(f"cannot start the tzip daemon: {problem}")
     log_path = socket_path + ".log"
     cli = find_cli()
     global last_spawn_cli

@@ -18,7 +18,9 @@ What :func:`attach` switches on, for the rest of the run (until :func:`detach`):
   ``LosslessState.enabled`` afterwards. Call attach/detach on every rank at the same iteration (between
   ``optimizer.step()`` and the next forward): all ranks must take the same path for a bucket.
 * ``optimizer`` (a ``torch.optim.Optimizer``): its state is offloaded compressed between steps
-  (:class:`tzip.optim.AttachedOffload`: hooks on the optimizer; the job keeps calling its own ``step()``).
+  (:class:`tzip.optim.AttachedOffload`: hooks on the optimizer; the job keeps calling its own ``step()``). A
+  wrapper (Hugging Face Trainer's ``AcceleratedOptimizer``, ``ZeroRedundancyOptimizer``) gets the hooks on the
+  optimizer it steps, and the job keeps calling the wrapper.
   :func:`detach` brings the state back uncompressed.
 * the checkpoint helpers (``tzip.save``, ``tzip.checkpoint.Writer``) called without a ``codec`` compress (the
   Client's default: "fast" for CUDA tensors, "auto" for CPU tensors);
@@ -153,13 +155,27 @@ def _attach_ddp(ddp, process_group, client, strict: bool, codec: str | None):
     return state
 
 
-def _attach_optimizer(opt, client, strict: bool, codec: str | None):
+def _state_optimizer(opt):
+    """The optimizer attach hooks (tzip.optim.optimizer_holding_state): ``opt``, or the one a wrapper such as
+    Accelerate's AcceleratedOptimizer or ZeroRedundancyOptimizer steps for it. TypeError, before anything changed,
+    for what is not an optimizer (an LR scheduler: named, with the way to its optimizer) or a wrapper whose state
+    cannot be reached."""
     import torch
 
-    from .optim import AttachedOffload, CompressedOffload
+    from .optim import optimizer_holding_state
 
     if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError(f"tzip.attach(optimizer=...) takes a torch.optim.Optimizer, got {type(opt).__name__}")
+        inner = getattr(opt, "optimizer", None)
+        hint = (f" (it holds a {type(inner).__name__}: pass its .optimizer)"
+                if isinstance(inner, torch.optim.Optimizer) else "")
+        raise TypeError(f"tzip.attach(optimizer=...) takes a torch.optim.Optimizer, got {type(opt).__name__}{hint}")
+    return optimizer_holding_state(opt)
+
+
+def _attach_optimizer(opt, client, strict: bool, codec: str | None):
+    from .optim import AttachedOffload, CompressedOffload
+
+    opt = _state_optimizer(opt)
     if isinstance(opt, CompressedOffload):
         return None  # its state is offloaded compressed already
     off = getattr(opt, "_tzip_offload", None)
@@ -187,7 +203,10 @@ def attach(model=None, optimizer=None, process_group=None, job: str | None = Non
 
     Args:
         model: a ``DistributedDataParallel`` model (its gradients go through tzip's lossless comm hook).
-        optimizer: a ``torch.optim.Optimizer`` (its state is offloaded compressed between steps).
+        optimizer: a ``torch.optim.Optimizer`` (its state is offloaded compressed between steps), or a wrapper that
+            passes for one: Accelerate's ``AcceleratedOptimizer`` (Hugging Face Trainer's ``trainer.optimizer``) and
+            ``ZeroRedundancyOptimizer`` (``overlap_with_ddp=False``) attach the optimizer they step
+            (:func:`tzip.optim.optimizer_holding_state`); the job keeps calling the wrapper.
         process_group: the group the hook all-reduces over (default: the model's).
         job: the job's name, shared by its ranks (default: $TZIP_JOB, torchrun's $TORCHELASTIC_RUN_ID, else
             ``<script>-<pid>``).
@@ -197,7 +216,7 @@ def attach(model=None, optimizer=None, process_group=None, job: str | None = Non
         strict: raise DaemonUnavailableError instead of sending raw frames while the daemon is away.
 
     Returns an :class:`Attachment`. Raises TypeError (a model that is not DDP, an optimizer that is not a
-    torch.optim.Optimizer), RuntimeError (the model has another comm hook), ValueError (unknown codec) and, with
+    torch.optim.Optimizer, a wrapper whose optimizer cannot be reached: named, and nothing changed), RuntimeError (the model has another comm hook), ValueError (unknown codec) and, with
     ``strict``, DaemonUnavailableError.
     """
     from ._codec_choice import check_codec
@@ -206,10 +225,9 @@ def attach(model=None, optimizer=None, process_group=None, job: str | None = Non
     check_codec(codec)
     ddp = _find_ddp(model) if model is not None else None
     if optimizer is not None:
-        import torch
-
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"tzip.attach(optimizer=...) takes a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        # A wrapper (Trainer's AcceleratedOptimizer, ZeroRedundancyOptimizer) is resolved, or refused, here: before
+        # the daemon hears of the job and before any state is offloaded.
+        optimizer = _state_optimizer(optimizer)
     with _reg.lock:
         c = resolve_client(client, strict)
         devices = []

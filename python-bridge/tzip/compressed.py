@@ -17,7 +17,6 @@ and the metadata do not depend on the device.
 
 from __future__ import annotations
 
-import math
 import struct
 
 import msgpack
@@ -69,13 +68,16 @@ class CompressedTensor:
         return self.payload.numel()
 
     @property
-    def ratio(self) -> float:
-        """compressed / original bytes (lower is better, as in the CLI); NaN for an empty tensor."""
-        return self.payload.numel() / self.nbytes if self.nbytes else math.nan
+    def ratio(self) -> float | None:
+        """compressed / original bytes (lower is better, as in the CLI); None for an empty tensor (``nbytes == 0``:
+        a frame of header bytes over nothing has no ratio), as the CLI's ``--json`` says ``null`` and its tables
+        ``-`` (src/cli/format.ts formatRatio). It used to be NaN, which printed as ``nan`` and poisoned sums."""
+        return self.payload.numel() / self.nbytes if self.nbytes else None
 
     def __repr__(self) -> str:
+        ratio = "-" if self.ratio is None else f"{self.ratio:.4f}"
         return (f"CompressedTensor(dtype={self.dtype}, shape={tuple(self.shape)}, codec={self.codec!r}, "
-                f"nbytes={self.nbytes}, compressed={self.payload.numel()}, ratio={self.ratio:.4f}, device={self.device})")
+                f"nbytes={self.nbytes}, compressed={self.payload.numel()}, ratio={ratio}, device={self.device})")
 
     # --- pickling (torch.save) --------------------------------------------------------------------
     def __getstate__(self):

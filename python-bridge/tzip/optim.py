@@ -123,6 +123,58 @@ def _check_plain_parameters(optimizer: torch.optim.Optimizer) -> None:
                                 "where it is; FSDP2's collectives compress with tzip.fsdp.use_lossless_collectives")
 
 
+def _zero_class():
+    """torch.distributed.optim.ZeroRedundancyOptimizer, or None where torch was built without distributed."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:
+        return None
+    return ZeroRedundancyOptimizer
+
+
+def optimizer_holding_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose ``state`` holds the tensors and whose ``step()`` runs the hooks of
+    ``register_step_pre_hook`` / ``register_step_post_hook``: ``optimizer`` itself, or the one a wrapper that passes
+    ``isinstance(optimizer, torch.optim.Optimizer)`` steps for it. Hooks go on that one, so every call of the
+    wrapper (which calls the inner ``step``, ``state_dict``, ``load_state_dict``) keeps doing what it does.
+
+    * Accelerate's ``AcceleratedOptimizer`` (what Hugging Face Trainer and ``accelerator.prepare`` hand out) never
+      runs ``torch.optim.Optimizer.__init__``: it has no hook dicts and its ``step`` runs no hooks; its ``state``
+      and ``param_groups`` are the wrapped optimizer's (``.optimizer``). Any such delegating wrapper, however deep,
+      is unwrapped to its ``.optimizer``.
+    * ``torch.distributed.optim.ZeroRedundancyOptimizer``: its own ``state`` is not the live one (empty, or the
+      consolidated copy after ``load_state_dict``); this rank's shard is stepped by its local optimizer
+      (``.optim``), inside ZeRO's ``step()`` before the parameters are broadcast.
+
+    Raises TypeError naming the wrapper when the state's optimizer cannot be found (a wrapper without hooks that
+    does not delegate ``state`` to ``.optimizer``; ZeRO with ``overlap_with_ddp=True``, whose local optimizer is a
+    functional one stepped inside DDP's hook).
+    """
+    seen = []
+    opt = optimizer
+    while True:
+        seen.append(type(opt).__name__)
+        zero = _zero_class()
+        if zero is not None and isinstance(opt, zero):
+            inner = getattr(opt, "optim", None)
+            if getattr(opt, "_overlap_with_ddp", False) or not isinstance(inner, torch.optim.Optimizer):
+                raise TypeError("ZeroRedundancyOptimizer(overlap_with_ddp=True) steps a functional optimizer inside "
+                                "DDP's comm hook: tzip cannot offload its state (overlap_with_ddp=False can)")
+            opt = inner
+            continue
+        if "_optimizer_step_pre_hooks" in vars(opt):  # torch.optim.Optimizer.__init__ ran: hooks work on it
+            return opt
+        inner = getattr(opt, "optimizer", None)
+        if (isinstance(inner, torch.optim.Optimizer) and inner is not opt and len(seen) < 8
+                and getattr(opt, "state", None) is getattr(inner, "state", None)):
+            opt = inner  # a delegating wrapper (AcceleratedOptimizer): its state is the inner optimizer's
+            continue
+        chain = " -> ".join(seen)
+        raise TypeError(f"{chain}: a {type(opt).__name__} never ran torch.optim.Optimizer.__init__ (so its step() "
+                        "runs no hooks) and does not keep its state in a .optimizer it wraps; tzip cannot offload "
+                        "its state without changing what it does")
+
+
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
     return (t.get_device(), t.untyped_storage().data_ptr())  # get_device: -1 for the CPU
 
@@ -247,8 +299,9 @@ class CompressedOffload(torch.optim.Optimizer):
             GPU); None: one chunk per device, dtype and state key.
 
     Raises:
-        TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload, or has DTensor (or
-            other wrapper subclass) parameters, as FSDP2 and tensor parallelism make.
+        TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload or a
+            ZeroRedundancyOptimizer (:func:`tzip.attach` takes that one), or has DTensor (or other wrapper subclass)
+            parameters, as FSDP2 and tensor parallelism make.
         ValueError: unknown codec, negative sizes, or ``strict=True`` with a lenient client.
         DaemonUnavailableError: ``strict=True``, ``client=None`` and no daemon can be reached or started.
     """
@@ -260,6 +313,11 @@ class CompressedOffload(torch.optim.Optimizer):
             raise TypeError(f"CompressedOffload wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, CompressedOffload):
             raise TypeError("this optimizer is already a CompressedOffload")
+        zero = _zero_class()
+        if zero is not None and isinstance(optimizer, zero):
+            # its own state is not the live one (optimizer_holding_state): the offload would hold nothing
+            raise TypeError("CompressedOffload cannot wrap a ZeroRedundancyOptimizer (its shard's state lives in its "
+                            ".optim); keep stepping it and call tzip.attach(optimizer=zero) instead")
         _check_plain_parameters(optimizer)
         check_codec(codec)
         if min_bytes < 1 or (chunk_bytes is not None and chunk_bytes < 1):
@@ -730,6 +788,11 @@ class AttachedOffload:
     def __init__(self, optimizer: torch.optim.Optimizer, codec: str | None = None, client: Client | None = None,
                  strict: bool = False, *, min_bytes: int = DEFAULT_MIN_BYTES,
                  chunk_bytes: int | None = DEFAULT_CHUNK_BYTES):
+        if isinstance(optimizer, torch.optim.Optimizer) and optimizer_holding_state(optimizer) is not optimizer:
+            # Hooks on a wrapper that runs none (AcceleratedOptimizer) failed after the state was offloaded, leaving
+            # placeholders its next step crashed on: refused before anything changes (tzip.attach unwraps it).
+            raise TypeError(f"AttachedOffload hooks the optimizer that holds the state, not a "
+                            f"{type(optimizer).__name__} around it: pass tzip.optim.optimizer_holding_state(opt)")
         self.optimizer = optimizer
         # The offload's machinery (plan, chunks, pinned slabs, restore and offload): its step() is never called,
         # the optimizer's own step is, between the hooks below.
