@@ -208,3 +208,18 @@ def test_cuda_graph_capture_replays_bit_identical():
             assert same_bits(out, ref(ids).logits)
             assert same_bits(model(ids).logits, ref(ids).logits)  # eager calls still right between replays
     model.tzip_compressed.check()
+
+
+def test_bench_inference_runs_on_the_cpu(tmp_path, capsys):
+    """The benchmark's own code path, small, on the CPU: every row bit-identical (its exit status says so)."""
+    from pathlib import Path
+    from tzip import bench_inference
+    weights = Path(__file__).resolve().parents[2] / "data" / "demo" / "minilm-weights-bf16.safetensors"
+    if not weights.is_file():
+        pytest.skip(f"{weights} is missing: python -m tzip.demo_data --out data/demo makes it")
+    rc = bench_inference.main(["--device", "cpu", "--weights", str(weights), "--layers", "2", "--hidden", "128",
+                               "--batches", "1,2", "--prefill", "16", "--new-tokens", "3", "--no-offload",
+                               "--checkpoint-dir", str(tmp_path), "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "tzip fast" in out and "tzip max" in out and "NO" not in out
