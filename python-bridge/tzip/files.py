@@ -2,13 +2,18 @@
 
 :func:`compress_file` writes what ``tzip compress`` writes for a safetensors file (the same bytes, any thread count,
 CPU or GPU encoder); :func:`load_file` reads one back as ``safetensors.torch.load_file`` would read the original,
-straight onto a GPU: the *compressed* frames cross the disk and PCIe and are decoded on the GPU. The container format is
-docs/container.md; its reading and checks are :class:`tzip._container.ContainerReader`'s.
+straight onto a GPU: the *compressed* frames cross the disk and PCIe and are decoded on the GPU. :func:`load_folder`
+reads a checkpoint folder that ``tzip compress DIR`` wrote (one ``.tzip`` per safetensors shard, the index kept) as a
+sharded loader reads the original folder. The container format is docs/container.md; its reading and checks are
+:class:`tzip._container.ContainerReader`'s.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+from pathlib import Path
 
 import torch
 
@@ -16,7 +21,7 @@ from . import _native
 from ._container import (ContainerError, ContainerReader, ContainerWriter, atomic_file, parse_header_length,
                          reinterpret, torch_dtype_of)
 
-__all__ = ["compress_file", "load_file"]
+__all__ = ["compress_file", "load_file", "load_folder"]
 
 _ALIGN = 256  # frames staged on the GPU start 256-byte aligned (the decoder's fast path wants 16)
 
@@ -147,6 +152,87 @@ def load_file(path, device="cuda", *, verify: bool = True, batch_bytes: int = 25
             _load_gpu(reader, entries, flat, dev, verify, batch_bytes)
         for e in entries:
             out[e.name] = reinterpret(flat[e.name], dtypes[e.name], e.file_shape)
+    return out
+
+
+_INDEX = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME
+_INDEX_SUFFIX = ".safetensors.index.json"
+
+
+def _folder_index(folder: Path) -> Path | None:
+    """The folder's index: ``model.safetensors.index.json``, else its only ``*.safetensors.index.json`` (diffusers names
+    its own), else None. Several others and no ``model.`` one are ambiguous: refused rather than guessed."""
+    if (folder / _INDEX).is_file():
+        return folder / _INDEX
+    found = sorted(p for p in folder.iterdir() if p.name.endswith(_INDEX_SUFFIX) and p.is_file())
+    if len(found) > 1:
+        raise ValueError(f"{folder}: several indexes ({', '.join(p.name for p in found)}) and no {_INDEX}: load the "
+                         f"shards of the one you mean with load_file")
+    return found[0] if found else None
+
+
+def load_folder(path, device="cpu", *, verify: bool = True, batch_bytes: int = 256 << 20) -> dict[str, torch.Tensor]:
+    """Reads a checkpoint folder that ``tzip compress DIR -o PATH`` wrote into one dict of every tensor of every shard
+    on ``device``: what a sharded loader (transformers) sees of the original folder, and what
+    ``safetensors.torch.load_file`` of each original shard gives, merged. Each shard is read as :func:`load_file`
+    reads it.
+
+    With an index (``model.safetensors.index.json``, carried unchanged by tzip, naming each tensor's shard by its
+    safetensors name ``NAME.safetensors``, read from ``NAME.tzip``), the index and the shards must agree: every tensor
+    it names is in the shard it names, and in no other, and no shard holds a tensor it does not name. Without one,
+    every ``*.tzip`` file of the folder is a shard and a tensor name may appear in only one.
+
+    Args:
+        path: the folder. device: ``"cpu"`` (default), ``"cuda"``, ``"cuda:N"`` or a torch.device.
+        verify, batch_bytes: as :func:`load_file`, for every shard.
+
+    Raises:
+        FileNotFoundError: the folder, or a shard the index names, is missing.
+        tzip._container.ContainerError (a ValueError): a damaged shard (as :func:`load_file`), or an index that
+            disagrees with the shards (TZIP_CORRUPT, naming the index and the tensor).
+        ValueError: an index that is not a ``weight_map`` of names to ``NAME.safetensors``, or a folder without shards.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder", str(folder))
+    index = _folder_index(folder)
+    out: dict[str, torch.Tensor] = {}
+    if index is None:
+        shards = sorted(p for p in folder.iterdir() if p.name.endswith(".tzip") and p.is_file())
+        if not shards:
+            raise ValueError(f"{folder}: no .tzip file and no {_INDEX}: not a folder that tzip compress wrote")
+        where: dict[str, str] = {}
+        for shard in shards:
+            for name, t in load_file(shard, device, verify=verify, batch_bytes=batch_bytes).items():
+                if name in where:
+                    raise ContainerError("TZIP_CORRUPT", f"also in {where[name]}: a tensor may be in one shard only",
+                                         shard, name)
+                where[name] = shard.name
+                out[name] = t
+        return out
+
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{index}: not an index with a weight_map ({err})") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) and v.endswith(".safetensors") and "/" not in v for v in weight_map.values()):
+        raise ValueError(f"{index}: weight_map must map tensor names to shard names NAME.safetensors of this folder")
+    for shard in sorted(set(weight_map.values())):
+        tz = folder / (shard[: -len(".safetensors")] + ".tzip")
+        if not tz.is_file():
+            raise FileNotFoundError(errno.ENOENT, f"the shard {shard} that {index.name} names is missing", str(tz))
+        for name, t in load_file(tz, device, verify=verify, batch_bytes=batch_bytes).items():
+            named = weight_map.get(name)
+            if named != shard:
+                # Found in a shard the index does not name for it: a second copy, or a tensor the index left out.
+                raise ContainerError("TZIP_CORRUPT", f"is in {tz.name}, but the index names "
+                                     f"{named if named is not None else 'no shard'} for it", index, name)
+            out[name] = t
+    missing = [name for name in weight_map if name not in out]
+    if missing:
+        raise ContainerError("TZIP_CORRUPT", f"not in its shard {weight_map[missing[0]]} "
+                             f"({len(missing)} tensors the index names are missing)", index, missing[0])
     return out
 
 

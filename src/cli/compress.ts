@@ -1,9 +1,13 @@
 /**
  * `tzip compress IN.safetensors -o OUT.tzip`: safetensors file -> .tzip container.
+ * `tzip compress DIR -o OUT_DIR`: a checkpoint folder -> a folder of one .tzip per shard, other files copied
+ * (src/folder.ts).
  */
 import type { Command } from 'commander';
 import type { Codec } from '../native.js';
+import { compressFolder, isFolder } from '../folder.js';
 import { compressFile } from '../writer.js';
+import { printFolderResult } from './folder-output.js';
 import { formatGBps, formatSize, formatRatio, gbPerSecond } from './format.js';
 import { chunkSizeOption, codecOption, outputOption, threadsOption, type GlobalOptions } from './options.js';
 import { printResult } from './output.js';
@@ -20,14 +24,25 @@ interface CompressOptions extends GlobalOptions {
 export function registerCompress(program: Command): void {
   program
     .command('compress')
-    .description('compress a safetensors file into a .tzip file (lossless, byte-identical on decompress)')
-    .argument('<input>', 'safetensors file')
-    .addOption(outputOption('.tzip file to write'))
+    .description('compress a safetensors file into a .tzip file (lossless, byte-identical on decompress); ' +
+      'a checkpoint folder into a new folder: each NAME.safetensors as NAME.tzip, other files copied unchanged')
+    .argument('<input>', 'safetensors file, or a flat checkpoint folder (config, tokenizer, *.safetensors shards, index)')
+    .addOption(outputOption('.tzip file to write (for a folder: a new or empty folder)'))
     .addOption(codecOption())
     .addOption(threadsOption())
     .addOption(chunkSizeOption())
     .action(async (input: string, _opts: unknown, cmd: Command) => {
       const opts = cmd.optsWithGlobals<CompressOptions>();
+      if (await isFolder(input)) {
+        const result = await compressFolder(input, opts.output, {
+          codec: opts.codec,
+          threads: opts.threads,
+          chunkSize: opts.chunkSize,
+          onShard: (path) => startProgress(path, opts.json !== true),
+        });
+        printFolderResult(opts.json, 'compress', input, opts.output, result, { codec: opts.codec });
+        return;
+      }
       const progress = startProgress(input, opts.json !== true);
       let result;
       try {

@@ -1,8 +1,11 @@
 /**
  * `tzip decompress IN.tzip -o OUT.safetensors`: .tzip container -> the original safetensors file, byte for byte.
+ * `tzip decompress DIR -o OUT_DIR`: a folder `tzip compress DIR` wrote -> the original folder, every file byte for byte.
  */
 import type { Command } from 'commander';
+import { decompressFolder, isFolder } from '../folder.js';
 import { decompressFile } from '../restore.js';
+import { printFolderResult } from './folder-output.js';
 import { formatGBps, formatSize, gbPerSecond } from './format.js';
 import { outputOption, threadsOption, type GlobalOptions } from './options.js';
 import { printResult } from './output.js';
@@ -17,12 +20,18 @@ interface DecompressOptions extends GlobalOptions {
 export function registerDecompress(program: Command): void {
   program
     .command('decompress')
-    .description('rebuild the original safetensors file from a .tzip file (every digest is checked)')
-    .argument('<input>', '.tzip file')
-    .addOption(outputOption('safetensors file to write'))
+    .description('rebuild the original safetensors file from a .tzip file (every digest is checked); ' +
+      'a compressed checkpoint folder into a new folder: each NAME.tzip as NAME.safetensors, other files copied unchanged')
+    .argument('<input>', '.tzip file, or a folder that `tzip compress DIR` wrote')
+    .addOption(outputOption('safetensors file to write (for a folder: a new or empty folder)'))
     .addOption(threadsOption())
     .action(async (input: string, _opts: unknown, cmd: Command) => {
       const opts = cmd.optsWithGlobals<DecompressOptions>();
+      if (await isFolder(input)) {
+        const result = await decompressFolder(input, opts.output, { threads: opts.threads, onShard: (path) => startProgress(path, opts.json !== true) });
+        printFolderResult(opts.json, 'decompress', input, opts.output, result);
+        return;
+      }
       const progress = startProgress(input, opts.json !== true);
       let result;
       try {
