@@ -1,7 +1,7 @@
 """Plain PyTorch DDP under torchrun with tzip's lossless comm hook: the two lines a training script adds.
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 examples/torchrun_ddp.py               # 2 gloo ranks, CPU
-    .venv/bin/torchrun --standalone --nproc-per-node 2 examples/torchrun_ddp.py --device cuda # NCCL, a GPU per rank
+    .venv/bin/torchrun --standalone --nproc-per-node 2 examples/torchrun_ddp.py --device cuda # NCCL, a GPU per rank (not run yet)
     TZIP_ATTACH=1 TZIP_JOB=run1 .venv/bin/torchrun ... your_script.py                          # no change at all
 
 torchrun starts the ranks and sets RANK, WORLD_SIZE, MASTER_ADDR/PORT; the script builds its process group from them

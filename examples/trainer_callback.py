@@ -2,7 +2,7 @@
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 examples/trainer_callback.py            # 2 gloo ranks, CPU
     .venv/bin/torchrun --standalone --nproc-per-node 2 examples/trainer_callback.py --offload-optimizer --steps 6
-    .venv/bin/torchrun --standalone --nproc-per-node 2 examples/trainer_callback.py --device cuda   # a GPU per rank
+    .venv/bin/torchrun --standalone --nproc-per-node 2 examples/trainer_callback.py --device cuda   # a GPU per rank (not run yet)
 
 Fine-tunes the bundled all-MiniLM-L6-v2 (tzip.demo_data: its trained weights and tokenizer) as a
 ``BertForSequenceClassification`` on sentences of its model card: does the second sentence follow the first
