@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ._default import resolve_client
 from ._dlpack import int_alias
 from ._errors import TzipDaemonError
 from ._fallback import _decompress_raw
@@ -822,6 +821,7 @@ def write_tensors(path: str | os.PathLike, items: Sequence[TensorItem], metadata
     order = sorted(range(len(items)), key=lambda i: -min(8, items[i].tensor.element_size() if layouts[i][0] != "U8" else 1))
     header_bytes, _ = encode_safetensors_header([(items[i].name, *layouts[i]) for i in order], metadata)
     data_length = sum(layouts[i][2] for i in order)
+    from ._default import resolve_client  # here: the daemon client (and pyzmq) only for what needs a daemon
     c = resolve_client(client, strict) if items else None
     with atomic_file(path) as fd:
         writer = ContainerWriter(fd, header_bytes, data_length, path)
@@ -909,6 +909,7 @@ def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "C
             cts.append(CompressedTensor(frame if dev.type == "cpu" else frame.to(dev), dtype, e.shape, h.codec, h.nbytes))
             outs.append(o)
         if c is None and any(ct.codec != "raw" for ct in cts):
+            from ._default import resolve_client  # as in write_tensors
             c = resolve_client(None, strict)
         if c is None:  # raw frames only and no client given: decoded here
             fut: concurrent.futures.Future = concurrent.futures.Future()

@@ -139,6 +139,7 @@ class CompressedModel:
         self._next: dict[int, _Block] = {}      # id(block module) -> the block that ran after it last time
         self._pending: tuple[_Block, int] | None = None  # prefetched block and its slot
         self._scratch: torch.Tensor | None = None
+        self._graph_slot: int | None = None     # the slot of CUDA graph captures (compress_model(cuda_graphs=True))
         self._state_hooks: list = []
         self._threads = max(1, os.cpu_count() or 1)
         if device.type == "cuda":
@@ -241,18 +242,23 @@ class CompressedModel:
                                            for a in (*args, *kwargs.values())):
             raise RuntimeError(f"tzip.inference: block {b.name!r} got inputs that require grad; a compressed model is "
                                "for inference (run it under torch.no_grad() or torch.inference_mode())")
-        capturing = False
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # CUDA graph capture (torch.cuda.graph synchronises the device first, so no prefetch is in flight): the
+            # graph gets this block's decode on the capturing stream itself (a prefetch on another stream would leave
+            # that stream unjoined at the end of capture), into a slot of its own: a replay runs whenever the caller
+            # says, so it must never write a slot that eager forwards use (a prefetched block waiting there would be
+            # overwritten). The eager state (prefetch, order) is left as it was.
+            if self._graph_slot is None:
+                raise RuntimeError("tzip.inference: a forward is being captured in a CUDA graph; compress the model "
+                                   "with compress_model(..., cuda_graphs=True) so that graphs get a scratch slot of "
+                                   "their own")
+            self._decode_block(b, self._graph_slot, torch.cuda.current_stream(self.device))
+            self._bind(b, self._graph_slot)
+            return None
         if self.device.type == "cuda":
             stream = torch.cuda.current_stream(self.device)
             pending, self._pending = self._pending, None
-            capturing = torch.cuda.is_current_stream_capturing()
-            if capturing:
-                # CUDA graph capture (torch.cuda.graph synchronises the device first, so no prefetch is in flight):
-                # the graph gets this block's decode on the capturing stream itself, into the slot it will use at
-                # every replay; a prefetch on another stream would leave that stream unjoined at the end of capture.
-                slot = self._other(self._cur_slot)
-                self._decode_block(b, slot, stream)
-            elif pending is not None and pending[0] is b:
+            if pending is not None and pending[0] is b:
                 slot = pending[1]
                 stream.wait_event(self._done_ev[slot])
             else:
@@ -263,15 +269,13 @@ class CompressedModel:
         else:
             slot = 0  # decoded at once, in the caller's thread: one slot
             self._decode_block(b, slot, None)
-        for i, w in enumerate(b.weights):
-            w.param.data = self._view(slot, b, i)
+        self._bind(b, slot)
         self._cur_slot = slot
-        self._active = b
         if self._last is not None and self._last is not b:
             self._next[id(self._last.module)] = b
         self._last = b
         nb = self._next.get(id(module))
-        if self.prefetch and not capturing and nb is not None and nb is not b:
+        if self.prefetch and nb is not None and nb is not b:
             # The other slot holds the block before this one, whose kernels are all queued before this point.
             other = 1 - slot
             self._free_ev[other].record(stream)
@@ -280,6 +284,12 @@ class CompressedModel:
             self._done_ev[other].record(self._side)
             self._pending = (nb, other)
         return None
+
+    def _bind(self, b: _Block, slot: int) -> None:
+        """Points the block's parameters at their decoded bytes in ``slot``."""
+        for i, w in enumerate(b.weights):
+            w.param.data = self._view(slot, b, i)
+        self._active = b
 
     def _post(self, module: nn.Module, args, kwargs, output):
         b = self._by_module[id(module)]
@@ -303,7 +313,7 @@ def _eligible(p: nn.Parameter, min_bytes: int) -> bool:
 
 
 def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None = None, min_bytes: int = 16384,
-                   prefetch: bool = True, sm_budget: int = 0, verify: bool = False,
+                   prefetch: bool = True, sm_budget: int = 0, verify: bool = False, cuda_graphs: bool = False,
                    chunk_bytes: int = DEFAULT_CHUNK) -> CompressedModel:
     """Keeps ``model``'s floating weights compressed in memory on their device and decodes each block's weights just
     before it runs (module docstring). Works in place and returns the :class:`CompressedModel` handle, also set as
@@ -319,6 +329,9 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
             than their bytes are worth). Default 16 KiB.
         prefetch: on a GPU, decode the next block on a side stream while this one computes (two scratch slots).
         sm_budget: SMs each decode may occupy (<= 0: all).
+        cuda_graphs: the forward may be captured in CUDA graphs (``torch.cuda.graph``,
+            ``torch.compile(mode="reduce-overhead")``): one more scratch slot, for the captured decodes alone, so that a
+            replay never overwrites what eager forwards prefetched. A capture without it raises RuntimeError.
         verify: check every chunk digest at every decode (the frames are checked once at compression anyway, and
             every round trip is compared by bytes then).
         chunk_bytes: the frames' chunk size (docs/format.md).
@@ -408,6 +421,9 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
         slot_bytes = max(slot_bytes, off)
     cm = CompressedModel(model, plan, device, codec, prefetch, sm_budget, verify)
     slots = 2 if cm.prefetch else 1
+    if cuda_graphs and device.type == "cuda":
+        cm._graph_slot = slots
+        slots += 1
     cm._slot_bytes = slot_bytes
     cm._scratch = torch.empty(slots * slot_bytes, dtype=torch.uint8, device=device)
     for b in plan:
