@@ -9,6 +9,7 @@ import contextvars
 import getpass
 import os
 import re
+import secrets
 import sys
 from pathlib import Path
 from typing import Any, Iterable
@@ -91,16 +92,81 @@ def _mps_client() -> bool | None:
     return None
 
 
+#: The key under which the ranks of a torchrun launch without a run id agree on their job's name, in the store
+#: torchrun's agent hosts for them (see :func:`_launch_job_name`).
+LAUNCH_STORE_KEY = "tzip/job-name"
+#: How long a rank waits to reach that store before it names its job after the rendezvous endpoint instead.
+LAUNCH_STORE_TIMEOUT_S = 5.0
+#: The job name found for a launch: (the environment it was found from, the name). Found once per process: every
+#: hello says it again, and the store is only asked the first time.
+_launch_name: tuple[tuple[str | None, ...], str] | None = None
+
+
+def _store_job_name(addr: str, port: int, candidate: str) -> str | None:
+    """The job name in the store at ``addr:port`` (torchrun's agent store), set to ``candidate`` by the first rank
+    to ask (compare-and-set: no rank waits for another); None when the store cannot be reached or read."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    try:
+        store = dist.TCPStore(addr, port, None, False, datetime.timedelta(seconds=LAUNCH_STORE_TIMEOUT_S))
+        value = store.compare_set(LAUNCH_STORE_KEY, "", candidate)
+    except (RuntimeError, ValueError, OSError):  # DistNetworkError and DistStoreError are RuntimeErrors
+        return None
+    name = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return name or None
+
+
+def _launch_job_name() -> str | None:
+    """The job name the ranks of one launch agree on when nothing names the job (no $TZIP_JOB, no run id: a
+    ``torchrun`` without ``--standalone`` nor ``--rdzv-id`` gives its ranks $TORCHELASTIC_RUN_ID "none"), else None.
+
+    Under torchrun whose ranks use its agent's store ($TORCHELASTIC_USE_AGENT_STORE "True": the store that the agent
+    of node 0 hosts at $MASTER_ADDR:$MASTER_PORT for the whole launch, restarts included), the first rank to ask
+    sets ``<script>-<12 hex digits>`` under :data:`LAUNCH_STORE_KEY` and every rank reads that: one name per launch,
+    even for two launches one after the other on the same port, and the same before and after the job's
+    ``init_process_group`` (the store is the agent's, not the group's). Otherwise (a launcher of another kind whose
+    ranks share $MASTER_ADDR/$MASTER_PORT with $WORLD_SIZE above 1, or a store that cannot be reached within
+    :data:`LAUNCH_STORE_TIMEOUT_S`): ``<script>-<MASTER_ADDR>:<MASTER_PORT>``. A single process (no $MASTER_PORT,
+    or $WORLD_SIZE 1 outside torchrun) gets None: its job stays ``<script>-<pid>``."""
+    global _launch_name
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if run_id not in (None, "none") or not addr or not port:
+        return None
+    world = _env_int("WORLD_SIZE")
+    if run_id is None and (world is None or world < 2):
+        return None
+    key = (run_id, addr, port, str(agent_store))
+    if _launch_name is not None and _launch_name[0] == key:
+        return _launch_name[1]
+    name = None
+    if run_id is not None and agent_store and port.isdigit():
+        name = _store_job_name(addr, int(port), f"{_script_name()}-{secrets.token_hex(6)}")
+    if name is None:
+        name = f"{_script_name()}-{addr}:{port}"
+    _launch_name = (key, name)
+    return name
+
+
 def job_info(name: str | None = None, devices: Iterable[torch.device] = ()) -> dict[str, Any]:
     """What this process tells the daemon about its job (protocol version 3's ``job``: ``hello`` and the ``job``
-    op): ``name`` (``name``, else $TZIP_JOB, else torchrun's $TORCHELASTIC_RUN_ID, else ``<script>-<pid>``; at most
-    200 characters: the ranks of a job share it), ``user``, ``rank`` and ``world_size`` (torch.distributed's when it
+    op): ``name`` (``name``, else $TZIP_JOB, else torchrun's $TORCHELASTIC_RUN_ID unless it is "none", else the
+    name the ranks of the launch agree on (:func:`_launch_job_name`), else ``<script>-<pid>``; at most 200
+    characters: the ranks of a job share it), ``user``, ``rank`` and ``world_size`` (torch.distributed's when it
     is initialised, else $RANK / $WORLD_SIZE), ``devices`` (the UUIDs of the GPUs of ``devices`` and of the current
     CUDA device when CUDA is initialised, else ``["cpu"]``) and ``mps`` (see :func:`_mps_client`). Reads no GPU
-    that is not in use (never initialises CUDA)."""
+    that is not in use (never initialises CUDA). Under torchrun with no run id, the first call connects to torchrun's
+    agent store (up to :data:`LAUNCH_STORE_TIMEOUT_S` when it does not answer); its errors are not raised."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if not name:
         name = os.environ.get("TZIP_JOB") or (run_id if run_id and run_id != "none" else None)
+    if not name:
+        name = _launch_job_name()
     if not name:
         name = f"{_script_name()}-{os.getpid()}"
     info: dict[str, Any] = {"name": _printable(str(name))[:200]}

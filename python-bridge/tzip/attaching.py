@@ -42,7 +42,8 @@ DaemonUnavailableError before anything changed, until a daemon serves the socket
 :func:`_install_auto_attach` at start-up when the variable is 1 (otherwise it costs one environment lookup). That
 imports neither torch nor tzip's client: it waits for the job to import ``torch.nn.parallel.distributed`` (then every
 ``DistributedDataParallel`` attaches when constructed) and ``torch.optim.optimizer`` (then every optimizer attaches
-after its first step, once its state exists). ``TZIP_JOB`` names the job.
+after its first step, once its state exists). ``TZIP_JOB`` names the job (without it, the ranks of one torchrun
+launch still share one: :func:`tzip._job.job_info`).
 """
 
 from __future__ import annotations
@@ -208,8 +209,9 @@ def attach(model=None, optimizer=None, process_group=None, job: str | None = Non
             ``ZeroRedundancyOptimizer`` (``overlap_with_ddp=False``) attach the optimizer they step
             (:func:`tzip.optim.optimizer_holding_state`); the job keeps calling the wrapper.
         process_group: the group the hook all-reduces over (default: the model's).
-        job: the job's name, shared by its ranks (default: $TZIP_JOB, torchrun's $TORCHELASTIC_RUN_ID, else
-            ``<script>-<pid>``).
+        job: the job's name, shared by its ranks (default: $TZIP_JOB, torchrun's $TORCHELASTIC_RUN_ID, else the
+            name the ranks of a torchrun launch agree on when its run id is "none", else ``<script>-<pid>``;
+            :func:`tzip._job.job_info`).
         codec: codec of the gradients and the optimizer state: "auto", "fast", "max", "bytes" or "raw"; None
             (default): "fast" on a GPU, "auto" on the CPU (tzip._codec_choice).
         client: a :class:`tzip.Client` (default: the process-wide one, tzip._default).
