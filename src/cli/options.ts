@@ -6,8 +6,12 @@
  * ESM build is about a hundred modules (every locale among them), some 60 ms of a 2-core machine's
  * start-up for one integer check (issue 36).
  */
-import { InvalidArgumentError, Option } from 'commander';
+import { createRequire } from 'node:module';
 import { CODECS } from '../native.js';
+
+// require(), as main.ts does: commander through the ESM loader is parsed twice (issue 36).
+const { InvalidArgumentError, Option } = createRequire(import.meta.url)('commander') as typeof import('commander');
+type Option = InstanceType<typeof Option>;
 
 /**
  * Parses a positive integer option value, e.g. "--threads 4": what `Number()` makes of it (as zod's
