@@ -4,7 +4,7 @@
  * This module encodes and decodes the fixed parts and checks them; reading and writing whole
  * files is in reader.ts and writer.ts.
  */
-import xxhash from 'xxhash-wasm';
+import type xxhash from 'xxhash-wasm';
 import { TzipError } from './errors.js';
 
 /** The 8 magic bytes at offset 0: "\x89TZIP\r\n\x1a". */
@@ -71,9 +71,57 @@ export function alignUp(offset: number): number {
 
 let hasher: Promise<Awaited<ReturnType<typeof xxhash>>> | undefined;
 
-/** XXH32 with seed 0 of `bytes` (computed with the xxhash-wasm package). */
+/**
+ * Inputs up to this many bytes are hashed by {@link xxh32Small} in JavaScript; larger ones by the xxhash-wasm package,
+ * loaded (and its WebAssembly compiled) only then. The digests the container holds cover the safetensors header (a few
+ * KB to a few MB) and the index (48 bytes an entry): every command that reads or writes a .tzip hashed them, and
+ * importing and compiling the WebAssembly cost more of a command's start-up than the hashing (issue 36).
+ */
+const JS_XXH32_MAX_BYTES = 1 << 20;
+
+const P1 = 0x9e3779b1;
+const P2 = 0x85ebca77;
+const P3 = 0xc2b2ae3d;
+const P4 = 0x27d4eb2f;
+const P5 = 0x165667b1;
+
+function rotl(x: number, r: number): number {
+  return (x << r) | (x >>> (32 - r));
+}
+
+/** XXH32 with seed 0 of `bytes` in JavaScript (the reference algorithm, 32-bit arithmetic with Math.imul). */
+export function xxh32Small(bytes: Uint8Array): number {
+  const n = bytes.byteLength;
+  const view = new DataView(bytes.buffer, bytes.byteOffset, n);
+  let i = 0;
+  let h: number;
+  if (n >= 16) {
+    let v1 = (P1 + P2) | 0;
+    let v2 = P2;
+    let v3 = 0;
+    let v4 = -P1 | 0;
+    for (const limit = n - 16; i <= limit; i += 16) {
+      v1 = Math.imul(rotl((v1 + Math.imul(view.getUint32(i, true), P2)) | 0, 13), P1);
+      v2 = Math.imul(rotl((v2 + Math.imul(view.getUint32(i + 4, true), P2)) | 0, 13), P1);
+      v3 = Math.imul(rotl((v3 + Math.imul(view.getUint32(i + 8, true), P2)) | 0, 13), P1);
+      v4 = Math.imul(rotl((v4 + Math.imul(view.getUint32(i + 12, true), P2)) | 0, 13), P1);
+    }
+    h = (rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18)) | 0;
+  } else {
+    h = P5;
+  }
+  h = (h + n) | 0;
+  for (; i + 4 <= n; i += 4) h = Math.imul(rotl((h + Math.imul(view.getUint32(i, true), P3)) | 0, 17), P4);
+  for (; i < n; i++) h = Math.imul(rotl((h + Math.imul(bytes[i] as number, P5)) | 0, 11), P1);
+  h = Math.imul(h ^ (h >>> 15), P2);
+  h = Math.imul(h ^ (h >>> 13), P3);
+  return (h ^ (h >>> 16)) >>> 0;
+}
+
+/** XXH32 with seed 0 of `bytes`: {@link xxh32Small} up to 1 MiB, the xxhash-wasm package above. */
 export async function xxh32(bytes: Uint8Array): Promise<number> {
-  hasher ??= xxhash();
+  if (bytes.byteLength <= JS_XXH32_MAX_BYTES) return xxh32Small(bytes);
+  hasher ??= import('xxhash-wasm').then((m) => m.default());
   return (await hasher).h32Raw(bytes, 0) >>> 0;
 }
 

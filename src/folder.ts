@@ -49,14 +49,7 @@ export interface FolderRules {
   refuse?: { suffix: string; why: string } | undefined;
 }
 
-/** Whether `path` names a folder (a link to one included); false when nothing is there, so the file path reports it. */
-export async function isFolder(path: string): Promise<boolean> {
-  try {
-    return (await stat(path)).isDirectory();
-  } catch {
-    return false;
-  }
-}
+export { isFolder } from './is-folder.js';
 
 /** Whether `path` (absolute, links resolved) is `folder` itself or lies under it. */
 function isInside(folder: string, path: string): boolean {

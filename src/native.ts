@@ -49,6 +49,14 @@ export interface CompressOptions {
   inline?: boolean | undefined;
 }
 
+/**
+ * Entries of at most this many bytes are coded with `inline` by the file writer and reader (src/writer.ts,
+ * src/reader.ts), as the daemon does for its small requests (src/daemon/limits.ts inlineMaxBytes): a safetensors
+ * file's norms and biases are a few hundred bytes each, and the thread pool's hop cost more than their coding.
+ * The bytes coded do not depend on it (nor on the thread count).
+ */
+export const INLINE_MAX_BYTES = 16 << 10;
+
 /** Options of {@link decompress}. */
 export interface DecompressOptions {
   /** Worker threads; default the addon's {@link defaultThreads}. */

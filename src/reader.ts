@@ -10,7 +10,7 @@ import {
 } from './container.js';
 import { planEntries, type PlannedEntry } from './entries.js';
 import { TzipError, toTzipError } from './errors.js';
-import { decompress, readHeader, type FrameHeader } from './native.js';
+import { decompress, INLINE_MAX_BYTES, readHeader, type FrameHeader } from './native.js';
 import { openReadOnly, readExactly } from './positioned-io.js';
 import { LENGTH_PREFIX_BYTES, parseHeaderLength, parseSafetensorsHeader, type SafetensorsHeader } from './safetensors.js';
 
@@ -153,7 +153,7 @@ export class TzipReader {
   async decodeFrame(entry: TzipEntry, frame: Buffer, options: DecodeOptions = {}): Promise<Buffer> {
     try {
       this.checkFrame(entry, readHeader(frame));
-      const bytes = await decompress(frame, { threads: options.threads, verify: true });
+      const bytes = await decompress(frame, { threads: options.threads, verify: true, inline: entry.end - entry.begin <= INLINE_MAX_BYTES });
       if (bytes.byteLength !== entry.end - entry.begin) {
         throw new TzipError('TZIP_CORRUPT', `decoded ${bytes.byteLength} bytes, expected ${entry.end - entry.begin}`);
       }

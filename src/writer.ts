@@ -8,7 +8,7 @@ import { writeAtomically } from './atomic-output.js';
 import { alignUp, encodeIndex, encodePrefix, encodeTrailer, PREFIX_BYTES, xxh32, type IndexEntry } from './container.js';
 import { planEntries, type PlannedEntry } from './entries.js';
 import { toTzipError } from './errors.js';
-import { compress, maxCompressedSize, type Codec } from './native.js';
+import { compress, INLINE_MAX_BYTES, maxCompressedSize, type Codec } from './native.js';
 import { writeExactly } from './positioned-io.js';
 import { openSafetensors } from './safetensors.js';
 
@@ -81,6 +81,7 @@ export async function compressFile(inPath: string, outPath: string, options: Com
             codec: options.codec,
             threads: options.threads,
             chunkSize: options.chunkSize,
+            inline: raw.byteLength <= INLINE_MAX_BYTES,
           });
         } catch (err) {
           throw toTzipError(err, { file: inPath, tensor: entry.kind === 'tensor' ? entry.name : undefined });

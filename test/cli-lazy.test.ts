@@ -9,6 +9,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultLimits } from '../src/daemon/limits.js';
 import { Daemon } from '../src/daemon/server.js';
+import { compressFile } from '../src/writer.js';
 import { ensureBuilt } from './helpers/cli.js';
 import { useTempDir } from './helpers/temp-dir.js';
 
@@ -99,6 +100,25 @@ describe('lazy loading of commands', () => {
       expect(log).not.toContain(heavy);
     }
   });
+
+  it('tzip compress and decompress of a file load no zod, cli-progress, xxhash-wasm or folder code, and round-trip', async () => {
+    const input = join(ROOT, 'data', 'demo', 'minilm-weights-bf16.safetensors');
+    const packed = join(tmp(), 'lazy.tzip');
+    const restored = join(tmp(), 'lazy.safetensors');
+    const lazy = ['/node_modules/zod/', '/node_modules/cli-progress/', '/node_modules/xxhash-wasm/', '/dist/src/folder.js', '/dist/src/cli/folder-output.js'];
+    const compressLog = await modulesOf(['compress', input, '-o', packed, '--codec', 'fast']);
+    expect(commandModules(compressLog)).toEqual(['compress']);
+    expect(compressLog).toContain(ADDON);
+    for (const heavy of [...lazy, '/dist/src/restore.js', '/dist/src/reader.js', '/node_modules/commander/esm.mjs']) expect(compressLog).not.toContain(heavy);
+    // The same bytes as the library writes, which loads everything the CLI leaves out.
+    const direct = join(tmp(), 'direct.tzip');
+    await compressFile(input, direct, { codec: 'fast' });
+    expect(readFileSync(packed).equals(readFileSync(direct))).toBe(true);
+    const decompressLog = await modulesOf(['decompress', packed, '-o', restored]);
+    expect(commandModules(decompressLog)).toEqual(['decompress']);
+    for (const heavy of [...lazy, '/dist/src/writer.js']) expect(decompressLog).not.toContain(heavy);
+    expect(readFileSync(restored).equals(readFileSync(input))).toBe(true);
+  }, 60_000);
 
   it('tzip --help loads every command and lists it, without ink', async () => {
     const log = await modulesOf(['--help']);

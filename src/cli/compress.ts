@@ -5,9 +5,8 @@
  */
 import type { Command } from 'commander';
 import type { Codec } from '../native.js';
-import { compressFolder, isFolder } from '../folder.js';
+import { isFolder } from '../is-folder.js';
 import { compressFile } from '../writer.js';
-import { printFolderResult } from './folder-output.js';
 import { formatGBps, formatSize, formatRatio, gbPerSecond } from './format.js';
 import { chunkSizeOption, codecOption, outputOption, threadsOption, type GlobalOptions } from './options.js';
 import { printResult } from './output.js';
@@ -34,6 +33,8 @@ export function registerCompress(program: Command): void {
     .action(async (input: string, _opts: unknown, cmd: Command) => {
       const opts = cmd.optsWithGlobals<CompressOptions>();
       if (await isFolder(input)) {
+        // Loaded only for a folder: a single file needs neither (nor, for compress, the restore side they import).
+        const [{ compressFolder }, { printFolderResult }] = await Promise.all([import('../folder.js'), import('./folder-output.js')]);
         const result = await compressFolder(input, opts.output, {
           codec: opts.codec,
           threads: opts.threads,

@@ -3,9 +3,8 @@
  * `tzip decompress DIR -o OUT_DIR`: a folder `tzip compress DIR` wrote -> the original folder, every file byte for byte.
  */
 import type { Command } from 'commander';
-import { decompressFolder, isFolder } from '../folder.js';
+import { isFolder } from '../is-folder.js';
 import { decompressFile } from '../restore.js';
-import { printFolderResult } from './folder-output.js';
 import { formatGBps, formatSize, gbPerSecond } from './format.js';
 import { outputOption, threadsOption, type GlobalOptions } from './options.js';
 import { printResult } from './output.js';
@@ -28,6 +27,8 @@ export function registerDecompress(program: Command): void {
     .action(async (input: string, _opts: unknown, cmd: Command) => {
       const opts = cmd.optsWithGlobals<DecompressOptions>();
       if (await isFolder(input)) {
+        // Loaded only for a folder: a single file needs neither (nor, for compress, the restore side they import).
+        const [{ decompressFolder }, { printFolderResult }] = await Promise.all([import('../folder.js'), import('./folder-output.js')]);
         const result = await decompressFolder(input, opts.output, { threads: opts.threads, onShard: (path) => startProgress(path, opts.json !== true) });
         printFolderResult(opts.json, 'decompress', input, opts.output, result);
         return;

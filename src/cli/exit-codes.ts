@@ -1,8 +1,12 @@
 /**
  * Process exit codes of the `tzip` CLI and the mapping from errors to them.
  */
-import { CommanderError } from 'commander';
+import { createRequire } from 'node:module';
 import { TzipError } from '../errors.js';
+
+// require(), as main.ts does: importing commander (a CommonJS package) through the ESM loader makes Node parse it a
+// second time for its export names, start-up time every command pays (issue 36). Same class as commander's ESM export.
+const { CommanderError } = createRequire(import.meta.url)('commander') as typeof import('commander');
 
 /** Success. */
 export const EXIT_OK = 0;

@@ -1,18 +1,27 @@
 /**
- * Parsers and definitions of the options several `tzip` commands share. Values are validated
- * with zod; a bad value becomes commander's InvalidArgumentError (exit code 1).
+ * Parsers and definitions of the options several `tzip` commands share. A bad value becomes
+ * commander's InvalidArgumentError (exit code 1).
+ *
+ * No zod here: every command that takes --threads or --chunk-size imports this module, and zod's
+ * ESM build is about a hundred modules (every locale among them), some 60 ms of a 2-core machine's
+ * start-up for one integer check (issue 36).
  */
-import { InvalidArgumentError, Option } from 'commander';
-import { z } from 'zod';
+import { createRequire } from 'node:module';
 import { CODECS } from '../native.js';
 
-const positiveInt = z.coerce.number().int().positive().max(Number.MAX_SAFE_INTEGER);
+// require(), as main.ts does: commander through the ESM loader is parsed twice (issue 36).
+const { InvalidArgumentError, Option } = createRequire(import.meta.url)('commander') as typeof import('commander');
+type Option = InstanceType<typeof Option>;
 
-/** Parses a positive integer option value, e.g. "--threads 4". */
+/**
+ * Parses a positive integer option value, e.g. "--threads 4": what `Number()` makes of it (as zod's
+ * `z.coerce.number().int().positive().max(Number.MAX_SAFE_INTEGER)` did, so "0x10" and "1e3" are
+ * accepted), a whole number from 1 to 2^53 - 1; blank is refused.
+ */
 export function parsePositiveInt(value: string): number {
-  const parsed = positiveInt.safeParse(value.trim() === '' ? Number.NaN : value);
-  if (!parsed.success) throw new InvalidArgumentError(`'${value}' is not a positive integer.`);
-  return parsed.data;
+  const n = value.trim() === '' ? Number.NaN : Number(value);
+  if (!Number.isInteger(n) || n <= 0 || n > Number.MAX_SAFE_INTEGER) throw new InvalidArgumentError(`'${value}' is not a positive integer.`);
+  return n;
 }
 
 /** Most addon worker threads a call takes (the addon's own bound, addon.cpp threads_opt). */

@@ -2,7 +2,16 @@
  * A progress bar on stderr (cli-progress), counting bytes or steps, shown only when stderr is a
  * terminal and JSON output was not asked for, so that piped output and logs stay clean.
  */
-import cliProgress from 'cli-progress';
+import { createRequire } from 'node:module';
+import type CliProgress from 'cli-progress';
+
+/**
+ * cli-progress (a CommonJS package, with string-width and its regexes) is loaded only when a bar is shown:
+ * piped and logged runs, and every run under a benchmark, pay nothing for it (issue 36).
+ */
+function loadCliProgress(): typeof CliProgress {
+  return createRequire(import.meta.url)('cli-progress') as typeof CliProgress;
+}
 
 /** A progress display; all methods are no-ops when no bar is shown. */
 export interface Progress {
@@ -19,6 +28,7 @@ export interface Progress {
  */
 export function startProgress(label: string, enabled = true, unit: 'MB' | 'steps' = 'MB'): Progress {
   if (!enabled || !process.stderr.isTTY) return { update: () => undefined, stop: () => undefined };
+  const cliProgress = loadCliProgress();
   const bar = new cliProgress.SingleBar({
     stream: process.stderr,
     format: `${label} [{bar}] {percentage}% | {doneText}/{totalText} ${unit} | {eta_formatted}`,
