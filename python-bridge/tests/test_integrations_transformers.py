@@ -213,7 +213,18 @@ def test_trainer_resume_from_checkpoint_is_bit_identical(pools, tmp_path_factory
         assert got[r]["optimizer"] == want[r]["optimizer"]
 
 
-def test_single_process_callback_says_so_and_changes_nothing(daemon, tmp_path, monkeypatch, caplog):
+@pytest.fixture
+def restore_determinism():
+    """The example's train() switches torch.use_deterministic_algorithms on for the process; a test that runs it in this
+    process puts the setting back, or later tests of the session inherit it (torch.empty of float4 then fails in
+    test_saving: "fill_empty_deterministic_" has no float4 kernel)."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_single_process_callback_says_so_and_changes_nothing(daemon, tmp_path, monkeypatch, caplog,
+                                                             restore_determinism):
     """Without DDP (one process, this one) the callback installs no hook and logs one WARNING saying there are no
     DDP gradients to compress; with offload_optimizer=True it still offloads the optimizer state (figures in the
     logs), and the run equals the one without the callback bit for bit."""
