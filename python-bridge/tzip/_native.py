@@ -22,7 +22,7 @@ from ._errors import ERROR_CODES
 from ._frame import CODEC_IDS, DEFAULT_CHUNK, DTYPE_CODES
 
 __all__ = ["NativeCodecError", "library", "available", "CODEC_AUTO", "code_name", "codec_id", "frame_spec", "max_frame_bytes",
-           "cpu_encode", "cpu_decode", "frame_info", "gpu_encode", "gpu_decode", "PointerArrays", "DecodePlan"]
+           "cpu_encode", "cpu_decode", "frame_info", "gpu_encode", "gpu_decode", "PointerArrays", "DecodePlan", "gpu_encode_frames"]
 
 #: Codec id of "auto" in the C ABI (resolved per tensor from its data; gpu/codec.h kCodecAuto).
 CODEC_AUTO = 255
@@ -260,6 +260,24 @@ class DecodePlan:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter shutdown)
             pass
+
+
+def gpu_encode_frames(tensors: list[torch.Tensor], codec: str, chunk_bytes: int = DEFAULT_CHUNK,
+                      sm_budget: int = 0) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Encodes contiguous CUDA ``tensors`` (one device) with ``codec`` on the current stream, waits for it, and returns
+    one uint8 buffer on their device holding the frames (each starting 256-byte aligned) and each frame's
+    (offset, size) in it. Byte for byte what :func:`cpu_encode` writes."""
+    dev = tensors[0].device
+    bounds = [max_frame_bytes(t.numel() * t.element_size(), len(frame_spec(t)[1]), chunk_bytes) for t in tensors]
+    offs, total = [], 0
+    for b in bounds:
+        offs.append(total)
+        total += (b + 255) // 256 * 256
+    buf = torch.empty(total, dtype=torch.uint8, device=dev)
+    sizes = torch.zeros(len(tensors), dtype=torch.int64, device=dev)
+    gpu_encode(tensors, [codec] * len(tensors), [buf[o: o + b] for o, b in zip(offs, bounds)], sizes,
+               torch.cuda.current_stream(dev).cuda_stream, chunk_bytes, sm_budget)
+    return buf, list(zip(offs, sizes.tolist()))  # tolist() synchronises
 
 
 def gpu_encode(tensors: list[torch.Tensor], codecs: list[str], frames: list[torch.Tensor], sizes: torch.Tensor,

@@ -86,22 +86,11 @@ def compress_file(src, dst, codec: str = "auto", device="cpu", *, chunk_bytes: i
             for e in w.entries:
                 w.write_frame(_native.cpu_encode(view(e), codec, chunk_bytes, threads))
         else:
-            stream = torch.cuda.current_stream(dev)
             for batch in _batches(w.entries, lambda e: e.nbytes, batch_bytes):
-                tensors = [view(e).to(dev, non_blocking=False) for e in batch]
-                bounds = [_native.max_frame_bytes(e.nbytes, len(e.shape), chunk_bytes) for e in batch]
-                offs, total = [], 0
-                for b in bounds:
-                    offs.append(total)
-                    total += _align(b)
-                frames = torch.empty(total, dtype=torch.uint8, device=dev)
-                sizes = torch.zeros(len(batch), dtype=torch.int64, device=dev)
-                _native.gpu_encode(tensors, [codec] * len(batch),
-                                   [frames[o: o + b] for o, b in zip(offs, bounds)], sizes, stream.cuda_stream,
-                                   chunk_bytes)
-                host = frames.cpu()  # synchronises
-                for o, s in zip(offs, sizes.tolist()):
-                    w.write_frame(host[o: o + s])
+                buf, spans = _native.gpu_encode_frames([view(e).to(dev) for e in batch], codec, chunk_bytes)
+                host = buf.cpu()
+                for o, n in spans:
+                    w.write_frame(host[o: o + n])
         return w.finish()
 
 
@@ -240,16 +229,7 @@ def _load_gpu(reader, entries, flat: dict[str, torch.Tensor], dev: torch.device,
               batch_bytes: int) -> None:
     """Batches of frames: read into one of two pinned buffers, copied to the GPU on a side stream, decoded on the
     current stream; the next batch is read from disk meanwhile. One synchronisation at the end reads every error."""
-    batches: list[list] = []
-    cur, size = [], 0
-    for e in entries:
-        if cur and size + _align(e.frame_bytes) > batch_bytes:
-            batches.append(cur)
-            cur, size = [], 0
-        cur.append(e)
-        size += _align(e.frame_bytes)
-    if cur:
-        batches.append(cur)
+    batches = _batches(entries, lambda e: e.frame_bytes, batch_bytes)
     cap = max((sum(_align(e.frame_bytes) for e in b) for b in batches), default=0)
     pinned = [torch.empty(cap, dtype=torch.uint8, pin_memory=True) for _ in range(min(2, len(batches)))]
     staged = [torch.empty(cap, dtype=torch.uint8, device=dev) for _ in range(min(2, len(batches)))]

@@ -475,7 +475,6 @@ def _encode(order: list[_Weight], codec: str, device: torch.device, chunk_bytes:
         threads = max(1, os.cpu_count() or 1)
         return [_native.cpu_encode(w.param.detach(), codec, chunk_bytes, threads) for w in order]
     out: list[torch.Tensor] = []
-    stream = torch.cuda.current_stream(device)
     # Batches of up to 1 GiB of input: one launch sequence each, frames compacted into exactly sized buffers.
     batch: list[_Weight] = []
     budget = 1 << 30
@@ -483,18 +482,8 @@ def _encode(order: list[_Weight], codec: str, device: torch.device, chunk_bytes:
     def flush():
         if not batch:
             return
-        bounds = [_native.max_frame_bytes(w.nbytes, len(_native.frame_spec(w.param)[1]), chunk_bytes) for w in batch]
-        offs, total = [], 0
-        for n in bounds:
-            offs.append(total)
-            total += _align(n)
-        tmp = torch.empty(total, dtype=torch.uint8, device=device)
-        sizes = torch.zeros(len(batch), dtype=torch.int64, device=device)
-        _native.gpu_encode([w.param.detach() for w in batch], [codec] * len(batch),
-                           [tmp[o: o + n] for o, n in zip(offs, bounds)], sizes, stream.cuda_stream, chunk_bytes,
-                           sm_budget)
-        for o, n in zip(offs, sizes.tolist()):  # synchronises
-            out.append(tmp[o: o + n].clone())
+        buf, spans = _native.gpu_encode_frames([w.param.detach() for w in batch], codec, chunk_bytes, sm_budget)
+        out.extend(buf[o: o + n].clone() for o, n in spans)
         batch.clear()
 
     acc = 0

@@ -1536,10 +1536,12 @@ Workspace workspace_of(size_t count, uint64_t queue_cap) {
   return Workspace{al(sizeof(DecTensor) * count), al(8 * count), al(8 * (count + 1)), al(64), al(8 * queue_cap)};
 }
 
-/// Checks the items and fills their descriptors; *queue_cap and *out_total get the queue's size and the output bytes;
-/// `ptrs` gets every pointer (d_errors first) for DeviceGuard::bind.
-Status describe(const DecodeItem* items, size_t count, int32_t* d_errors, std::vector<DecTensor>* tensors,
-                std::vector<const void*>* ptrs, uint64_t* queue_cap, uint64_t* out_total) {
+/// Checks the items, fills their descriptors and makes their device current through `guard` (opt.device, or the
+/// device of every pointer); *queue_cap and *out_total get the queue's size and the output bytes.
+Status describe(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors,
+                detail::DeviceGuard* guard, std::vector<DecTensor>* tensors, uint64_t* queue_cap,
+                uint64_t* out_total) {
+  std::vector<const void*> ptrs;
   Status st;
   if (!items || !d_errors) {
     st.code = kInvalidArgument;
@@ -1552,7 +1554,7 @@ Status describe(const DecodeItem* items, size_t count, int32_t* d_errors, std::v
     return st;
   }
   tensors->assign(count, DecTensor{});
-  ptrs->push_back(d_errors);
+  ptrs.push_back(d_errors);
   *queue_cap = 0;
   *out_total = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -1570,10 +1572,10 @@ Status describe(const DecodeItem* items, size_t count, int32_t* d_errors, std::v
     t.out_len = it.out_bytes;
     *queue_cap += it.out_bytes / kMinChunkBytes + 1;
     *out_total += it.out_bytes;
-    if (it.frame) ptrs->push_back(it.frame);
-    if (it.out) ptrs->push_back(it.out);
+    if (it.frame) ptrs.push_back(it.frame);
+    if (it.out) ptrs.push_back(it.out);
   }
-  return st;
+  return opt.device >= 0 ? guard->bind_device(opt.device) : guard->bind(ptrs.data(), ptrs.size());
 }
 
 /// The kernels' arguments over a workspace laid out by `w` at `ws`.
@@ -1632,12 +1634,9 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
   using namespace detail;
   if (count == 0) return Status{};
   std::vector<DecTensor> tensors;
-  std::vector<const void*> ptrs;
   uint64_t queue_cap = 0, out_total = 0;
-  Status st = describe(items, count, d_errors, &tensors, &ptrs, &queue_cap, &out_total);
-  if (!st.ok()) return st;
   DeviceGuard guard;
-  st = opt.device >= 0 ? guard.bind_device(opt.device) : guard.bind(ptrs.data(), ptrs.size());
+  Status st = describe(items, count, opt, d_errors, &guard, &tensors, &queue_cap, &out_total);
   if (!st.ok()) return st;
   void* stream = opt.stream;
   const Tuning tune = get_tuning();
@@ -1701,12 +1700,9 @@ Status decode_plan_create(const DecodeItem* items, size_t count, const DecodeOpt
   *out = nullptr;
   if (count == 0) return Status{kInvalidArgument, "decode_plan_create: a plan needs at least one frame"};
   std::vector<DecTensor> tensors;
-  std::vector<const void*> ptrs;
   uint64_t queue_cap = 0, out_total = 0;
-  Status st = describe(items, count, d_errors, &tensors, &ptrs, &queue_cap, &out_total);
-  if (!st.ok()) return st;
   DeviceGuard guard;
-  st = opt.device >= 0 ? guard.bind_device(opt.device) : guard.bind(ptrs.data(), ptrs.size());
+  Status st = describe(items, count, opt, d_errors, &guard, &tensors, &queue_cap, &out_total);
   if (!st.ok()) return st;
   const Tuning tune = get_tuning();
   const Workspace w = workspace_of(count, queue_cap);
