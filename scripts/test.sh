@@ -21,6 +21,10 @@ add() { passed=$((passed + $1)) failed=$((failed + $2)) skipped=$((skipped + $3)
 say "typecheck (src, test, examples)"
 if npx --no-install tsc -p tsconfig.test.json; then add 1 0 0; else bad+=(typecheck); add 0 1 0; fi
 
+# --- generated constants (issue 33): src/generated, cuda/include/tzip/generated, python-bridge/tzip/_generated_* ---
+say "generated constants up to date with src/errors.json"
+if node scripts/gen-constants.mjs --check; then add 1 0 0; else bad+=(gen-constants); add 0 1 0; fi
+
 # --- TypeScript (vitest) --------------------------------------------------------
 say "vitest"
 npx --no-install vitest run --reporter=default --reporter=json --outputFile.json="$results/vitest.json"

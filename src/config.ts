@@ -20,6 +20,7 @@ import { homedir } from 'node:os';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import type { z as Zod } from 'zod';
 import { TzipError } from './errors.js';
+import { SM_BUDGET_DEFAULT, SM_BUDGET_MAX } from './generated/constants.js';
 import { defaultLimits, MIN_MAX_MESSAGE_BYTES, SESSION_LIMITS } from './daemon/limits.js';
 import { defaultSocketPath } from './daemon/paths.js';
 import { LOG_FORMATS, LOG_LEVELS, type LogFormat, type LogLevel } from './logger.js';
@@ -116,9 +117,9 @@ export const CONFIG_KEYS: { readonly [K in ConfigKey]: KeySpec<ServeConfig[K]> }
     schema: (z) => port(z).nullable(), default: () => null, defaultText: 'off',
   },
   sm_budget: {
-    flag: '--sm-budget', arg: '<n>', env: 'TZIP_SM_BUDGET', kind: 'number', expect: 'an integer from 0 to 1024',
+    flag: '--sm-budget', arg: '<n>', env: 'TZIP_SM_BUDGET', kind: 'number', expect: `an integer from 0 to ${SM_BUDGET_MAX}`,
     what: 'SMs the GPU kernels of a request use unless the request or its job says otherwise (0: all SMs); `tzip set sm_budget=N` changes it while the daemon runs',
-    schema: (z) => z.number().int().min(0).max(1024), default: () => 10,
+    schema: (z) => z.number().int().min(0).max(SM_BUDGET_MAX), default: () => SM_BUDGET_DEFAULT,
   },
   log_level: {
     flag: '--log-level', arg: '<level>', env: 'TZIP_LOG_LEVEL', kind: 'enum', expect: `one of ${LOG_LEVELS.join(', ')}`,

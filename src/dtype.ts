@@ -3,25 +3,10 @@
  * These are the dtypes the native codec accepts (docs/addon.md); any other name found in a
  * safetensors header is compressed as opaque bytes ('U8').
  */
+import { DTYPE_BYTES as GENERATED_DTYPE_BYTES, FLOAT_DTYPES as GENERATED_FLOAT_DTYPES } from './generated/constants.js';
 
-/** Element size in bytes of every dtype the codec knows. */
-export const DTYPE_BYTES = {
-  BOOL: 1,
-  U8: 1,
-  I8: 1,
-  F8_E4M3: 1,
-  F8_E5M2: 1,
-  I16: 2,
-  U16: 2,
-  F16: 2,
-  BF16: 2,
-  I32: 4,
-  U32: 4,
-  F32: 4,
-  I64: 8,
-  U64: 8,
-  F64: 8,
-} as const;
+/** Element size in bytes of every dtype the codec knows (generated from src/errors.json: src/generated/constants.ts). */
+export const DTYPE_BYTES = GENERATED_DTYPE_BYTES;
 
 /** A dtype name the codec knows. */
 export type KnownDtype = keyof typeof DTYPE_BYTES;
@@ -31,7 +16,7 @@ export function isKnownDtype(name: string): name is KnownDtype {
   return Object.hasOwn(DTYPE_BYTES, name);
 }
 
-const FLOAT_DTYPES: ReadonlySet<KnownDtype> = new Set(['F8_E4M3', 'F8_E5M2', 'F16', 'BF16', 'F32', 'F64']);
+const FLOAT_DTYPES: ReadonlySet<KnownDtype> = new Set(GENERATED_FLOAT_DTYPES);
 
 /** Whether `name` is a floating-point dtype (the codec splits those into exponent and residual planes). */
 export function isFloatDtype(name: string): boolean {

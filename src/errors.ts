@@ -4,23 +4,14 @@
  * file and tensor they concern are attached so that every message names them.
  */
 
+import { TZIP_ERROR_CODES } from './generated/constants.js';
+
 /**
- * Codes a {@link TzipError} carries: the native codes (cuda/src/errors.h: the codec core's and the addon's), then the
- * file layer's. One table, src/errors.json, gives every code of tzip with its value and meaning; test/error-codes.test.ts
- * checks this list against it (its "native" and "files" rows, in value order).
+ * Codes a {@link TzipError} carries: the native codes (tzip::ErrorCode: the codec core's and the addon's), then the
+ * file layer's, in value order. Generated (src/generated/constants.ts, by scripts/gen-constants.mjs) from the one table,
+ * src/errors.json, which gives every code of tzip with its value and meaning.
  */
-export const TZIP_ERROR_CODES = [
-  'TZIP_INVALID_ARGUMENT', // bad options (codec name, thread count, shape/size mismatch)
-  'TZIP_CORRUPT', // malformed stream or file
-  'TZIP_TRUNCATED', // stream or file shorter than its header says
-  'TZIP_CHECKSUM', // decoded bytes do not match the stored chunk digests (docs/format.md, section 9), or a .tzip's header digest
-  'TZIP_UNSUPPORTED', // a format version this build does not read (newer, or pre-release frame version 1), unknown flags, or a size this build cannot handle
-  'TZIP_CUDA', // a CUDA runtime call failed (the message has the CUDA error name and text)
-  'TZIP_OUT_OF_MEMORY', // a host or GPU allocation failed (std::bad_alloc, malloc, mmap, cudaErrorMemoryAllocation)
-  'TZIP_INTERNAL', // a bug: an unexpected C++ exception caught by the addon
-  'TZIP_IO', // the operating system refused a read/write/open (missing file, permissions, disk full)
-  'TZIP_USAGE', // the caller asked for something that does not exist (e.g. an unknown tensor name)
-] as const;
+export { TZIP_ERROR_CODES };
 
 /** One of {@link TZIP_ERROR_CODES}. */
 export type TzipErrorCode = (typeof TZIP_ERROR_CODES)[number];

@@ -1,6 +1,6 @@
 // The one error vocabulary (issue 15, item 6): src/errors.json is the table, and every other list of codes is checked
-// against it here: the C++ enums (tzip::ErrorCode through the addon's compiled `errorCodes`, gpu::ErrorCode from its
-// header), src/errors.ts, src/daemon/reply-error.ts, the error tables of docs/addon.md and docs/protocol.md, and every
+// against it here: the C++ enums (tzip::ErrorCode through the addon's compiled `errorCodes`, the enums of the generated
+// header cuda/include/tzip/generated/constants.h), src/errors.ts, src/daemon/reply-error.ts, the error tables of docs/addon.md and docs/protocol.md, and every
 // code literal in src/. (python-bridge/tests/test_error_codes.py checks the Python side.) Then out-of-memory really
 // gets its own code: host allocations of the addon failing under a low RLIMIT_AS in a child process, and (GPU only)
 // device allocations failing on a full GPU.
@@ -41,6 +41,8 @@ const TABLE = (JSON.parse(readFileSync(join(ROOT, 'src', 'errors.json'), 'utf8')
 const NAMES = TABLE.map((r) => r.name);
 const of = (layer: Row['layer']) => TABLE.filter((r) => r.layer === layer);
 const RANGES: Record<Row['layer'], [number, number]> = { native: [1, 19], files: [20, 39], protocol: [40, 79] };
+/** The C++ header generated from the table (scripts/gen-constants.mjs): tzip::ErrorCode, gpu::ErrorCode and the rest. */
+const CPP_HEADER = 'cuda/include/tzip/generated/constants.h';
 const RAISERS = new Set(['codec', 'gpu', 'addon', 'files', 'daemon', 'client']);
 
 /** The `| CODE | ...` rows of the section of a markdown file that starts with `heading`, as arrays of cells. */
@@ -107,11 +109,13 @@ describe('src/errors.json, the one error table', () => {
     expect([...REPLY_ERROR_CODES]).toEqual(NAMES);
   });
 
-  it('C++: the addon as built exports exactly the native rows (tzip::ErrorCode), and errors.h and gpu/codec.h say the same', () => {
+  it('C++: the addon as built exports exactly the native rows (tzip::ErrorCode), and the generated header says the same', () => {
     const native = Object.fromEntries(of('native').map((r) => [r.name, r.value]));
-    expect(enumEntries('cuda/src/errors.h', 'enum class ErrorCode')).toEqual(of('native').map(({ name, value }) => ({ name, value })));
-    for (const e of enumEntries('cuda/src/gpu/codec.h', 'enum ErrorCode')) expect(native[e.name], `gpu::ErrorCode ${e.name}`).toBe(e.value);
-    expect(enumEntries('cuda/src/gpu/codec.h', 'enum ErrorCode').map((e) => e.name)).toEqual(
+    expect(enumEntries(CPP_HEADER, 'enum class ErrorCode')).toEqual(of('native').map(({ name, value }) => ({ name, value })));
+    expect(enumEntries(CPP_HEADER, 'enum class FilesErrorCode')).toEqual(of('files').map(({ name, value }) => ({ name, value })));
+    expect(enumEntries(CPP_HEADER, 'enum class ProtocolErrorCode')).toEqual(of('protocol').map(({ name, value }) => ({ name, value })));
+    for (const e of enumEntries(CPP_HEADER, 'enum ErrorCode')) expect(native[e.name], `gpu::ErrorCode ${e.name}`).toBe(e.value);
+    expect(enumEntries(CPP_HEADER, 'enum ErrorCode').map((e) => e.name)).toEqual(
       of('native').filter((r) => r.raised_by.includes('gpu')).map((r) => r.name));
     if (!addonAvailable()) return;
     const addon = createRequire(import.meta.url)(addonPath()) as { errorCodes?: Record<string, number> };

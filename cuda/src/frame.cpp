@@ -15,9 +15,6 @@
 namespace tzip {
 namespace {
 
-const char* const kDtypeNames[kNumDtypes] = {"BOOL", "U8",  "I8",  "F8_E4M3", "F8_E5M2", "I16", "U16", "F16",
-                                             "BF16", "I32", "U32", "F32",     "I64",     "U64", "F64"};
-const char* const kCodecNames[kNumCodecs] = {"raw", "fast", "max", "bytes"};
 
 [[noreturn]] void corrupt(const std::string& what) { throw Error(ErrorCode::Corrupt, "corrupt frame: " + what); }
 [[noreturn]] void invalid(const std::string& what) { throw Error(ErrorCode::InvalidArgument, what); }

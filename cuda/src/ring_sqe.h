@@ -46,7 +46,7 @@ constexpr uint64_t cqe_offset(uint32_t entries, uint32_t i) {
 }
 
 // ---- status codes of a CQE: numeric values of src/errors.json (test/ring-native.test.ts compares them); the native
-// ones are tzip::ErrorCode's (errors.h), the two protocol ones the ring raises are spelled out here -----------------
+// ones are tzip::ErrorCode's, the protocol ones tzip::ProtocolErrorCode's (both generated/constants.h) ------------
 enum Status : int32_t {
   kOk = 0,
   kInvalidArgument = int32_t(ErrorCode::InvalidArgument),
@@ -57,17 +57,17 @@ enum Status : int32_t {
   kCuda = int32_t(ErrorCode::Cuda),
   kOutOfMemory = int32_t(ErrorCode::OutOfMemory),
   kInternal = int32_t(ErrorCode::Internal),
-  kSession = 43,         // TZIP_SESSION: the ring closed while a batch waited for its inputs
-  kHandle = 44,          // TZIP_HANDLE: a region not registered, of another generation, released or faulted
-  kLimit = 46,           // TZIP_LIMIT: the batch would take the session's tensor bytes in flight above its limit
+  kSession = int32_t(ProtocolErrorCode::Session),  // TZIP_SESSION: the ring closed while a batch waited for its inputs
+  kHandle = int32_t(ProtocolErrorCode::Handle),    // TZIP_HANDLE: a region not registered, of another generation, released or faulted
+  kLimit = int32_t(ProtocolErrorCode::Limit),      // TZIP_LIMIT: the batch would take the session's tensor bytes in flight above its limit
 };
 
 // ---- SQE (docs/ring.md, "Submission queue entry") -------------------------------------------------------------
 enum Op : uint8_t { kNop = 0, kCompress = 1, kDecompress = 2 };
 enum Flag : uint8_t { kLink = 1, kVerify = 2, kWait = 4, kSignal = 8 };
 constexpr uint8_t kKnownFlags = kLink | kVerify | kWait | kSignal;
-constexpr uint8_t kCodecAuto = 255;
-constexpr uint8_t kMaxStreamTag = 4;  // 0 other, 1 gradients, 2 optimizer, 3 checkpoint, 4 sendrecv
+using tzip::kCodecAuto;     // 255 (generated/constants.h)
+using tzip::kMaxStreamTag;  // 4: 0 other, 1 gradients, 2 optimizer, 3 checkpoint, 4 sendrecv (generated/constants.h)
 constexpr uint32_t kMaxNdim = 6;
 
 /// One SQE as the thread's own copy (decoded from little-endian bytes).

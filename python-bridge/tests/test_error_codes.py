@@ -28,6 +28,28 @@ def test_error_codes_are_the_tables_in_its_order():
     assert list(ERROR_CODES.items()) == [(r["name"], r["value"]) for r in TABLE]
 
 
+def test_generated_constants_are_the_tables():
+    """tzip._generated_constants (scripts/gen-constants.mjs) is src/errors.json, and the modules that kept their own
+    names for the constants take them from it; the reference decoder (an independent implementation, kept by hand on
+    purpose) agrees with it."""
+    from tzip import _frame, _generated_constants as g, _job, _ring, reference
+
+    spec = json.loads((ROOT / "src" / "errors.json").read_text())
+    assert g.ERROR_CODES == {r["name"]: r["value"] for r in TABLE}
+    assert g.ERROR_CLASS_NAMES == {r["name"]: r["python"] for r in TABLE if "python" in r}
+    assert g.CODEC_IDS == {c["name"]: c["id"] for c in spec["codecs"]} == {"raw": 0, "fast": 1, "max": 2, "bytes": 3}
+    assert g.DTYPE_CODES == {d["name"]: d["code"] for d in spec["dtypes"]}
+    assert g.DTYPE_SIZES == {d["name"]: d["bytes"] for d in spec["dtypes"]}
+    assert (g.SM_BUDGET_DEFAULT, g.MAX_SM_BUDGET) == (spec["sm_budget"]["default"], spec["sm_budget"]["max"]) == (10, 1024)
+    assert (_frame.DTYPE_CODES, _frame.CODEC_IDS, _frame.MAGIC) == (g.DTYPE_CODES, g.CODEC_IDS, b"TZFR")
+    assert _ring.CODEC_CODES == {"raw": 0, "fast": 1, "max": 2, "bytes": 3, "auto": 255}
+    assert _ring.STREAM_TAGS == {None: 0, "other": 0, "gradients": 1, "optimizer": 2, "checkpoint": 3, "sendrecv": 4}
+    assert (_job.STREAMS, _job.MAX_SM_BUDGET) == (("gradients", "optimizer", "checkpoint", "sendrecv", "other"), 1024)
+    assert reference.CODECS == {v: k for k, v in g.CODEC_IDS.items()}
+    assert reference.DTYPES == {g.DTYPE_CODES[n]: (n, g.DTYPE_SIZES[n]) for n in g.DTYPE_CODES}
+    assert (reference.MAGIC, reference.FORMAT_VERSION) == (g.MAGIC, g.FORMAT_VERSION)
+
+
 def test_each_code_raises_its_class():
     for r in TABLE:
         cls = getattr(_errors, r.get("python", "TzipDaemonError"))

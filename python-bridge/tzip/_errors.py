@@ -7,30 +7,14 @@ below against it.
 
 from __future__ import annotations
 
+from . import _generated_constants as _generated
+
 __all__ = ["ERROR_CODES", "TzipDaemonError", "OutOfMemoryError", "DaemonUnavailableError", "DaemonSpawnError",
            "DeviceUnavailableError"]
 
 #: Every error code of tzip, by name, with its stable numeric value (src/errors.json; the C++ enums carry the values).
-ERROR_CODES: dict[str, int] = {
-    "TZIP_INVALID_ARGUMENT": 1,
-    "TZIP_CORRUPT": 2,
-    "TZIP_TRUNCATED": 3,
-    "TZIP_CHECKSUM": 4,
-    "TZIP_UNSUPPORTED": 5,
-    "TZIP_CUDA": 6,
-    "TZIP_OUT_OF_MEMORY": 7,
-    "TZIP_INTERNAL": 8,
-    "TZIP_IO": 20,
-    "TZIP_USAGE": 21,
-    "TZIP_PROTOCOL": 40,
-    "TZIP_TOO_LARGE": 41,
-    "TZIP_VERSION": 42,
-    "TZIP_SESSION": 43,
-    "TZIP_HANDLE": 44,
-    "TZIP_BUSY": 45,
-    "TZIP_LIMIT": 46,
-    "TZIP_NO_DEVICE": 47,
-}
+#: Generated: tzip._generated_constants (scripts/gen-constants.mjs).
+ERROR_CODES: dict[str, int] = _generated.ERROR_CODES
 
 # The subclass TzipDaemonError(code, ...) becomes for a code, as OSError(errno, ...) becomes FileNotFoundError
 # (PEP 3151): callers that build the error from a reply's code need not know the subclasses. Filled below.
@@ -91,4 +75,4 @@ class DeviceUnavailableError(TzipDaemonError):
     """
 
 
-_CLASS_OF_CODE.update({"TZIP_OUT_OF_MEMORY": OutOfMemoryError, "TZIP_NO_DEVICE": DeviceUnavailableError})
+_CLASS_OF_CODE.update({code: globals()[name] for code, name in _generated.ERROR_CLASS_NAMES.items()})

@@ -16,25 +16,25 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import _generated_constants as _generated
 from ._xxh32 import chunk_digests, xxh32
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "DEFAULT_CHUNK", "DTYPE_CODES", "CODEC_IDS", "FrameHeader", "LAYOUT_BYTES",
            "read_layout",
            "FrameError", "max_compressed_size", "encode_raw", "read_header", "decode_raw"]
 
-MAGIC = b"TZFR"
-FORMAT_VERSION = 2
-DEFAULT_CHUNK = 65536
-_FIXED = 48
-_ENTRY = 16
+MAGIC = _generated.MAGIC
+FORMAT_VERSION = _generated.FORMAT_VERSION
+DEFAULT_CHUNK = _generated.DEFAULT_CHUNK
+_FIXED = _generated.FIXED_HEADER_BYTES
+_ENTRY = _generated.CHUNK_ENTRY_BYTES
 _HEADER = struct.Struct("<4sHBBBBHIQQIIII")
 
-DTYPE_CODES = {"BOOL": 0, "U8": 1, "I8": 2, "F8_E4M3": 3, "F8_E5M2": 4, "I16": 5, "U16": 6, "F16": 7, "BF16": 8,
-               "I32": 9, "U32": 10, "F32": 11, "I64": 12, "U64": 13, "F64": 14}
+# Dtype codes and sizes, codec ids: src/errors.json, generated into tzip._generated_constants.
+DTYPE_CODES = dict(_generated.DTYPE_CODES)
 _DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
-_DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-CODEC_IDS = {"raw": 0, "fast": 1, "max": 2, "bytes": 3}
+_DTYPE_SIZES = dict(_generated.DTYPE_SIZES)
+CODEC_IDS = dict(_generated.CODEC_IDS)
 _CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 
 

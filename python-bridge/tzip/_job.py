@@ -16,17 +16,19 @@ from typing import Any, Iterable
 
 import torch
 
+from . import _generated_constants as _generated
+
 
 #: What a request's bytes are, for the daemon's job registry (protocol version 3, docs/protocol.md): gradients (the
 #: DDP comm hook, FSDP's reduce-scatter), optimizer (state offload), checkpoint (tzip.save/load, tzip.checkpoint),
 #: sendrecv (the other tzip.distributed collectives), other (anything untagged).
-STREAMS = ("gradients", "optimizer", "checkpoint", "sendrecv", "other")
+STREAMS = _generated.STREAMS  # src/errors.json "streams" (generated)
 #: The stream tag of the requests made in this context (see :func:`tagged`); None: untagged ("other").
 _stream_tag: contextvars.ContextVar[str | None] = contextvars.ContextVar("tzip_stream_tag", default=None)
 #: The SM budget of the call being made (``sm_budget=`` of compress/decompress), None: the daemon's.
 _sm_budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("tzip_sm_budget", default=None)
 #: The largest SM budget a request may name (docs/protocol.md, "Jobs": sm_budget is 0..1024).
-MAX_SM_BUDGET = 1024
+MAX_SM_BUDGET = _generated.MAX_SM_BUDGET
 
 
 def _checked_sm_budget(sm_budget: int | None) -> int | None:

@@ -42,6 +42,7 @@ import time
 import weakref
 from typing import Any, Callable, Sequence
 
+from . import _generated_constants as _generated
 from ._cuda_segments import SegmentTable
 from ._errors import ERROR_CODES, DaemonUnavailableError, TzipDaemonError
 
@@ -71,10 +72,10 @@ STATE_SERVING, STATE_CLOSED, STATE_BROKEN = 0, 1, 2
 
 OP_NOP, OP_COMPRESS, OP_DECOMPRESS = 0, 1, 2
 F_LINK, F_VERIFY, F_WAIT, F_SIGNAL = 1, 2, 4, 8
-CODEC_CODES = {"raw": 0, "fast": 1, "max": 2, "bytes": 3, "auto": 255}
+CODEC_CODES = {**_generated.CODEC_IDS, "auto": _generated.CODEC_AUTO_ID}  # src/errors.json (generated)
 CODEC_NAMES = {v: k for k, v in CODEC_CODES.items() if k != "auto"}
 #: SQE stream tags (docs/ring.md): the client's stream names (tzip.client.STREAMS) -> their codes.
-STREAM_TAGS = {None: 0, "other": 0, "gradients": 1, "optimizer": 2, "checkpoint": 3, "sendrecv": 4}
+STREAM_TAGS = {None: 0, **_generated.STREAM_TAGS}
 
 #: user_data u64, op flags codec dtype ndim sm_budget stream (u8 each), reserved u8, src (id u32, generation u32,
 #: offset u64, bytes u64), dst (the same), shape u64[6], wait_value u64, signal_value u64: 128 bytes.

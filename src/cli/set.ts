@@ -6,6 +6,7 @@
  */
 import type { Command } from 'commander';
 import { TzipError } from '../errors.js';
+import { SM_BUDGET_MAX } from '../generated/constants.js';
 import { DaemonClient } from './daemon-client.js';
 import { socketOption, type WireSettings } from './jobs.js';
 import type { GlobalOptions } from './options.js';
@@ -14,7 +15,7 @@ import { printResult } from './output.js';
 /** Codecs a setting may name (`off`: the daemon writes `raw` frames, still valid and lossless). */
 export const SETTING_CODECS = ['fast', 'max', 'auto', 'off'] as const;
 /** The largest SM budget the daemon takes (0 = all SMs of the GPU). */
-export const MAX_SM_BUDGET = 1024;
+export const MAX_SM_BUDGET = SM_BUDGET_MAX;
 /** The value that clears a setting. */
 const CLEAR = 'default';
 

@@ -16,13 +16,14 @@
 import { userInfo } from 'node:os';
 import type { Codec, RingSettings } from '../native.js';
 import { ReplyError } from './reply-error.js';
+import { SM_BUDGET_DEFAULT } from '../generated/constants.js';
 import { STREAMS, type JobInfo, type SettingCodec, type StreamName } from './schema.js';
 import type { Session } from './session.js';
 
 /** How long a job is listed after its last session ended, ms. */
 export const ENDED_JOB_KEEP_MS = 60_000;
 /** The addon's SM budget of a GPU call that names none (src/native.ts, GpuRunOptions.smBudget). */
-export const ADDON_SM_BUDGET = 10;
+export const ADDON_SM_BUDGET = SM_BUDGET_DEFAULT;
 /** Pids remembered per job at most (a job's processes over its lifetime; the oldest are forgotten). */
 const MAX_PIDS = 1024;
 /** Ranks remembered per job at most (a session may name a new rank at every `job` op; the oldest are forgotten). */

@@ -4,21 +4,13 @@
  * through unchanged (TZIP_OUT_OF_MEMORY, TZIP_CUDA, TZIP_INTERNAL among them); the protocol adds its own.
  */
 import { TZIP_ERROR_CODES, TzipError, isOutOfMemory, type TzipErrorCode } from '../errors.js';
+import { PROTOCOL_ERROR_CODES } from '../generated/constants.js';
 
 /**
  * Codes of error replies that only the protocol produces: the "protocol" rows of the one error table,
- * src/errors.json, in value order (test/error-codes.test.ts checks it).
+ * src/errors.json, in value order (generated: src/generated/constants.ts).
  */
-export const PROTOCOL_ERROR_CODES = [
-  'TZIP_PROTOCOL', // not MessagePack, not a request map, a field of the wrong type, an unknown op
-  'TZIP_TOO_LARGE', // message above the size cap, batch above its cap
-  'TZIP_VERSION', // no protocol version in common
-  'TZIP_SESSION', // unknown or expired session id: say hello again
-  'TZIP_HANDLE', // a memory handle that is not this session's, missing, too small, overlapping
-  'TZIP_BUSY', // too many requests of this session in flight
-  'TZIP_LIMIT', // a per-session limit (regions, CUDA IPC handles, bytes in flight) reached: the message names it, its value and the `tzip serve` flag raising it
-  'TZIP_NO_DEVICE', // GPU memory named, but the daemon has no GPU or does not see this one (the client falls back)
-] as const;
+export { PROTOCOL_ERROR_CODES };
 
 /** A code of an error reply. */
 export type ReplyErrorCode = TzipErrorCode | (typeof PROTOCOL_ERROR_CODES)[number];

@@ -25,6 +25,7 @@
 import { lstatSync } from 'node:fs';
 import * as native from '../native.js';
 import type { NativeRing, RingCompletionStats, RingOpenOptions, RingRegion as NativeRingRegion, RingSettings } from '../native.js';
+import { STREAM_TAGS as GENERATED_STREAM_TAGS } from '../generated/constants.js';
 import { gpuInventory, noteGpuUsed } from './gpu.js';
 import type { GpuSession } from './gpu-map.js';
 import { EXPANDABLE_SEGMENTS_REFUSED } from './gpu-regions.js';
@@ -57,7 +58,7 @@ export const RING_SPIN_US = 250;
 export const RING_GPU_SPIN_US = 2000;
 
 /** The stream names of the SQE's `stream` tag (docs/ring.md: 0 other, 1 gradients, 2 optimizer, 3 checkpoint, 4 sendrecv). */
-const STREAM_TAGS: readonly StreamName[] = ['other', 'gradients', 'optimizer', 'checkpoint', 'sendrecv'];
+const STREAM_TAGS: readonly StreamName[] = GENERATED_STREAM_TAGS;
 
 /** The stream an SQE's `stream` tag counts under (an unknown tag: `other`). */
 export function streamOfTag(tag: number): StreamName {

@@ -9,6 +9,7 @@
  */
 import { z } from 'zod';
 import { CODECS, RING_LAYOUT } from '../native.js';
+import { SM_BUDGET_MAX, STREAMS as GENERATED_STREAMS } from '../generated/constants.js';
 
 /** A non-negative integer a double holds exactly. */
 const uint = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
@@ -175,12 +176,12 @@ const Threads = z.number().int().min(1).max(1024);
  * Protocol version 3: what a request's bytes are for, as the job's registry counts them (jobs.ts); a request
  * without one counts as `other`.
  */
-export const STREAMS = ['gradients', 'optimizer', 'checkpoint', 'sendrecv', 'other'] as const;
+export const STREAMS = GENERATED_STREAMS; // src/errors.json "streams" (src/generated/constants.ts)
 export type StreamName = (typeof STREAMS)[number];
 const Stream = z.enum(STREAMS);
 
 /** SMs the GPU kernels of a request may occupy at a time; 0: all SMs of the device (the addon's `smBudget`). */
-export const MAX_SM_BUDGET = 1024;
+export const MAX_SM_BUDGET = SM_BUDGET_MAX; // src/errors.json "sm_budget" (src/generated/constants.ts)
 const SmBudget = z.number().int().min(0).max(MAX_SM_BUDGET);
 
 /**

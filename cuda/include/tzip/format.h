@@ -1,20 +1,16 @@
 // The tzip frame format: constants, dtypes, codecs and the split of an element into coded streams.
 // docs/format.md is the specification; this header is its single source of numbers for CPU and GPU.
 #pragma once
+#include "tzip/generated/constants.h"
 #include "tzip/hostdevice.h"
 
 namespace tzip {
 
 // ---- Frame header (docs/format.md, "Frame") ----
-constexpr uint32_t kFrameMagic = 0x52465A54u;  // bytes "TZFR"
-constexpr uint16_t kFormatVersion = 2;
-constexpr uint32_t kFixedHeaderBytes = 48;      // fields before the shape
-constexpr uint32_t kChunkEntryBytes = 16;       // u64 offset, u32 size, u32 chunk digest (xxhash32.h, chunk_digest)
-constexpr uint32_t kMaxNdim = 32;
-constexpr uint32_t kDefaultChunkBytes = 65536;  // 64 KiB of input per chunk
-constexpr uint32_t kMinChunkBytes = 4096;
-constexpr uint32_t kMaxChunkBytes = 65536;
-constexpr uint32_t kChunkBytesMultiple = 256;   // keeps every chunk element-aligned and 16-byte aligned
+// kFrameMagic (bytes "TZFR"), kFormatVersion, kFixedHeaderBytes (fields before the shape), kChunkEntryBytes (u64 offset,
+// u32 size, u32 chunk digest: xxhash32.h, chunk_digest), kMaxNdim, kDefaultChunkBytes (64 KiB of input per chunk),
+// kMinChunkBytes, kMaxChunkBytes and kChunkBytesMultiple (keeps every chunk element-aligned and 16-byte aligned) come
+// from generated/constants.h, as do Dtype, dtype_size, Codec and the error codes.
 
 // Field offsets inside the fixed header.
 constexpr uint32_t kOffMagic = 0, kOffVersion = 4, kOffDtype = 6, kOffCodec = 7, kOffNdim = 8, kOffFlags = 9,
@@ -37,26 +33,12 @@ TZIP_HD uint64_t max_frame_bytes(uint64_t nbytes, uint32_t ndim, uint32_t chunk_
 }
 
 // ---- Dtypes: codes follow the safetensors dtype names (docs/format.md, "Dtypes") ----
-enum class Dtype : uint8_t {
-  BOOL = 0, U8 = 1, I8 = 2, F8_E4M3 = 3, F8_E5M2 = 4, I16 = 5, U16 = 6, F16 = 7, BF16 = 8,
-  I32 = 9, U32 = 10, F32 = 11, I64 = 12, U64 = 13, F64 = 14
-};
-constexpr uint32_t kNumDtypes = 15;
-
-TZIP_HD uint32_t dtype_size(Dtype d) {
-  switch (d) {
-    case Dtype::BOOL: case Dtype::U8: case Dtype::I8: case Dtype::F8_E4M3: case Dtype::F8_E5M2: return 1;
-    case Dtype::I16: case Dtype::U16: case Dtype::F16: case Dtype::BF16: return 2;
-    case Dtype::I32: case Dtype::U32: case Dtype::F32: return 4;
-    default: return 8;
-  }
-}
+// enum class Dtype, kNumDtypes, kDtypeNames and dtype_size(Dtype): generated/constants.h.
 /// True for the dtypes the float codecs (fast, max) split into exponent and residual streams.
 TZIP_HD bool dtype_is_split_float(Dtype d) { return d == Dtype::BF16 || d == Dtype::F16 || d == Dtype::F32; }
 
 // ---- Codecs ----
-enum class Codec : uint8_t { RAW = 0, FAST = 1, MAX = 2, BYTES = 3 };
-constexpr uint32_t kNumCodecs = 4;
+// enum class Codec, kNumCodecs, kCodecNames and kCodecAuto: generated/constants.h.
 
 // ---- Streams of a coded chunk ----
 // A float element is split into an exponent stream E and residual streams holding sign and mantissa;

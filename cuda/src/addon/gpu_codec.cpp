@@ -36,7 +36,7 @@ namespace {
 /// GpuRunOptions (src/native.ts).
 struct RunOptions {
   int device = 0;
-  int sm_budget = 10;
+  int sm_budget = kDefaultSmBudget;
   uint32_t chunk = kDefaultChunkBytes;
   bool verify = true;
   uint64_t wait_event = 0;    // cudaEvent_t, 0: none

@@ -29,7 +29,7 @@ class RingCore {
   /// What the ring applies to every SQE it runs (the daemon's job settings, docs/ring.md "Who applies the job's
   /// settings"): set at the start and by set_settings, read once per batch.
   struct Settings {
-    int sm_budget = 10;       // SQEs with sm_budget 0 (when sm_override is 0)
+    int sm_budget = kDefaultSmBudget;  // SQEs with sm_budget 0 (when sm_override is 0)
     int codec = -1;           // -1: each compress SQE's own codec; else the codec byte (0..3, 255 auto) of every one
     int sm_override = -1;     // -1: each SQE's own sm_budget; else the SM budget of every SQE (0: all SMs)
   };

@@ -19,26 +19,19 @@
 #include <cstdint>
 #include <string>
 
+#include "tzip/generated/constants.h"
+
 namespace tzip {
 namespace gpu {
 
 /// Error codes, per frame (decode) or per call: the native codes of the one error table (src/errors.json) with its
 /// numeric values, which are those of tzip::ErrorCode (cuda/src/errors.h; the addon static_asserts that they agree and
 /// test/error-codes.test.ts checks this enum against the table). 0 = success. Values are stable: never renumber.
-enum ErrorCode : int32_t {
-  kOk = 0,
-  kInvalidArgument = 1,  // TZIP_INVALID_ARGUMENT
-  kCorrupt = 2,          // TZIP_CORRUPT
-  kTruncated = 3,        // TZIP_TRUNCATED
-  kChecksum = 4,         // TZIP_CHECKSUM
-  kUnsupported = 5,      // TZIP_UNSUPPORTED
-  kCudaError = 6,        // TZIP_CUDA: a CUDA runtime call failed (message says which)
-  kOutOfMemory = 7,      // TZIP_OUT_OF_MEMORY: a device or pinned host allocation failed (cudaErrorMemoryAllocation)
-};
+// enum ErrorCode (kOk = 0, then the native codes the GPU codec raises) and status_code_name: generated/constants.h.
 const char* error_code_name(int32_t code);
 
 /// Codec value meaning "auto" (resolved per tensor on the device with the integer rule of tzip::resolve_auto).
-constexpr uint8_t kCodecAuto = 255;
+using tzip::kCodecAuto;
 
 /// Outcome of a host call. Device-side per-frame outcomes of decode are in the caller's error array.
 struct Status {
@@ -62,7 +55,7 @@ struct EncodeItem {
 
 struct EncodeOptions {
   uint32_t chunk_bytes = 65536;  // multiple of 256 in [4096, 65536]
-  int sm_budget = 10;            // SMs the launch sequence may occupy at a time (<= 0: all SMs of the device)
+  int sm_budget = kDefaultSmBudget;            // SMs the launch sequence may occupy at a time (<= 0: all SMs of the device)
   void* stream = nullptr;        // cudaStream_t on the device that owns the pointers (nullptr: legacy default stream)
   int device = -1;               // >= 0: the caller has checked that every pointer of the call (the items' and
                                  // d_frame_bytes) is device memory of this device, as the addon does for each range
@@ -90,7 +83,7 @@ struct DecodeItem {
 };
 
 struct DecodeOptions {
-  int sm_budget = 10;
+  int sm_budget = kDefaultSmBudget;
   bool verify = true;  // check each chunk's digest (the header digest and the checksum are always checked)
   void* stream = nullptr;
   int device = -1;     // as EncodeOptions::device (the items' pointers and d_errors)

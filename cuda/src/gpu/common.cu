@@ -69,19 +69,7 @@ auto* g_smem_attr = new std::map<std::pair<const void*, int>, size_t>;
 
 }  // namespace
 
-const char* error_code_name(int32_t code) {
-  switch (code) {
-    case kOk: return "OK";
-    case kInvalidArgument: return "TZIP_INVALID_ARGUMENT";
-    case kCorrupt: return "TZIP_CORRUPT";
-    case kTruncated: return "TZIP_TRUNCATED";
-    case kChecksum: return "TZIP_CHECKSUM";
-    case kUnsupported: return "TZIP_UNSUPPORTED";
-    case kCudaError: return "TZIP_CUDA";
-    case kOutOfMemory: return "TZIP_OUT_OF_MEMORY";
-  }
-  return "TZIP_ERROR";
-}
+const char* error_code_name(int32_t code) { return status_code_name(code); }
 
 void set_tuning(const Tuning& t) {
   std::lock_guard<std::mutex> lock(g_tuning_mu);

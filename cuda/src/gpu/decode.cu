@@ -1686,7 +1686,7 @@ Status decode(const DecodeItem* items, size_t count, const DecodeOptions& opt, i
 
 struct DecodePlan {
   int device = -1;
-  int sm_budget = 10;
+  int sm_budget = kDefaultSmBudget;
   int sms = 0;
   uint32_t tile_ok = 1, defer_all = 0;
   void* ws = nullptr;  // cudaMalloc'd: lives as long as the plan
