@@ -23,12 +23,6 @@ from ._container import (ContainerError, ContainerReader, ContainerWriter, atomi
 
 __all__ = ["compress_file", "load_file", "load_folder"]
 
-_ALIGN = 256  # frames staged on the GPU start 256-byte aligned (the decoder's fast path wants 16)
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
 
 def _device(device) -> torch.device:
     dev = torch.device(device)
@@ -42,11 +36,11 @@ def _device(device) -> torch.device:
 def _batches(items: list, size_of, limit: int) -> list[list]:
     out, cur, size = [], [], 0
     for it in items:
-        if cur and size + _align(size_of(it)) > limit:
+        if cur and size + _native.align(size_of(it)) > limit:
             out.append(cur)
             cur, size = [], 0
         cur.append(it)
-        size += _align(size_of(it))
+        size += _native.align(size_of(it))
     if cur:
         out.append(cur)
     return out
@@ -230,7 +224,7 @@ def _load_gpu(reader, entries, flat: dict[str, torch.Tensor], dev: torch.device,
     """Batches of frames: read into one of two pinned buffers, copied to the GPU on a side stream, decoded on the
     current stream; the next batch is read from disk meanwhile. One synchronisation at the end reads every error."""
     batches = _batches(entries, lambda e: e.frame_bytes, batch_bytes)
-    cap = max((sum(_align(e.frame_bytes) for e in b) for b in batches), default=0)
+    cap = max((sum(_native.align(e.frame_bytes) for e in b) for b in batches), default=0)
     pinned = [torch.empty(cap, dtype=torch.uint8, pin_memory=True) for _ in range(min(2, len(batches)))]
     staged = [torch.empty(cap, dtype=torch.uint8, device=dev) for _ in range(min(2, len(batches)))]
     copied = [torch.cuda.Event() for _ in pinned]   # pinned[k] may be refilled once this passed
@@ -248,7 +242,7 @@ def _load_gpu(reader, entries, flat: dict[str, torch.Tensor], dev: torch.device,
         for e in batch:
             offs.append(o)
             reader.read_frame(e, out=pinned[k][o: o + e.frame_bytes])  # header checked against the index
-            o += _align(e.frame_bytes)
+            o += _native.align(e.frame_bytes)
         with torch.cuda.stream(copy_stream):
             if n >= 2:
                 copy_stream.wait_event(decoded[k])

@@ -43,12 +43,6 @@ from ._frame import DEFAULT_CHUNK
 
 __all__ = ["compress_model", "CompressedModel", "default_blocks"]
 
-_ALIGN = 256  # every frame and every decoded tensor starts 256-byte aligned (the decoder's fast path wants 16)
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
 
 @dataclass
 class _Weight:
@@ -408,7 +402,7 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
     held = 0
     for w, f in zip(order, frames):
         w.frame = f
-        held += _align(f.numel())
+        held += _native.align(f.numel())
 
     # ---- scratch layout, pointer arrays, round-trip check
     slot_bytes = 0
@@ -416,7 +410,7 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
         off = 0
         for w in b.weights:
             b.offsets.append(off)
-            off += _align(w.nbytes)
+            off += _native.align(w.nbytes)
         b.bytes = off
         slot_bytes = max(slot_bytes, off)
     cm = CompressedModel(model, plan, device, codec, prefetch, sm_budget, verify)
