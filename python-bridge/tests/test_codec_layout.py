@@ -132,6 +132,28 @@ def test_cli_and_python_write_the_same_file_with_complex64(tmp_path, codec, clie
 
 
 @needs_cli
+def test_cli_and_python_agree_on_a_complex64_tensor_at_an_odd_offset(tmp_path):
+    """Safetensors offsets need not be multiples of the element size (other writers than the `safetensors` package):
+    a C64 tensor after a 3-byte one is still coded as F32 pairs, by both, to the same bytes."""
+    from tzip._container import encode_safetensors_header
+    t = c64(16, 16, seed=5)
+    header, spans = encode_safetensors_header([("u8", "U8", [3], 3), ("c", "C64", [16, 16], t.numel() * 8)])
+    assert spans[1][0] == 3
+    src = tmp_path / "odd.safetensors"
+    src.write_bytes(header + b"\x01\x02\x03" + bits(t))
+    cli_out, ours = tmp_path / "cli.tzip", tmp_path / "ours.tzip"
+    r = subprocess.run([NODE, str(MAIN), "compress", str(src), "-o", str(cli_out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    compress_file(src, ours, "auto")
+    assert ours.read_bytes() == cli_out.read_bytes()
+    with ContainerReader(ours) as rd:
+        h = read_header(rd.read_frame(rd.entry("c")))
+        assert (h.dtype, list(h.shape)) == ("F32", [16, 16, 2])
+    assert bits(load_file(ours, "cpu")["c"]) == bits(t)
+
+
+@needs_cli
 def test_tzip_save_of_complex64_is_what_the_cli_writes_for_its_safetensors_file(tmp_path, client):
     """tzip.save's container and `tzip compress` of the safetensors file it holds are one file, byte for byte."""
     state = {"a": c64(40, 40), "b": c64(3, seed=4), "r": torch.randn(9)}
