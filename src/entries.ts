@@ -3,7 +3,7 @@
  * one entry per tensor, one per run of bytes no tensor covers (gaps and trailing bytes), in
  * ascending order, covering the data section without gaps. Empty tensors get an entry too.
  */
-import type { SafetensorsHeader } from './safetensors.js';
+import { hadBytesLayout, type SafetensorsHeader } from './safetensors.js';
 
 /** One entry of the plan. Offsets in bytes, relative to the data section. */
 export interface PlannedEntry {
@@ -19,7 +19,7 @@ export interface PlannedEntry {
   fileDtype: string;
   /** shape as written in the header ([length] for gaps). */
   fileShape: number[];
-  /** dtype passed to the codec (the header's dtype, or 'U8' for gaps, unknown dtypes and size mismatches). */
+  /** dtype passed to the codec (safetensors.ts codecLayout: the header's dtype, 'F32' for C64, or 'U8' for gaps, unknown dtypes and size mismatches). */
   dtype: string;
   /** shape passed to the codec. */
   shape: number[];
@@ -47,4 +47,15 @@ export function planEntries(header: SafetensorsHeader): PlannedEntry[] {
   }
   gapUntil(header.dataLength);
   return entries;
+}
+
+/**
+ * Whether a frame that records `dtype` and `shape` may hold `entry`: the entry's codec layout, or, for a tensor that
+ * writers before issue 36 coded as bytes (C64, more than 32 dimensions), 'U8' [bytes] (docs/container.md, "Earlier
+ * layouts"). Both decode to the same bytes; what is checked is that the frame is this entry's.
+ */
+export function frameLayoutFits(entry: PlannedEntry, dtype: string, shape: readonly number[]): boolean {
+  const same = (a: readonly number[], b: readonly number[]) => a.length === b.length && a.every((d, i) => d === b[i]);
+  if (dtype === entry.dtype && same(shape, entry.shape)) return true;
+  return entry.kind === 'tensor' && hadBytesLayout(entry.fileDtype, entry.fileShape) && dtype === 'U8' && same(shape, [entry.end - entry.begin]);
 }

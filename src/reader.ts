@@ -8,7 +8,7 @@ import type { FileHandle } from 'node:fs/promises';
 import {
   ALIGNMENT, alignUp, decodeIndex, decodePrefix, decodeTrailer, INDEX_ENTRY_BYTES, MAGIC, PREFIX_BYTES, TRAILER_BYTES, xxh32, type IndexEntry,
 } from './container.js';
-import { planEntries, type PlannedEntry } from './entries.js';
+import { frameLayoutFits, planEntries, type PlannedEntry } from './entries.js';
 import { TzipError, toTzipError } from './errors.js';
 import { decompress, INLINE_MAX_BYTES, readHeader, type FrameHeader } from './native.js';
 import { openReadOnly, readExactly } from './positioned-io.js';
@@ -127,9 +127,12 @@ export class TzipReader {
     const problems: string[] = [];
     if (h.frameBytes !== entry.frameBytes) problems.push(`frame is ${h.frameBytes} bytes, index says ${entry.frameBytes}`);
     if (h.nbytes !== entry.end - entry.begin) problems.push(`frame holds ${h.nbytes} bytes, index says ${entry.end - entry.begin}`);
-    if (h.dtype !== entry.dtype) problems.push(`frame dtype ${h.dtype}, header says ${entry.dtype}`);
-    if (h.shape.length !== entry.shape.length || h.shape.some((d, i) => d !== entry.shape[i])) {
-      problems.push(`frame shape [${h.shape.join(', ')}], header says [${entry.shape.join(', ')}]`);
+    // (a C64 tensor or one of more than 32 dimensions may also be in the U8 layout earlier writers gave it)
+    if (!frameLayoutFits(entry, h.dtype, h.shape)) {
+      if (h.dtype !== entry.dtype) problems.push(`frame dtype ${h.dtype}, header says ${entry.dtype}`);
+      if (h.shape.length !== entry.shape.length || h.shape.some((d, i) => d !== entry.shape[i])) {
+        problems.push(`frame shape [${h.shape.join(', ')}], header says [${entry.shape.join(', ')}]`);
+      }
     }
     if (problems.length > 0) throw new TzipError('TZIP_CORRUPT', `frame does not match its entry: ${problems.join('; ')}`, this.context(entry));
     return h;

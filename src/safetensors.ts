@@ -7,7 +7,7 @@
  * a `__metadata__` object. See https://github.com/huggingface/safetensors.
  */
 import { constants as bufferConstants } from 'node:buffer';
-import { DTYPE_BYTES, isKnownDtype } from './dtype.js';
+import { DTYPE_BYTES, isKnownDtype, type KnownDtype } from './dtype.js';
 import { TzipError } from './errors.js';
 import { openReadOnly, readExactly } from './positioned-io.js';
 
@@ -50,8 +50,52 @@ function jsonDepth(text: string): number {
 /** Largest header accepted, in bytes of JSON (the limit of the reference implementation). */
 export const MAX_HEADER_BYTES = 100_000_000;
 
-/** Most dimensions the codec records in a frame (kMaxNdim in cuda/include/tzip/format.h); tensors with more are coded as bytes. */
+/** Most dimensions the codec records in a frame (kMaxNdim in cuda/include/tzip/format.h); tensors with more are coded 1-D. */
 export const CODEC_MAX_DIMS = 32;
+
+/**
+ * Complex safetensors dtypes and the dtype of their parts. A complex tensor is coded as pairs of floats with a
+ * trailing dimension of 2 (real and imaginary parts interleaved is its memory layout), as the daemon codes a complex
+ * tensor a client sends (src/daemon/dtype-map.ts): so one tensor gets one codec layout, and one codec choice, whether
+ * `tzip compress` or the Python client codes it. Safetensors names only C64.
+ */
+const COMPLEX_PARTS: ReadonlyMap<string, KnownDtype> = new Map([['C64', 'F32']]);
+
+/** The dtype and shape a frame records for a tensor (the codec dtype and shape). */
+export interface CodecLayout {
+  dtype: string;
+  shape: number[];
+}
+
+/**
+ * The codec dtype and shape of a tensor (docs/container.md, "Entries"), the rule the daemon applies to what a client
+ * sends: a dtype the codec knows keeps dtype and shape; C64 is F32 with a trailing dimension of 2; a shape that would
+ * have more than {@link CODEC_MAX_DIMS} dimensions is flattened to 1-D; any other dtype, and a byte length that is
+ * not the shape's, is 'U8' [nbytes].
+ * @param dtype safetensors dtype name as written in the file (any string).
+ * @param shape shape as written in the file.
+ * @param nbytes bytes of the tensor's data (end - begin).
+ */
+export function codecLayout(dtype: string, shape: readonly number[], nbytes: number): CodecLayout {
+  const elements = elementCount(shape);
+  if (isKnownDtype(dtype) && elements * BigInt(DTYPE_BYTES[dtype]) === BigInt(nbytes)) {
+    return { dtype, shape: shape.length > CODEC_MAX_DIMS ? [Number(elements)] : [...shape] };
+  }
+  const part = COMPLEX_PARTS.get(dtype);
+  if (part !== undefined && elements * 2n * BigInt(DTYPE_BYTES[part]) === BigInt(nbytes)) {
+    return { dtype: part, shape: shape.length + 1 > CODEC_MAX_DIMS ? [Number(elements * 2n)] : [...shape, 2] };
+  }
+  return { dtype: 'U8', shape: [nbytes] };
+}
+
+/**
+ * Whether a tensor of `dtype` and `shape` was coded as 'U8' [nbytes] by writers before {@link codecLayout} coded it
+ * otherwise (C64, more than {@link CODEC_MAX_DIMS} dimensions): readers accept a frame of that layout too, so that
+ * files written then still read (docs/container.md, "Earlier layouts").
+ */
+export function hadBytesLayout(dtype: string, shape: readonly number[]): boolean {
+  return COMPLEX_PARTS.has(dtype) || shape.length > CODEC_MAX_DIMS;
+}
 
 /** Bytes of the little-endian u64 length prefix. */
 export const LENGTH_PREFIX_BYTES = 8;
@@ -68,12 +112,9 @@ export interface SafetensorsTensor {
   begin: number;
   /** One past the last byte, relative to the data section. */
   end: number;
-  /**
-   * dtype handed to the codec: `dtype` when known, the byte length equals prod(shape) * element size and
-   * the shape has at most {@link CODEC_MAX_DIMS} dimensions; otherwise 'U8' (the bytes are compressed as opaque bytes).
-   */
+  /** dtype handed to the codec ({@link codecLayout}: `dtype`, 'F32' for C64, or 'U8' for opaque bytes). */
   codecDtype: string;
-  /** shape handed to the codec: `shape`, or `[end - begin]` when `codecDtype` fell back to 'U8'. */
+  /** shape handed to the codec ({@link codecLayout}: `shape`, `[...shape, 2]` for C64, 1-D beyond 32 dimensions, or `[end - begin]`). */
   codecShape: number[];
 }
 
@@ -220,18 +261,8 @@ export function parseSafetensorsHeader(prefix: Uint8Array, fileSize: number, fil
     if (end > dataLength) {
       throw new TzipError('TZIP_TRUNCATED', `data_offsets [${begin}, ${end}] reach past the ${dataLength}-byte data section`, { file, tensor: name });
     }
-    const nbytes = end - begin;
-    const sizeMatches = isKnownDtype(dtype) && shape.length <= CODEC_MAX_DIMS &&
-      elementCount(shape) * BigInt(DTYPE_BYTES[dtype]) === BigInt(nbytes);
-    tensors.push({
-      name,
-      dtype,
-      shape,
-      begin,
-      end,
-      codecDtype: sizeMatches ? dtype : 'U8',
-      codecShape: sizeMatches ? shape : [nbytes],
-    });
+    const codec = codecLayout(dtype, shape, end - begin);
+    tensors.push({ name, dtype, shape, begin, end, codecDtype: codec.dtype, codecShape: codec.shape });
   }
 
   tensors.sort(compareTensors);

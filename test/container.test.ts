@@ -2,14 +2,17 @@
 // access, and rejection of damaged files with the file (and tensor) named.
 import { createHash } from 'node:crypto';
 import { readdir, readFile, truncate, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { alignUp, encodeIndex, encodePrefix, encodeTrailer, FLAG_HEADER_DIGEST, INDEX_ENTRY_BYTES, PREFIX_BYTES, TRAILER_BYTES, xxh32 } from '../src/container.js';
 import { TzipError } from '../src/errors.js';
-import { CODECS, compress, type Codec } from '../src/native.js';
+import { frameLayoutFits, planEntries, type PlannedEntry } from '../src/entries.js';
+import { CODECS, compress, readHeader, type Codec } from '../src/native.js';
 import { openTzip } from '../src/reader.js';
 import { decompressFile, verifyFile } from '../src/restore.js';
+import { parseSafetensorsHeader } from '../src/safetensors.js';
 import { compressFile } from '../src/writer.js';
 import { bf16From, buildSafetensors, flip, gap, randomTensor, weightLikeF32, type Piece, type TensorPiece } from './helpers/safetensors-builder.js';
 import { ensureBuilt, runTzip } from './helpers/cli.js';
@@ -439,4 +442,106 @@ describe('verify of a tensor too large to hold', () => {
     expect(runs.map((r) => r.code)).toEqual([2, 2, 2]);
     for (const r of runs) expect(r.stdout + r.stderr).toContain("above Node's Buffer size limit");
   }, 60_000);
+});
+
+describe('complex64 tensors (issue 36): coded as F32 pairs, files of the earlier U8 layout still read', () => {
+  const GOLDEN = join(dirname(fileURLToPath(import.meta.url)), 'golden', 'containers');
+  const LEGACY = join(GOLDEN, 'legacy_c64.tzip');
+  const LEGACY_INPUT = join(GOLDEN, 'legacy_c64.safetensors');
+  const c64 = weightLikeF32('c64.w', [16, 24, 2], 11); // float pairs with weight-like values, stored as C64 [16, 24]
+  const COMPLEX: Piece[] = [
+    { ...c64, dtype: 'C64', shape: [16, 24] },
+    randomTensor('odd', 'U8', [3], 1), // the C64 tensors after it start at odd offsets
+    { ...weightLikeF32('c64.scalar', [2], 3), dtype: 'C64', shape: [] },
+    randomTensor('c64.empty', 'C64', [0, 5], 8),
+    weightLikeF32('f32', [40], 5),
+  ];
+  let source: string;
+  let original: Buffer;
+  beforeAll(async () => {
+    original = buildSafetensors(COMPLEX);
+    source = join(tmp(), 'complex.safetensors');
+    await writeFile(source, original);
+  });
+
+  it.each(CODECS)('frames C64 [..] as F32 [.., 2], the frame the codec makes of those bytes as F32 pairs (codec %s)', async (codec: Codec) => {
+    const packed = join(tmp(), `complex.${codec}.tzip`);
+    await compressFile(source, packed, { codec });
+    const reader = await openTzip(packed);
+    try {
+      for (const [name, shape] of [['c64.w', [16, 24, 2]], ['c64.scalar', [2]], ['c64.empty', [0, 5, 2]]] as const) {
+        const entry = reader.entry(name);
+        expect([entry.fileDtype, entry.dtype, entry.shape]).toEqual(['C64', 'F32', shape]);
+        const frame = await reader.readFrame(entry);
+        const h = await reader.frameHeader(entry);
+        expect([h.dtype, h.shape]).toEqual(['F32', shape]);
+        // the very frame a client's complex64 tensor of these bytes gets from the daemon (src/daemon/dtype-map.ts)
+        const bytes = await reader.readTensor(name);
+        expect(frame.equals(await compress(bytes, { dtype: 'F32', shape, codec }))).toBe(true);
+      }
+    } finally {
+      await reader.close();
+    }
+    expect((await verifyFile(packed)).ok).toBe(true);
+    const restored = join(tmp(), `complex.${codec}.safetensors`);
+    await decompressFile(packed, restored);
+    expect(sha256(await readFile(restored))).toBe(sha256(original));
+  });
+
+  it('auto picks the codec it picks for the same bytes as F32 (not bytes)', async () => {
+    const packed = join(tmp(), 'complex.auto.tzip');
+    await compressFile(source, packed, { codec: 'auto' });
+    const reader = await openTzip(packed);
+    try {
+      const h = await reader.frameHeader(reader.entry('c64.w'));
+      expect(h.codec).not.toBe('bytes');
+      expect(h.codec).toBe(readHeader(await compress(c64.bytes, { dtype: 'F32', shape: [16, 24, 2] })).codec);
+    } finally {
+      await reader.close();
+    }
+  });
+
+  it('still decompresses, verifies, inspects and extracts the legacy fixture (C64 and 33-dim tensors in U8 frames)', async () => {
+    expect(sha256(await readFile(LEGACY))).toBe('db0cc58addbcd45f2f1c7d56eeacb47e10b6307b8970e1a037cd3b90b750549f');
+    const input = await readFile(LEGACY_INPUT);
+    const restored = join(tmp(), 'legacy.safetensors');
+    await decompressFile(LEGACY, restored);
+    expect(sha256(await readFile(restored))).toBe(sha256(input));
+    expect((await verifyFile(LEGACY)).ok).toBe(true);
+    const reader = await openTzip(LEGACY);
+    try {
+      // the header now plans F32 pairs / 1-D, the frames hold the earlier U8 [nbytes]: accepted, same bytes
+      expect([reader.entry('c64.weight').dtype, reader.entry('f16.deep').shape]).toEqual(['F32', [6]]);
+      for (const [name, nbytes] of [['c64.weight', 512], ['c64.scalar', 8], ['c64.empty', 0], ['f16.deep', 12]] as const) {
+        const h = await reader.frameHeader(reader.entry(name));
+        expect([h.dtype, h.shape, h.codec]).toEqual(['U8', [nbytes], 'bytes']);
+        expect((await reader.readTensor(name)).byteLength).toBe(nbytes);
+      }
+    } finally {
+      await reader.close();
+    }
+    ensureBuilt();
+    const doc = JSON.parse((await runTzip(['--json', 'inspect', LEGACY], tmp())).stdout) as { entries: { name: string; dtype: string; codecDtype: string }[] };
+    expect(doc.entries.find((e) => e.name === 'c64.weight')).toMatchObject({ dtype: 'C64', codecDtype: 'U8' });
+    expect(doc.entries.find((e) => e.name === 'f32.bias')).toMatchObject({ dtype: 'F32', codecDtype: 'F32' });
+    const x = await runTzip(['extract', LEGACY, 'c64.weight', '-o', 'legacy.c64.bin'], tmp());
+    expect(x.code, x.stderr).toBe(0);
+    const headerLength = Number(input.readBigUInt64LE(0));
+    const spec = (JSON.parse(input.subarray(8, 8 + headerLength).toString()) as Record<string, { data_offsets: [number, number] }>)['c64.weight'];
+    const [b, e] = spec?.data_offsets ?? [0, 0];
+    expect((await readFile(join(tmp(), 'legacy.c64.bin'))).equals(input.subarray(8 + headerLength + b, 8 + headerLength + e))).toBe(true);
+  });
+
+  it('accepts the earlier U8 layout only for the tensors that had it, and only with their byte count', () => {
+    const file = buildSafetensors([
+      randomTensor('c', 'C64', [4], 8), randomTensor('f', 'F32', [8], 4), randomTensor('deep', 'I8', new Array<number>(33).fill(1), 1), gap(5),
+    ]);
+    const plan = planEntries(parseSafetensorsHeader(file, file.byteLength, 'plan.safetensors'));
+    const [c, f, deep, g] = plan as [PlannedEntry, PlannedEntry, PlannedEntry, PlannedEntry];
+    expect([frameLayoutFits(c, 'F32', [4, 2]), frameLayoutFits(c, 'U8', [32])]).toEqual([true, true]);
+    expect([frameLayoutFits(c, 'U8', [31]), frameLayoutFits(c, 'F32', [8]), frameLayoutFits(c, 'U8', [4, 8])]).toEqual([false, false, false]);
+    expect([frameLayoutFits(f, 'F32', [8]), frameLayoutFits(f, 'U8', [32])]).toEqual([true, false]);
+    expect([frameLayoutFits(deep, 'I8', [1]), frameLayoutFits(deep, 'U8', [1])]).toEqual([true, true]);
+    expect([frameLayoutFits(g, 'U8', [5]), frameLayoutFits(g, 'I8', [5])]).toEqual([true, false]);
+  });
 });

@@ -59,10 +59,27 @@ describe('parseSafetensorsHeader', () => {
       randomTensor('deep', 'F16', new Array<number>(33).fill(1), 2),
     ]);
     const [q, bad, ok, deep] = parse(file).tensors;
-    expect([deep?.codecDtype, deep?.codecShape]).toEqual(['U8', [2]]);
+    expect([deep?.codecDtype, deep?.codecShape]).toEqual(['F16', [1]]); // more than 32 dimensions: 1-D, as the daemon frames it
     expect([q?.codecDtype, q?.codecShape]).toEqual(['U8', [15]]);
     expect([bad?.codecDtype, bad?.codecShape, bad?.dtype, bad?.shape]).toEqual(['U8', [10], 'F32', [3]]);
     expect([ok?.codecDtype, ok?.codecShape]).toEqual(['I64', [2]]);
+  });
+
+  it('codes C64 as F32 pairs (shape + [2]) and float8 fnuz as bytes, the daemon\'s rule for the same tensors', () => {
+    const file = buildSafetensors([
+      randomTensor('c', 'C64', [8, 8], 8),
+      randomTensor('scalar', 'C64', [], 8),
+      randomTensor('empty', 'C64', [0, 3], 8),
+      randomTensor('deep', 'C64', new Array<number>(32).fill(1), 8), // 33 frame dimensions: 1-D
+      { kind: 'tensor', name: 'short', dtype: 'C64', shape: [3], bytes: Buffer.alloc(12) }, // size does not match
+      randomTensor('fnuz', 'F8_E4M3FNUZ', [4, 4], 1),
+      randomTensor('e5fnuz', 'F8_E5M2FNUZ', [5], 1),
+    ]);
+    const byName = new Map(parse(file).tensors.map((t) => [t.name, [t.codecDtype, t.codecShape]]));
+    expect(Object.fromEntries(byName)).toEqual({
+      c: ['F32', [8, 8, 2]], scalar: ['F32', [2]], empty: ['F32', [0, 3, 2]], deep: ['F32', [2]], short: ['U8', [12]],
+      fnuz: ['U8', [16]], e5fnuz: ['U8', [5]],
+    });
   });
 
   it('accepts empty tensors, also several at one offset and at a tensor boundary', () => {

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ._dlpack import int_alias
+from ._dlpack import frame_layout_of, int_alias
 from ._errors import TzipDaemonError
 from ._fallback import _decompress_raw
 from ._frame import FrameError, FrameHeader, read_header
@@ -58,8 +58,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MAGIC", "TRAILER_MAGIC", "CONTAINER_VERSION", "PREFIX_BYTES", "FLAG_HEADER_DIGEST", "ALIGNMENT", "INDEX_ENTRY_BYTES", "TRAILER_BYTES",
     "MAX_HEADER_BYTES", "CODEC_MAX_DIMS", "CODEC_DTYPE_BYTES", "ContainerError", "HeaderTensor", "SafetensorsHeader",
-    "Entry", "align16", "codec_layout", "parse_header_length", "parse_safetensors_header", "plan_entries",
-    "encode_safetensors_header", "ContainerWriter", "ContainerReader", "atomic_file", "fsync_dir",
+    "Entry", "align16", "codec_layout", "frame_layout_fits", "parse_header_length", "parse_safetensors_header",
+    "plan_entries", "encode_safetensors_header", "ContainerWriter", "ContainerReader", "atomic_file", "fsync_dir",
     "SAFETENSORS_DTYPES", "torch_dtype_of", "safetensors_layout", "byte_view", "reinterpret", "codec_view",
     "TensorItem", "write_tensors", "decode_entries", "BATCH_BYTES",
 ]
@@ -82,11 +82,15 @@ INDEX_ENTRY_BYTES = 32
 TRAILER_BYTES = 32
 #: Largest safetensors JSON header accepted, in bytes (the reference implementation's limit).
 MAX_HEADER_BYTES = 100_000_000
-#: Most dimensions a frame records; tensors with more are coded as U8 bytes.
+#: Most dimensions a frame records; tensors with more are coded 1-D.
 CODEC_MAX_DIMS = 32
 #: The safetensors dtypes the codec knows, and their element sizes in bytes (docs/container.md, "Entries").
 CODEC_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
                      "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+#: Complex safetensors dtypes and the dtype of their parts: coded as float pairs with a trailing dimension of 2, as the
+#: daemon codes a complex tensor (tzip._dlpack.frame_layout), so that ``tzip compress``, ``tzip.save`` and
+#: ``Client.compress`` give one tensor one codec layout. Safetensors names only C64 (src/safetensors.ts COMPLEX_PARTS).
+_COMPLEX_PARTS = {"C64": "F32"}
 _LENGTH_PREFIX = 8
 _MAX_SAFE = (1 << 53) - 1  # offsets and sizes are read as u64 but must be at most 2^53 - 1 (the TS reader's numbers)
 _PREFIX = struct.Struct("<8sHHIQ")
@@ -113,12 +117,28 @@ def align16(x: int) -> int:
 
 
 def codec_layout(dtype: str, shape: Sequence[int], nbytes: int) -> tuple[str, list[int]]:
-    """The codec dtype and shape of a safetensors tensor (docs/container.md, "Entries"): its own for a dtype the
-    codec knows whose byte length matches and whose shape has at most 32 dimensions, else ``U8 [nbytes]``."""
+    """The codec dtype and shape of a safetensors tensor of ``dtype`` and ``shape`` whose data is ``nbytes`` long
+    (docs/container.md, "Entries"; the daemon's rule, tzip._dlpack.frame_layout): its own for a dtype the codec knows
+    whose byte length matches; ``F32 shape + [2]`` for such a C64 tensor; 1-D (``[elements]``, ``[2 * elements]``)
+    where the frame shape would have more than 32 dimensions; else ``U8 [nbytes]``."""
+    elements = math.prod(shape)
     size = CODEC_DTYPE_BYTES.get(dtype)
-    if size is not None and len(shape) <= CODEC_MAX_DIMS and math.prod(shape) * size == nbytes:
-        return dtype, list(shape)
+    if size is not None and elements * size == nbytes:
+        return dtype, (list(shape) if len(shape) <= CODEC_MAX_DIMS else [elements])
+    part = _COMPLEX_PARTS.get(dtype)
+    if part is not None and elements * 2 * CODEC_DTYPE_BYTES[part] == nbytes:
+        return part, ([*shape, 2] if len(shape) + 1 <= CODEC_MAX_DIMS else [2 * elements])
     return "U8", [nbytes]
+
+
+def frame_layout_fits(entry: "Entry", dtype: str, shape: Sequence[int]) -> bool:
+    """Whether a frame recording ``dtype`` and ``shape`` may hold ``entry``: its codec layout, or ``U8 [nbytes]`` for
+    a tensor that writers before issue 36 coded as bytes (C64, more than 32 dimensions; docs/container.md, "Earlier
+    layouts"). Both decode to the same bytes."""
+    if dtype == entry.dtype and tuple(shape) == tuple(entry.shape):
+        return True
+    return (entry.kind == "tensor" and (entry.file_dtype in _COMPLEX_PARTS or len(entry.file_shape) > CODEC_MAX_DIMS)
+            and dtype == "U8" and tuple(shape) == (entry.nbytes,))
 
 
 @dataclass(frozen=True)
@@ -381,10 +401,11 @@ def _check_frame(entry: Entry, h: FrameHeader, file: str | os.PathLike) -> Frame
         problems.append(f"frame is {h.frame_bytes} bytes, index says {entry.frame_bytes}")
     if h.nbytes != entry.nbytes:
         problems.append(f"frame holds {h.nbytes} bytes, index says {entry.nbytes}")
-    if h.dtype != entry.dtype:
-        problems.append(f"frame dtype {h.dtype}, header says {entry.dtype}")
-    if tuple(h.shape) != tuple(entry.shape):
-        problems.append(f"frame shape {list(h.shape)}, header says {list(entry.shape)}")
+    if not frame_layout_fits(entry, h.dtype, h.shape):
+        if h.dtype != entry.dtype:
+            problems.append(f"frame dtype {h.dtype}, header says {entry.dtype}")
+        if tuple(h.shape) != tuple(entry.shape):
+            problems.append(f"frame shape {list(h.shape)}, header says {list(entry.shape)}")
     if problems:
         raise ContainerError("TZIP_CORRUPT", "frame does not match its entry: " + "; ".join(problems), file,
                              entry.name if entry.kind == "tensor" else None)
@@ -759,11 +780,12 @@ def reinterpret(flat: torch.Tensor, dtype: torch.dtype, shape: Sequence[int]) ->
 
 
 def codec_view(t: torch.Tensor, codec_dtype: str, codec_shape: Sequence[int]) -> torch.Tensor:
-    """``t`` as the daemon must see it so that its frame has the entry's codec layout: ``t`` itself when its dtype
-    is the codec dtype and its shape the codec shape, else its bytes in C order as a 1-D uint8 tensor (same
-    device; a copy when ``t`` is not contiguous)."""
+    """``t`` as the daemon must see it so that its frame has the entry's codec layout: ``t`` itself when the daemon
+    frames it so (tzip._dlpack.frame_layout_of; every tensor stored under its own safetensors dtype: the container's
+    rule is the daemon's, complex64 as float32 pairs included), else its bytes in C order as a 1-D uint8 tensor (a
+    dtype stored as ``U8`` bytes, such as complex128; same device; a copy when ``t`` is not contiguous)."""
     t = t.detach()
-    if SAFETENSORS_DTYPES.get(t.dtype) == codec_dtype and tuple(t.shape) == tuple(codec_shape):
+    if frame_layout_of(t.dtype, tuple(t.shape)) == (codec_dtype, list(codec_shape)):
         return t.resolve_conj().resolve_neg()  # no-ops (and no copies) unless the conj/neg bit is set
     return byte_view(t.resolve_conj().resolve_neg().contiguous())
 
@@ -882,8 +904,10 @@ def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "C
     """Decodes ``entries`` of ``reader``, yielding ``(entry, tensor)`` in the given order. Each tensor has the
     entry's codec dtype and shape (``entry.dtype``, ``entry.shape``) and lies on ``device(entry)`` (default: the
     CPU; a GPU entry's frame is copied to the GPU and decoded there), or is ``out(entry)`` filled, when that
-    returns a tensor of that dtype and shape. CPU results are ordinary (private) memory, not shared memory. Every
-    chunk digest is checked. Frames of codec ``raw`` need no daemon.
+    returns a contiguous tensor of that dtype and shape. A frame in the ``U8`` layout that earlier writers gave
+    some tensors (C64, more than 32 dimensions; :func:`frame_layout_fits`) is decoded as bytes and given in the
+    entry's layout all the same. CPU results are ordinary (private) memory, not shared memory. Every chunk digest is
+    checked. Frames of codec ``raw`` need no daemon.
 
     Raises ContainerError (TZIP_CORRUPT, TZIP_TRUNCATED, TZIP_CHECKSUM, TZIP_UNSUPPORTED) naming the file and
     tensor; DaemonUnavailableError when compressed frames must be decoded and no daemon can be reached.
@@ -906,7 +930,15 @@ def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "C
                 # Decoding into private memory: a result in shared memory would hold /dev/shm for as long as the
                 # caller keeps the tensor (a whole checkpoint's worth).
                 o = torch.empty(e.shape, dtype=dtype)
-            cts.append(CompressedTensor(frame if dev.type == "cpu" else frame.to(dev), dtype, e.shape, h.codec, h.nbytes))
+            shape = e.shape
+            if (h.dtype, tuple(h.shape)) != (e.dtype, tuple(e.shape)):
+                # A frame in the U8 layout of an earlier writer (read_frame let only that through): decoded as bytes
+                # into the same memory, and yielded in the entry's layout below.
+                dtype, shape = torch.uint8, (e.nbytes,)
+                if o is not None and not o.is_contiguous():
+                    raise ValueError(f"out for tensor '{e.name}' is not contiguous")
+                o = byte_view(o) if o is not None else None
+            cts.append(CompressedTensor(frame if dev.type == "cpu" else frame.to(dev), dtype, shape, h.codec, h.nbytes))
             outs.append(o)
         if c is None and any(ct.codec != "raw" for ct in cts):
             from ._default import resolve_client  # as in write_tensors
@@ -933,7 +965,8 @@ def decode_entries(reader: ContainerReader, entries: Sequence[Entry], client: "C
             tensors = fut.result()
         except (TzipDaemonError, ValueError) as err:
             raise _locate(err, reader, batch, cts, outs, c) from None
-        yield from zip(batch, tensors)
+        for e, t in zip(batch, tensors):
+            yield e, reinterpret(t, torch_dtype_of(e.dtype), e.shape)  # t itself unless its frame had an earlier layout
 
 
 def _locate(err: BaseException, reader: ContainerReader, batch: list[Entry], cts: list[CompressedTensor], outs: list,

@@ -67,7 +67,6 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ._container import (
-    SAFETENSORS_DTYPES,
     ContainerError,
     ContainerReader,
     Entry,
@@ -77,6 +76,7 @@ from ._container import (
     decode_entries,
     reinterpret,
     safetensors_layout,
+    torch_dtype_of,
     write_tensors,
 )
 from ._dlpack import int_alias
@@ -455,12 +455,13 @@ class Reader(StorageReader):
                 if tuple(ri.lengths) != info.shape or any(ri.storage_offsets) or not t.is_contiguous() or t.numel() == 0:
                     return None
                 in_place.add(e.name)
-                own = safetensors_layout(t.dtype, tuple(t.shape))[:2]
-                if t.dtype in SAFETENSORS_DTYPES and (e.dtype, tuple(e.shape)) == own:
+                layout = torch_dtype_of(e.dtype), tuple(e.shape)
+                if (t.dtype, tuple(t.shape)) == layout:
                     return t  # the frame's layout is the tensor's own
-                # A frame of the tensor's bytes (U8 [nbytes]), also where that has the tensor's shape (a 1-D tensor of
-                # a 1-byte dtype safetensors lacks, such as float8_e8m0fnu): its dtype is not the frame's.
-                return byte_view(t)
+                # The tensor's memory in the frame's layout: float32 pairs of a complex64 tensor, 1-D beyond 32
+                # dimensions, or its bytes (U8 [nbytes]) for a dtype stored as bytes, also where that has the tensor's
+                # shape (a 1-D tensor of a 1-byte dtype safetensors lacks, such as float8_e8m0fnu).
+                return reinterpret(byte_view(t), *layout)
 
             for e, flat in decode_entries(reader, entries, self.client, device=device, out=out, strict=self.strict):
                 info, ris, targets = jobs[e.name]

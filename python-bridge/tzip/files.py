@@ -74,7 +74,10 @@ def compress_file(src, dst, codec: str = "auto", device="cpu", *, chunk_bytes: i
 
         def view(e) -> torch.Tensor:  # the entry's bytes as the codec sees them (its codec dtype and shape)
             dt = torch_dtype_of(e.dtype)
-            return body[e.begin: e.end].view(dt).reshape(e.shape)
+            b = body[e.begin: e.end]
+            # torch views bytes as wider elements only at a multiple of their size; safetensors offsets need not be
+            # one (a C64 tensor, coded as F32 pairs, after an odd-sized tensor): such a tensor is copied.
+            return (b if e.begin % dt.itemsize == 0 else b.clone()).view(dt).reshape(e.shape)
 
         if dev.type == "cpu":
             for e in w.entries:

@@ -49,7 +49,7 @@ async function inspectFile(file: string): Promise<Inspection> {
         name: entry.name,
         kind: entry.kind,
         dtype: entry.fileDtype,
-        codecDtype: entry.dtype,
+        codecDtype: frame.dtype, // the entry's codec dtype, or U8 in a file written before C64 was coded as F32 pairs
         shape: entry.fileShape,
         codec: frame.codec,
         chunks: frame.nChunks,
