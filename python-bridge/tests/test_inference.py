@@ -112,6 +112,24 @@ def test_state_dict_and_decompress_give_the_original_tensors(device):
     assert model.lm_head.weight is model.transformer.wte.weight
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_decompress_frees_the_frames_while_the_object_lives(device):
+    """A caller that keeps the CompressedModel (a benchmark's variable, a notebook cell) must not keep its frames
+    allocated after decompress(): on a GPU that would hold the compressed weights beside the restored ones."""
+    import gc
+    import weakref
+    model = gpt2(torch.float16).to(device)
+    cm = compress_model(model, codec="fast", min_bytes=1024)
+    with torch.no_grad():
+        model(torch.arange(16, device=device)[None])  # runs every block, so the prefetch order is learnt too
+        model(torch.arange(16, device=device)[None])
+    frames = [weakref.ref(w.frame) for b in cm._blocks for w in b.weights]
+    assert frames
+    cm.decompress()
+    gc.collect()
+    assert [r for r in frames if r() is not None] == []
+
+
 class Uneven(nn.Module):
     """Blocks of different shapes and dtypes, a shared submodule outside the list, and a tiny bias kept resident."""
 

@@ -66,6 +66,7 @@ class _Block:
     plans: list = field(default_factory=list)         # per slot: _native.DecodePlan (GPU)
     errors: torch.Tensor | None = None                # per-frame error codes of the last decode (GPU, int32)
     handles: list = field(default_factory=list)
+    views: dict = field(default_factory=dict)         # slot -> the weights' views into that slot, made once
 
 
 def default_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -180,7 +181,9 @@ class CompressedModel:
             for b in self._blocks:
                 for p in b.plans:
                     p.close()
-        self._blocks = []
+        # Every reference to a block goes, or its frames stay allocated for as long as this object lives.
+        self._blocks, self._by_module, self._next = [], {}, {}
+        self._last = self._pending = None
         self._scratch = None
         if model is not None and getattr(model, "tzip_compressed", None) is self:
             del model.tzip_compressed
@@ -281,8 +284,11 @@ class CompressedModel:
 
     def _bind(self, b: _Block, slot: int) -> None:
         """Points the block's parameters at their decoded bytes in ``slot``."""
-        for i, w in enumerate(b.weights):
-            w.param.data = self._view(slot, b, i)
+        views = b.views.get(slot)
+        if views is None:  # made once per block and slot: three tensor ops a weight per forward are a token's CPU time
+            views = b.views[slot] = [self._view(slot, b, i) for i in range(len(b.weights))]
+        for w, v in zip(b.weights, views):
+            w.param.data = v
         self._active = b
 
     def _post(self, module: nn.Module, args, kwargs, output):
