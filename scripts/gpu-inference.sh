@@ -19,7 +19,7 @@ PY=python3
 export PYTHONPATH=$PWD/python-bridge${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TZIP_LIBRARY=${TZIP_LIBRARY:-$PWD/build/Release/libtzip.so}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
-"$PY" -m pytest -q -p no:cacheprovider python-bridge/tests/test_native.py python-bridge/tests/test_inference.py python-bridge/tests/test_files.py \
+"$PY" -m pytest -q -rs -p no:cacheprovider python-bridge/tests/test_native.py python-bridge/tests/test_inference.py python-bridge/tests/test_files.py \
   2>&1 | tee "$OUT/tests.log"
 tests=${PIPESTATUS[0]}
 "$PY" -m tzip.bench_inference --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
