@@ -96,9 +96,11 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _all_ranks(flags: dict[str, bool], device: torch.device) -> dict[str, bool]:
-    """``flags`` with each value true only when it is true on every rank (one MIN all-reduce, in sorted key order)."""
+    """``flags`` with each value true only when it is true on every rank (one MIN all-reduce, in sorted key order;
+    on ``device`` for NCCL, on the CPU for gloo)."""
     keys = sorted(flags)
-    t = torch.tensor([int(flags[k]) for k in keys], dtype=torch.int32, device=device)
+    nccl = "nccl" in str(dist.get_backend()).lower()
+    t = torch.tensor([int(flags[k]) for k in keys], dtype=torch.int32, device=device if nccl else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return {k: bool(v) for k, v in zip(keys, t.tolist())}
 
@@ -169,6 +171,10 @@ def _ddp_step(codec: str, device: torch.device, steps: int = 4) -> dict:
 def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -> None:
     os.environ["TZIP_SOCKET"] = socket
     torch.set_num_threads(1)
+    # the same computation gives the same bits in every mode (the GPU's embedding backward adds with atomics
+    # otherwise); CUBLAS_WORKSPACE_CONFIG before the first cuBLAS handle
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())

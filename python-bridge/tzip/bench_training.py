@@ -55,8 +55,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import bench_checkpoint, bench_collectives, bench_offload
-from .bench_daemon import _daemon_socket
+# The benchmark modules (and the client under them, which needs pyzmq) are imported when the cases run, so that a
+# machine without them gets rows saying why instead of an ImportError.
 
 ALL_CASES = ("offload", "collectives", "nccl", "checkpoint")
 HEAD = ("case", "baseline", "tzip", "tzip/baseline", "bytes saved", "bit-identical")
@@ -64,7 +64,7 @@ HEAD = ("case", "baseline", "tzip", "tzip/baseline", "bytes saved", "bit-identic
 # Per-case settings: CPU-friendly defaults, --quick (the CI smoke test: seconds per case on 2 cores) and the GPU's
 # longer offload run (a GPU step is ~50 ms: more steps cost little and steady the median).
 DEFAULTS = {
-    "cpu": {"steps": 6, "warmup": 2, "rounds": 2, "pairs": 8, "max_length": 128, "sizes": "25,100", "repeat": 3,
+    "cpu": {"steps": 6, "warmup": 2, "rounds": 3, "pairs": 8, "max_length": 128, "sizes": "25,100", "repeat": 5,
             "inputs": "minilm-f32,minilm-bf16"},
     "cuda": {"steps": 12, "warmup": 3, "rounds": 2, "pairs": 8, "max_length": 128, "sizes": "25,100", "repeat": 5,
              "inputs": "minilm-f32,minilm-bf16"},
@@ -144,6 +144,8 @@ def _offload_rows(r: dict, device: str) -> list[dict]:
 
 
 def _collective_rows(r: dict, label: str) -> list[dict]:
+    from . import bench_collectives
+
     n, codec = r["ranks"], r["codec"]
 
     def identical(flags: dict, compressed_vs_raw: str) -> bool:
@@ -216,6 +218,8 @@ class _Case:
 
 def _cases(a: argparse.Namespace, socket: str) -> list[_Case | dict]:
     """The cases of ``a.cases`` in table order: a _Case to run, or a skipped row where this machine cannot run it."""
+    from . import bench_checkpoint, bench_collectives, bench_offload
+
     dev, out = a.device, []
     for name in a.cases:
         if name == "offload":
@@ -254,6 +258,17 @@ def _cases(a: argparse.Namespace, socket: str) -> list[_Case | dict]:
     return out
 
 
+def _model_problem() -> str | None:
+    """Why the bundled model (what every case trains or saves) cannot be loaded here, or None."""
+    try:
+        from .demo_data import model_dir
+
+        model_dir()
+    except Exception as e:  # RuntimeError without the package, FileNotFoundError with a broken one
+        return f"the bundled model is not installed ({type(e).__name__}: {e})"
+    return None
+
+
 def _daemon_problem(socket: str, device: str) -> tuple[str | None, str | None]:
     """(why no case can use the daemon, why no GPU case can), each None when there is no such problem."""
     try:
@@ -281,6 +296,16 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": mach, "device": a.device, "codec": a.codec,
                               "command": "python -m tzip.bench_training " + " ".join(a.argv), "cases": {}, "rows": []}
     rows = report["rows"]
+    try:
+        from .bench_daemon import _daemon_socket
+    except ImportError as e:  # pyzmq (or another of the client's modules) missing
+        why = f"the tzip Python client cannot load ({type(e).__name__}: {e})"
+        rows += [_row(name, skipped=why) for name in a.cases]
+        return report
+    no_model = _model_problem()
+    if no_model:
+        rows += [_row(name, skipped=no_model) for name in a.cases]
+        return report
     try:
         daemon = _daemon_socket(a.socket)
         socket = daemon.__enter__()
