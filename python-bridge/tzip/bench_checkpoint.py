@@ -37,12 +37,10 @@ daemon is started for the run and stopped afterwards.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,10 +53,10 @@ import numpy as np
 import torch
 
 from ._dlpack import int_alias
-from ._spawn import cli_command
+from .bench_daemon import _daemon_socket
 from .client import Client
 
-__all__ = ["main"]
+__all__ = ["main", "measure", "parse_args"]
 
 PAGE = 4096
 
@@ -129,7 +127,8 @@ class _Method:
         self.name, self.save, self.load, self.syncs, self.folder = name, save, load, syncs, folder
 
 
-def _methods(client: Client, codec: str, device: str = "cpu") -> list[_Method]:
+def _methods(client: Client, codec: str, device: str = "cpu", notes: list[str] | None = None) -> list[_Method]:
+    """The methods in table order; ``notes`` (when given) gets a line for each one left out and why."""
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file, save_file
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -159,6 +158,8 @@ def _methods(client: Client, codec: str, device: str = "cpu") -> list[_Method]:
                           dcp_load(FileSystemReader), True, folder=True))
     except (ImportError, ValueError) as e:
         print(f"(DCP ZStandard left out: {e})", file=sys.stderr)
+        if notes is not None:
+            notes.append(f"DCP FileSystemWriter+ZStandard left out: {e}")
     ms += [
         _Method(f"tzip.save ({codec})", lambda sd, p: save(sd, p, codec=codec, client=client),
                 lambda p, t: load(p, map_location=device, client=client), True),
@@ -232,29 +233,9 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _daemon(socket: str | None):
-    if socket:
-        yield socket
-        return
-    with tempfile.TemporaryDirectory(prefix="tzip-bench-ckpt-") as d:
-        path = os.path.join(d, "s", "tzip.sock")
-        proc = subprocess.Popen([*cli_command(), "serve", "--socket", path], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
-        try:
-            proc.stdout.readline()  # the "listening" line: every endpoint is bound
-            yield path
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options (see the module docstring); ``argv`` None reads sys.argv."""
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench_checkpoint", description=__doc__.split("\n\n")[0])
     ap.add_argument("--socket", default=None, help="a running daemon's socket (default: a private daemon for the run)")
     ap.add_argument("--gb", type=float, default=1.0, help="GB (10**9 bytes) of the tiled input (default 1.0)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per method; medians are printed (default 3)")
@@ -264,25 +245,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default=None, help="safetensors file of real weights (default: the demo model's)")
     ap.add_argument("--dir", default=None, help="folder for the files (default: a temporary folder here)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Runs the benchmark ``args`` (:func:`parse_args`) describe: {"machine": text, "command": text, "rows": one dict
+    per (input, method) as :func:`run` returns them, "notes": methods left out and why}. Starts a private daemon
+    unless ``args.socket`` names one (RuntimeError when it cannot start)."""
     warnings.filterwarnings("ignore", message=".*single process.*")  # DCP without a process group
     names = [n for n in args.inputs.split(",") if n]
     inputs = _inputs(names, args.gb, args.source)
     if args.device == "cuda":
         inputs = {n: {k: v.cuda() for k, v in sd.items()} for n, sd in inputs.items()}
-    with _daemon(args.socket) as sock, Client(sock, spawn=False, strict=True) as client, \
+    notes: list[str] = []
+    with _daemon_socket(args.socket) as sock, Client(sock, spawn=False, strict=True) as client, \
             tempfile.TemporaryDirectory(prefix="tzip-bench-ckpt-", dir=args.dir) as work:
-        rows = run(inputs, _methods(client, args.codec, args.device), Path(work), args.repeat, args.device)
+        rows = run(inputs, _methods(client, args.codec, args.device, notes), Path(work), args.repeat, args.device)
     machine = (f"{platform.node()}: {platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
                f"torch {torch.__version__}, Python {platform.python_version()}")
+    if args.device == "cuda":
+        machine += f", {torch.cuda.get_device_name()}"
+    return {"machine": machine, "command": " ".join(sys.argv), "rows": rows, "notes": notes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    r = measure(args)
     if args.json:
-        print(json.dumps({"machine": machine, "command": " ".join(sys.argv), "rows": rows}, indent=2))
+        print(json.dumps(r, indent=2))
     else:
-        gpu = f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""
-        print(f"machine: {machine}{gpu}\ncommand: {' '.join(sys.argv)}\n"
+        print(f"machine: {r['machine']}\ncommand: {r['command']}\n"
               f"state dicts on {args.device}, warm page cache, medians of {args.repeat} runs, GB/s of tensor bytes\n")
-        print(_table(rows))
-    return 0 if all(r["bit_exact"] for r in rows) else 1
+        print(_table(r["rows"]))
+    return 0 if all(row["bit_exact"] for row in r["rows"]) else 1
 
 
 if __name__ == "__main__":

@@ -1,20 +1,27 @@
 """Benchmark of tzip's lossless compressed all-reduce against plain ``dist.all_reduce``, and of the DDP hook's bytes.
 
     python -m tzip.bench_collectives [--ranks 2] [--sizes 25,100] [--repeat 5] [--codec auto] [--socket PATH]
-                                     [--links 25,50,100] [--codec-rates C,D] [--no-ddp] [--json]
+                                     [--device cpu|cuda] [--backend gloo|nccl] [--links 25,50,100]
+                                     [--codec-rates C,D] [--no-ddp] [--json]
 
-Measures, with ``--ranks`` processes in one gloo process group on 127.0.0.1 (one intra-op thread each):
+Measures, with ``--ranks`` processes in one process group on 127.0.0.1 (one intra-op thread each; gloo by default,
+``--backend nccl`` with ``--device cuda`` and one GPU per rank). ``--device cuda`` puts every tensor on the GPU
+(rank r on ``cuda:r % device_count``: with gloo several ranks may share one GPU, the frames crossing the host) and
+ends each timed call with ``torch.cuda.synchronize()``:
 
 * the time of one all-reduce (SUM) of a 25 MB and a 100 MB bucket of real gradients, bf16 and fp32: plain
   ``dist.all_reduce``, ``tzip.distributed.all_reduce`` with ``codec="raw"`` (the same algorithm uncompressed) and
   with ``--codec``; the bytes each rank sent (tzip's counters) and their ratio to the raw bytes. Median over
   ``--repeat`` runs of rank 0's wall clock, the methods interleaved so that load changes hit them alike; every rank
-  reduces its own gradients of the same parameters;
+  reduces its own gradients of the same parameters. Each method's result (of the first, untimed round) is compared
+  bit for bit (integer views) on every rank: tzip raw and tzip ``--codec`` with each other, and with plain
+  ``dist.all_reduce`` (which only two ranks must match: with more, the backend's reduction order differs);
 * the codec's rates through the daemon on the same data, rank 0 alone (the others wait at a barrier): compress of
   the n-1 shards a rank sends and decompress of the n-1 shards it receives, GB/s of original bytes;
 * bytes on the wire per DDP step of the real model (all-MiniLM-L6-v2, fp32, real text, 4 sentence pairs of 32
   tokens per rank; the last of 4 steps) with and without the hook, and the step time (forward and backward, median
-  of the steps after DDP's bucket rebuild) of both (unless ``--no-ddp``);
+  of the steps after DDP's bucket rebuild) of plain DDP, the hook with codec ``raw`` and the hook with ``--codec``;
+  the gradients after the last step of the three compared bit for bit on every rank (unless ``--no-ddp``);
 * a PROJECTION, not a measurement, of the all-reduce time per rank at ``--links`` GB/s: plain ring
   ``2 (n-1)/n S / B``; tzip ``(n-1)/n S / Rc + S/n / Rc + 2 (n-1)/n S / Rd + 2 (n-1)/n ratio S / B`` (compress the
   outgoing shards, then the reduced one; decompress the incoming and the gathered ones; the compressed bytes over
@@ -44,6 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ._dlpack import int_alias
 from .bench_daemon import _daemon_socket
 
 MB = 1_000_000
@@ -77,15 +85,37 @@ def _rank_gradients(rank: int, world: int) -> torch.Tensor:
     return torch.cat([p.grad.reshape(-1) for p in reversed(list(model.parameters())) if p.grad is not None])
 
 
+def _sync() -> None:
+    """Waits for the current GPU's queued work (timed calls end there); nothing on the CPU."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(int_alias(a), int_alias(b))
+
+
+def _all_ranks(flags: dict[str, bool], device: torch.device) -> dict[str, bool]:
+    """``flags`` with each value true only when it is true on every rank (one MIN all-reduce, in sorted key order;
+    on ``device`` for NCCL, on the CPU for gloo)."""
+    keys = sorted(flags)
+    nccl = "nccl" in str(dist.get_backend()).lower()
+    t = torch.tensor([int(flags[k]) for k in keys], dtype=torch.int32, device=device if nccl else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return {k: bool(v) for k, v in zip(keys, t.tolist())}
+
+
 def _window(flat: torch.Tensor, numel: int) -> torch.Tensor:
     """The first ``numel`` values of ``flat``, tiled when numel > flat.numel()."""
     reps = -(-numel // flat.numel())
     return (flat.repeat(reps) if reps > 1 else flat)[:numel].clone()
 
 
-def _ddp_step(codec: str, steps: int = 4) -> dict:
-    """DDP training steps (forward, backward) of the real model, plain and with the hook: this rank's bytes per step
-    and the median step time after DDP's bucket rebuild (steps 2 on)."""
+def _ddp_step(codec: str, device: torch.device, steps: int = 4) -> dict:
+    """DDP training steps (forward, backward) of the real model on ``device``: plain, with the hook and codec raw, with
+    the hook and ``codec``: this rank's bytes per step, the median step time after DDP's bucket rebuild (steps 2 on)
+    and whether the gradients after the last step are bit-identical across the three, on every rank
+    (``identical``: {"raw_vs_plain", "hook_vs_raw", "hook_vs_plain"})."""
     import copy
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -98,47 +128,70 @@ def _ddp_step(codec: str, steps: int = 4) -> dict:
     tok = demo_data.load_tokenizer(32)
     model = demo_data.load_model()
     model.pooler = None  # not part of the objective
+    model.eval()  # dropout off: the three modes compute the same gradients
     out = {"params": sum(p.numel() for p in model.parameters())}
-    for mode in ("plain", codec):
-        ddp = DDP(copy.deepcopy(model), gradient_as_bucket_view=True)
+    grads = {}
+    cuda = device.type == "cuda"
+    for mode in ("plain", "raw", "hook"):
+        ddp = DDP(copy.deepcopy(model).to(device), gradient_as_bucket_view=True, device_ids=[device] if cuda else None)
         state = None
         if mode != "plain":
-            state = tzddp.LosslessState(codec=codec)
+            state = tzddp.LosslessState(codec="raw" if mode == "raw" else codec)
             ddp.register_comm_hook(state, tzddp.lossless_allreduce_hook)
         times, per_step = [], []
         for step in range(steps):
             chosen = [pairs[(step * world * 4 + rank * 4 + i) % len(pairs)] for i in range(4)]
-            enc = demo_data.tokenize([a for a, _ in chosen] + [b for _, b in chosen], tok)
+            enc = {k: v.to(device) for k, v in
+                   demo_data.tokenize([a for a, _ in chosen] + [b for _, b in chosen], tok).items()}
             before = (state.bytes_raw, state.bytes_sent, state.buckets) if state else (0, 0, 0)
+            ddp.zero_grad(set_to_none=False)
+            _sync()
             dist.barrier()
             t0 = time.perf_counter()
             emb = demo_data.mean_pool_normalize(ddp(**enc).last_hidden_state, enc["attention_mask"])
             demo_data.contrastive_loss(emb[:4], emb[4:]).backward()
+            _sync()
             times.append(time.perf_counter() - t0)
             if state:
                 per_step.append((state.bytes_raw - before[0], state.bytes_sent - before[1], state.buckets - before[2]))
-        out[f"step_s_{'plain' if mode == 'plain' else 'hook'}"] = median(times[1:])
-        if state:
+        out[f"step_s_{mode}"] = median(times[1:])
+        grads[mode] = [p.grad.detach().clone() for p in ddp.module.parameters() if p.grad is not None]
+        if mode == "hook":
             out["bytes_plain"], out["bytes_hook"], out["buckets"] = per_step[-1]
+        del ddp
+
+    def same(a: str, b: str) -> bool:
+        return len(grads[a]) == len(grads[b]) and all(_same_bits(x, y) for x, y in zip(grads[a], grads[b]))
+
+    out["identical"] = _all_ranks({"raw_vs_plain": same("raw", "plain"), "hook_vs_raw": same("hook", "raw"),
+                                   "hook_vs_plain": same("hook", "plain")}, device)
     return out
 
 
 def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -> None:
     os.environ["TZIP_SOCKET"] = socket
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world,
+    # the same computation gives the same bits in every mode (the GPU's embedding backward adds with atomics
+    # otherwise); CUBLAS_WORKSPACE_CONFIG before the first cuBLAS handle
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend, store=dist.FileStore(store, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
     try:
         from . import distributed as tzd
         from ._default import default_client
 
         client = default_client()
-        grads = _rank_gradients(rank, world)
+        grads = _rank_gradients(rank, world).to(device)
         results = []
         for dtype in ("bfloat16", "float32"):
             flat = grads.to(getattr(torch, dtype))
             for size in args.sizes:
-                numel = size * MB // flat.element_size()
+                numel = int(size * MB) // flat.element_size()
                 data = _window(flat, numel)
                 methods = {
                     "plain": lambda x: dist.all_reduce(x),
@@ -147,20 +200,29 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
                 }
                 times: dict[str, list[float]] = {m: [] for m in methods}
                 traffic = {}
+                first: dict[str, torch.Tensor] = {}
                 for it in range(args.repeat + 1):  # the first round warms up (arena, mappings) and is not counted
                     for m, fn in methods.items():
                         x = data.clone()
                         tzd.counters(reset=True)
+                        _sync()
                         dist.barrier()
                         t0 = time.perf_counter()
                         fn(x)
+                        _sync()
                         dt = time.perf_counter() - t0
                         if it:
                             times[m].append(dt)
+                        else:
+                            first[m] = x
                         c = tzd.counters().get("all_reduce")
                         if c is not None:
                             traffic[m] = (c.bytes_raw, c.bytes_sent)
                         del x
+                identical = _all_ranks({"raw_vs_plain": _same_bits(first["raw"], first["plain"]),
+                                        "codec_vs_raw": _same_bits(first[args.codec], first["raw"]),
+                                        "codec_vs_plain": _same_bits(first[args.codec], first["plain"])}, device)
+                del first
                 # the codec alone, on rank 0 with the others waiting: what one all-reduce asks of it
                 bounds = tzd._shards(numel, world)
                 shards = [data[a:b] for j, (a, b) in enumerate(bounds) if j != 0]
@@ -182,8 +244,8 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
                 dist.barrier()
                 results.append({"dtype": dtype, "mb": size, "bytes": numel * data.element_size(),
                                 "seconds": {m: median(v) for m, v in times.items()},
-                                "traffic": traffic, "rates": rates})
-        ddp = None if args.no_ddp else _ddp_step(args.codec)
+                                "traffic": traffic, "rates": rates, "identical": identical})
+        ddp = None if args.no_ddp else _ddp_step(args.codec, device)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump({"results": results, "ddp": ddp, "daemon": client.connected}, f)
@@ -202,6 +264,12 @@ def project(r: dict, n: int, link_gbps: float, rates: tuple[float, float]) -> tu
 
 
 def run(args) -> dict:
+    """The benchmark ``args`` (:func:`parse_args`) describe, ``args.ranks`` processes spawned here: {"machine",
+    "data", "command", "ranks", "backend", "device", "codec", "results": one dict per (dtype, bucket size) with
+    "seconds" per method, "traffic" {method: (bytes_raw, bytes_sent)} of rank 0, "rates" (rank 0's codec alone) and
+    "identical" (every rank's results compared bit for bit), "ddp": the DDP step's figures (None with --no-ddp),
+    "daemon": whether the ranks' client reached the daemon}. Starts a private daemon unless ``args.socket`` names
+    one (RuntimeError when it cannot start); a rank's failure raises torch.multiprocessing's ProcessRaisedException."""
     with tempfile.TemporaryDirectory(prefix="tzip-bench-coll-") as d, _daemon_socket(args.socket) as socket:
         out = os.path.join(d, "out.json")
         mp.spawn(_rank_main, args=(args.ranks, args, os.path.join(d, "store"), socket, out), nprocs=args.ranks)
@@ -213,32 +281,35 @@ def run(args) -> dict:
               "4 sentence pairs of the model card (tzip.demo_data's objective), in DDP's bucket order (last layer "
               "first); a bucket is their first values, tiled past 22.6 M (fp32 100 MB)")
     return {"machine": _machine(), "data": source, "command": " ".join([sys.executable, "-m", __spec__.name if __spec__ else __name__, *sys.argv[1:]]),
-            "ranks": args.ranks, "backend": "gloo (127.0.0.1)", "codec": args.codec, **got}
+            "ranks": args.ranks, "backend": f"{args.backend} (127.0.0.1)", "device": args.device, "codec": args.codec,
+            **got}
 
 
 def report(res: dict, args) -> str:
     n, c = res["ranks"], res["codec"]
     lines = [f"machine: {res['machine']}", f"data: {res['data']}", f"command: {res['command']}",
-             f"{n} ranks, {res['backend']}, one torch thread per rank; daemon: "
+             f"{n} ranks, {res['backend']}, tensors on {res['device']}, one torch thread per rank; daemon: "
              f"{'connected' if res['daemon'] else 'AWAY (raw frames)'}",
              "", f"one all-reduce (SUM) of a bucket, rank 0's wall clock, median of {args.repeat} (seconds):"]
     head = ["dtype", "MB", "plain dist.all_reduce", "tzip raw", f"tzip {c}", f"{c}/plain", "bytes sent/raw",
-            "codec compress GB/s", "decompress GB/s"]
+            "codec compress GB/s", "decompress GB/s", "bit-identical"]
     rows = []
     for r in res["results"]:
         s = r["seconds"]
         raw_b, sent_b = r["traffic"][c]
         rt = r["rates"]
-        rows.append([r["dtype"], str(r["mb"]), f"{s['plain']:.3f}", f"{s['raw']:.3f}", f"{s[c]:.3f}",
+        rows.append([r["dtype"], f"{r['mb']:g}", f"{s['plain']:.3f}", f"{s['raw']:.3f}", f"{s[c]:.3f}",
                      f"{s[c] / s['plain']:.2f}x", f"{sent_b / raw_b:.4f}", f"{rt['compress_gbps']:.3f}",
-                     f"{rt['decompress_gbps']:.3f}"])
+                     f"{rt['decompress_gbps']:.3f}", _identity(r["identical"], "codec_vs_raw", n)])
     lines += _table(head, rows)
     if res["ddp"]:
         dd = res["ddp"]
         lines += ["", f"DDP step of all-MiniLM-L6-v2 (fp32, {dd['params'] / 1e6:.1f} M parameters, {dd['buckets']} buckets), "
                   f"MB this rank sends per step: plain DDP {dd['bytes_plain'] / MB:.2f}, hook ({c}) "
                   f"{dd['bytes_hook'] / MB:.2f} (saved {100 * (1 - dd['bytes_hook'] / dd['bytes_plain']):.1f}%); "
-                  f"forward+backward seconds (median of steps 2-4): plain {dd['step_s_plain']:.3f}, hook {dd['step_s_hook']:.3f}"]
+                  f"forward+backward seconds (median of steps 2-4): plain {dd['step_s_plain']:.3f}, raw hook "
+                  f"{dd['step_s_raw']:.3f}, hook {dd['step_s_hook']:.3f}; gradients bit-identical: "
+                  f"{_identity(dd['identical'], 'hook_vs_raw', n)}"]
     given = args.codec_rates is not None
     label = "given with --codec-rates (not measured here)" if given else "measured here (CPU, through the daemon)"
     lines += ["", f"PROJECTION (a model, not a measurement): all-reduce seconds per rank at a link of B GB/s, codec rates "
@@ -248,10 +319,18 @@ def report(res: dict, args) -> str:
     for r in res["results"]:
         rates = tuple(args.codec_rates) if given else (r["rates"]["compress_gbps"], r["rates"]["decompress_gbps"])
         pts = [project(r, n, b, rates) for b in args.links]
-        rows.append([r["dtype"], str(r["mb"]), f"{rates[0]:.3g}/{rates[1]:.3g}", *[f"{p[0]:.4f}" for p in pts],
+        rows.append([r["dtype"], f"{r['mb']:g}", f"{rates[0]:.3g}/{rates[1]:.3g}", *[f"{p[0]:.4f}" for p in pts],
                      *[f"{p[1]:.4f}" for p in pts]])
     lines += _table(head, rows)
     return "\n".join(lines)
+
+
+def _identity(flags: dict[str, bool], compressed_vs_raw: str, ranks: int) -> str:
+    """"yes" when the compressed result equals the raw one and, on two ranks, plain PyTorch's too (the project's rule);
+    else which comparison failed."""
+    vs_plain = compressed_vs_raw.replace("_raw", "_plain")
+    bad = [k for k in (compressed_vs_raw, *([vs_plain, "raw_vs_plain"] if ranks == 2 else [])) if not flags[k]]
+    return "yes" if not bad else "NO (" + ", ".join(bad) + ")"
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -260,9 +339,14 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return [fmt(head), *(fmt(r) for r in rows)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options (see the module docstring), checked and converted (sizes and links to lists of
+    floats); ``argv`` None reads sys.argv. The namespace is what :func:`run` takes."""
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench_collectives", description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the tensors live (default cpu)")
+    ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="process group backend (default "
+                    "gloo; nccl needs --device cuda and a GPU per rank)")
     ap.add_argument("--sizes", default="25,100", help="bucket sizes in MB (10^6 bytes), comma-separated")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--codec", default="auto", choices=["auto", "fast", "max"])
@@ -273,15 +357,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step of the real model")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    args.sizes = [int(x) for x in args.sizes.split(",")]
+    if args.backend == "nccl" and args.device != "cuda":
+        ap.error("--backend nccl needs --device cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA GPU visible to PyTorch")
+    if args.backend == "nccl" and torch.cuda.device_count() < args.ranks:
+        ap.error(f"--backend nccl: {args.ranks} ranks need as many GPUs, {torch.cuda.device_count()} visible")
+    args.sizes = [float(x) for x in args.sizes.split(",")]
     args.links = [float(x) for x in args.links.split(",")]
     if args.codec_rates is not None:
         args.codec_rates = [float(x) for x in args.codec_rates.split(",")]
         if len(args.codec_rates) != 2:
             ap.error("--codec-rates takes COMPRESS,DECOMPRESS")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     res = run(args)
     print(json.dumps(res, indent=1) if args.json else report(res, args))
-    return 0
+    n = res["ranks"]
+    ok = all(_identity(r["identical"], "codec_vs_raw", n) == "yes" for r in res["results"])
+    ok = ok and (res["ddp"] is None or _identity(res["ddp"]["identical"], "hook_vs_raw", n) == "yes")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

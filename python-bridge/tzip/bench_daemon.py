@@ -435,15 +435,23 @@ def _median_times_cuda(fns: dict, repeat: int, back_to_back: bool = False, sprea
 @contextlib.contextmanager
 def _daemon_socket(socket: str | None):
     """``socket`` as given, or, when None, the socket of a private daemon started in a temporary folder for the
-    duration (stopped with SIGTERM afterwards)."""
+    duration (stopped with SIGTERM afterwards). Raises RuntimeError with the daemon's last words when it exits
+    before listening, and DaemonSpawnError (tzip._errors) when no CLI is found to start it."""
     if socket is not None:
         yield socket
         return
     with tempfile.TemporaryDirectory(prefix="tzip-bench-") as d:
         path = os.path.join(d, "d", "tzip.sock")
-        daemon = subprocess.Popen([*cli_command(), "serve", "--socket", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        log = os.path.join(d, "daemon.log")
+        with open(log, "wb") as err:
+            daemon = subprocess.Popen([*cli_command(), "serve", "--socket", path], stdout=subprocess.PIPE, stderr=err)
         try:
-            daemon.stdout.readline()  # the "listening" line
+            if not daemon.stdout.readline():  # the "listening" line; end of file: it exited before listening
+                daemon.wait(10)
+                with open(log, "rb") as f:
+                    tail = f.read()[-2000:].decode(errors="replace").strip()
+                raise RuntimeError(f"the tzip daemon did not start (`{' '.join(daemon.args)}` exited with status "
+                                   f"{daemon.returncode}): {tail or 'no message'}")
             yield path
         finally:
             daemon.terminate()

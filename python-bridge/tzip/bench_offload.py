@@ -20,8 +20,9 @@ clock, the GPU synchronised at each boundary):
   (``torch.cuda.host_memory_stats()["allocated_bytes.current"]``: its CPU copies of parameters, gradients and
   state, in blocks rounded up to powers of two); for plain AdamW on the CPU its state;
 * ``state MB`` (uncompressed optimizer state) and ``ratio`` (compressed / uncompressed) for the offload cases;
-* ``identical``: whether the parameters after the last step equal plain AdamW's bit for bit (torchao runs AdamW on
-  the CPU, a different kernel: not expected to).
+* ``identical``: whether every step's loss and the parameters after the last step equal plain AdamW's bit for bit
+  (float32 bits of the losses, bytes of the parameters; torchao runs AdamW on the CPU, a different kernel: not
+  expected to).
 
 torchao is optional (GPU only): ``pip install torchao==0.18.0`` (checked with torch 2.11.0); without it that case is
 skipped with a message. Unless ``--socket`` is given, a private daemon is started for the run and stopped afterwards.
@@ -95,7 +96,7 @@ def _run_case(case: str, args, data: list, client: Client | None) -> dict:
         torch.cuda.empty_cache()
         host0 = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) if torch.cuda.is_initialized() else 0
     opt = _make_optimizer(case, model.parameters(), args, client)
-    step_s, train_s, losses = [], [], []
+    step_s, train_s, losses, loss_bits = [], [], [], []
     peak_fb = peak_opt = alloc_after = 0
     for i, batch in enumerate(data):
         _sync(dev)
@@ -117,10 +118,11 @@ def _run_case(case: str, args, data: list, client: Client | None) -> dict:
             peak_opt = torch.cuda.max_memory_allocated()
             alloc_after = torch.cuda.memory_allocated()
         losses.append(loss.item())
+        loss_bits.append(loss.detach().reshape(1).view(torch.int32).item())
         if i >= args.warmup:
             step_s.append(t2 - t1)
             train_s.append(t2 - t0)
-    r: dict = {"case": case, "step_times": step_s, "train_times": train_s, "losses": losses,
+    r: dict = {"case": case, "step_times": step_s, "train_times": train_s, "losses": losses, "loss_bits": loss_bits,
                "params": [p.detach().cpu().clone() for p in model.parameters()]}
     stats = opt.offload_stats() if hasattr(opt, "offload_stats") else None
     if stats is not None:
@@ -142,6 +144,10 @@ def _run_case(case: str, args, data: list, client: Client | None) -> dict:
 
 
 def run(args) -> dict:
+    """Every case of ``args`` (a :func:`parse_args` namespace) in turn, ``args.rounds`` times: {"results": one dict
+    per case with the figures of the module docstring (seconds, bytes; ``identical`` against plain AdamW, None
+    without a plain case), "notes": cases left out and why, and the run's settings}. Raises SystemExit when
+    ``--device cuda`` cannot run (no GPU, or the daemon serves none)."""
     if args.device == "cuda":
         # deterministic cuBLAS (set before CUDA starts), so that the runs can agree bit for bit
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -185,8 +191,9 @@ def run(args) -> dict:
         del r["step_times"], r["train_times"]
     plain = next((r for r in results if r["case"] == "plain"), None)
     for r in results:
-        r["identical"] = None if plain is None else all(torch.equal(a.view(torch.int32), b.view(torch.int32))
-                                                         for a, b in zip(plain["params"], r["params"]))
+        # every step's loss (its float32 bits) and the parameters after the last step (their bytes)
+        r["identical"] = None if plain is None else r["loss_bits"] == plain["loss_bits"] and all(
+            torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(plain["params"], r["params"]))
     for r in results:
         del r["params"]
     machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
@@ -252,8 +259,10 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options (see the module docstring), checked; ``argv`` None reads sys.argv. The namespace
+    is what :func:`run` takes."""
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench_offload", description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=8, help="training steps per case (default 8)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every case, in turn; timings pooled (default 1)")
@@ -269,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
     args = ap.parse_args(argv)
     if args.steps <= args.warmup:
-        raise SystemExit("--steps must exceed --warmup")
+        ap.error("--steps must exceed --warmup")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     r = run(args)
     print(json.dumps(r, indent=2) if args.json else report(r))
     return 0
