@@ -96,7 +96,7 @@ TZIP_API int tzip_gpu_decode_plan(size_t count, const void* const* frames, const
 
 /** Queues one run of `plan` on `stream`: the same bytes and per-frame error codes as tzip_gpu_decode. Runs of one plan
  * must not overlap (order them on one stream, or with events). */
-TZIP_API int tzip_gpu_decode_run(const tzip_decode_plan* plan, void* stream);
+TZIP_API int tzip_gpu_decode_run(tzip_decode_plan* plan, void* stream);
 
 /** Frees a plan whose runs have finished. NULL is a no-op. */
 TZIP_API void tzip_gpu_decode_plan_free(tzip_decode_plan* plan);

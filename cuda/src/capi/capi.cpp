@@ -195,9 +195,9 @@ int tzip_gpu_decode_plan(size_t count, const void* const* frames, const uint64_t
   });
 }
 
-int tzip_gpu_decode_run(const tzip_decode_plan* plan, void* stream) {
+int tzip_gpu_decode_run(tzip_decode_plan* plan, void* stream) {
   return guarded("tzip_gpu_decode_run", [&]() -> int {
-    return from_status(tzip::gpu::decode_plan_run(reinterpret_cast<const tzip::gpu::DecodePlan*>(plan), stream),
+    return from_status(tzip::gpu::decode_plan_run(reinterpret_cast<tzip::gpu::DecodePlan*>(plan), stream),
                        "tzip_gpu_decode_run");
   });
 }

@@ -110,8 +110,9 @@ struct DecodePlan;
 Status decode_plan_create(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors,
                           DecodePlan** plan);
 /// Queues one run of the plan on `stream` (a cudaStream_t of the plan's device): what decode() would do with the same
-/// items, byte for byte, errors included.
-Status decode_plan_run(const DecodePlan* plan, void* stream);
+/// items, byte for byte, errors included. From the second run outside a stream capture on, one launch of a CUDA graph
+/// of the run (captured then); inside a capture, the operations themselves.
+Status decode_plan_run(DecodePlan* plan, void* stream);
 /// Frees the plan's device memory (its runs must have finished). Null is a no-op.
 void decode_plan_destroy(DecodePlan* plan);
 

@@ -1691,7 +1691,48 @@ struct DecodePlan {
   uint32_t tile_ok = 1, defer_all = 0;
   void* ws = nullptr;  // cudaMalloc'd: lives as long as the plan
   DecArgs args{};
+  // A plan's run is the same ten stream operations every time (two memsets, the kernels), about 48 us of driver time
+  // (H100, docs/benchmarks.md): a graph of them is captured at the second eager run (the first fills the launch
+  // geometry's caches) and replayed by one cudaGraphLaunch. Runs are ordered by the caller (codec.h), so the plan's
+  // own state needs no lock.
+  cudaGraphExec_t exec = nullptr;
+  int eager_runs = 0;
+  bool graph_failed = false;
 };
+
+namespace {
+
+/// Captures the plan's run on `s` (not capturing, device current) into plan->exec; false (nothing queued, the stream
+/// out of capture mode) on failure.
+bool capture_plan(DecodePlan* plan, cudaStream_t s) {
+  using namespace detail;
+  if (cudaPeekAtLastError() != cudaSuccess) return false;  // the capture's launch checks would take it for their own
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const DecArgs& a = plan->args;
+  Status st;
+  try {
+    st = memset_async(a.err, 0xFF, 8 * size_t(a.n), s);
+    if (st.ok()) st = memset_async(a.tickets, 0, 64, s);
+    if (st.ok()) st = queue_kernels(a, plan->sm_budget, plan->sms, s, plan->tile_ok, plan->defer_all);
+  } catch (...) {  // the stream must leave capture mode whatever happened
+    st = Status{kOutOfMemory, "capture of a decode plan"};
+  }
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  bool ok = st.ok() && end == cudaSuccess && graph != nullptr;
+  if (ok) ok = cudaGraphInstantiate(&plan->exec, graph, 0) == cudaSuccess;
+  if (graph) cudaGraphDestroy(graph);
+  if (!ok) {
+    cudaGetLastError();
+    plan->exec = nullptr;
+  }
+  return ok;
+}
+
+}  // namespace
 
 Status decode_plan_create(const DecodeItem* items, size_t count, const DecodeOptions& opt, int32_t* d_errors,
                           DecodePlan** out) {
@@ -1731,12 +1772,28 @@ Status decode_plan_create(const DecodeItem* items, size_t count, const DecodeOpt
   return Status{};
 }
 
-Status decode_plan_run(const DecodePlan* plan, void* stream) {
+Status decode_plan_run(DecodePlan* plan, void* stream) {
   using namespace detail;
   if (!plan) return Status{kInvalidArgument, "decode_plan_run: null plan"};
   DeviceGuard guard;
   Status st = guard.bind_device(plan->device);
   if (!st.ok()) return st;
+  const cudaStream_t s = cudaStream_t(stream);
+  // Inside the caller's own capture (torch.cuda.graph) the operations join that graph as they are: no graph launch.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess) {
+    cudaGetLastError();
+    capturing = cudaStreamCaptureStatusActive;  // (unknown: the plain path is right either way)
+  }
+  if (capturing == cudaStreamCaptureStatusNone && !plan->graph_failed && plan->eager_runs >= 1) {
+    if (!plan->exec && !capture_plan(plan, s)) plan->graph_failed = true;
+    if (plan->exec) {
+      if (cudaGraphLaunch(plan->exec, s) == cudaSuccess) return Status{};
+      cudaGetLastError();  // nothing queued: queue the operations as usual, from now on always
+      plan->graph_failed = true;
+    }
+  }
+  if (capturing == cudaStreamCaptureStatusNone) ++plan->eager_runs;
   const DecArgs& a = plan->args;
   // The parse kernel rewrites every parsed field of the descriptors, so only the error keys and tickets start over.
   if (!(st = memset_async(a.err, 0xFF, 8 * size_t(a.n), stream)).ok()) return st;
@@ -1747,7 +1804,10 @@ Status decode_plan_run(const DecodePlan* plan, void* stream) {
 void decode_plan_destroy(DecodePlan* plan) {
   if (!plan) return;
   detail::DeviceGuard guard;
-  if (guard.bind_device(plan->device).ok()) cudaFree(plan->ws);
+  if (guard.bind_device(plan->device).ok()) {
+    if (plan->exec) cudaGraphExecDestroy(plan->exec);
+    cudaFree(plan->ws);
+  }
   delete plan;
 }
 #endif  // !TZIP_DECODE_PART
