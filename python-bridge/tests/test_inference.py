@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tzip import _native
+from tzip import inference as tzip_inference
 from tzip.inference import compress_model, default_blocks
 
 CUDA = torch.cuda.is_available() and _native.available() and _native.library().tzip_gpu_count() > 0
@@ -249,3 +250,78 @@ def test_bench_inference_runs_on_the_cpu(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "tzip fast" in out and "tzip max" in out and "NO" not in out
+
+
+# ---------------------------------------------------------------------------------------------- load_compressed
+
+
+def _saved(tmp_path, model, codec="fast"):
+    """The model's state as a safetensors file (tied tensors once, as transformers saves them) and its .tzip."""
+    from safetensors.torch import save_model
+    from tzip.files import compress_file
+    st, tz = tmp_path / "model.safetensors", tmp_path / "model.tzip"
+    save_model(model, str(st))
+    compress_file(st, tz, codec)
+    return tz
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_load_compressed_gives_the_saved_models_outputs_from_a_meta_model(tmp_path, device):
+    """A GPT-2 with tied embedding and LM head built on the meta device for its parameters (buffers on the CPU), filled
+    from a .tzip: logits and greedy ids equal the saved model's by bits, and the decoded model never existed."""
+    ref = gpt2(torch.bfloat16, seed=3).to(device)
+    tz = _saved(tmp_path, ref)
+    model = gpt2(torch.bfloat16, seed=9)  # other values: every byte must come from the file
+    meta = {n for n, _ in model.named_parameters()}
+    for m in model.modules():  # parameters to meta, buffers stay (as a model built under torch.device("meta")
+        for n, p in list(m.named_parameters(recurse=False)):  # with its buffers computed on the CPU)
+            m._parameters[n] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+    model.lm_head.weight = model.transformer.wte.weight
+    assert meta and all(p.is_meta for p in model.parameters())
+    cm = tzip_inference.load_compressed(model, tz, device, min_bytes=1024)
+    assert cm.stats["codec"] == "file" and cm.stats["tensors"] > 0 and cm.stats["ratio"] < 0.9
+    assert not any(p.is_meta for p in model.parameters())
+    ids = torch.arange(40, device=device)[None] % 512
+    with torch.no_grad():
+        assert same_bits(model(ids).logits, ref(ids).logits)
+        kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert torch.equal(model.generate(ids[:, :5], **kw), ref.generate(ids[:, :5], **kw))
+    for k, v in ref.state_dict().items():
+        assert same_bits(model.state_dict()[k], v), k
+
+
+def test_load_compressed_refuses_a_mismatch_before_touching_the_model(tmp_path):
+    ref = gpt2(torch.float16)
+    tz = _saved(tmp_path, ref)
+    other = gpt2(torch.float32)
+    before = {n: p.detach().clone() for n, p in other.named_parameters()}
+    with pytest.raises(ValueError, match="is torch.float32 .* the file's tensor .* is F16"):
+        tzip_inference.load_compressed(other, tz, "cpu", min_bytes=1024)
+    assert not hasattr(other, "tzip_compressed")
+    assert all(same_bits(p, before[n]) for n, p in other.named_parameters())
+    from transformers import GPT2Config, GPT2LMHeadModel
+    wider = GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=128, n_embd=128, n_layer=4, n_head=4)).half()
+    with pytest.raises(ValueError, match="has no tensor in"):
+        tzip_inference.load_compressed(wider, tz, "cpu", min_bytes=1024)
+    built = gpt2(torch.float16)
+    built.transformer.register_buffer("scale", torch.empty(4, device="meta"))  # (GPT-2 itself has no buffers)
+    with pytest.raises(ValueError, match="buffer 'transformer.scale' is on the meta device"):
+        tzip_inference.load_compressed(built, tz, "cpu", min_bytes=1024)
+
+
+def test_load_compressed_rejects_a_damaged_frame_naming_the_tensor(tmp_path):
+    from tzip._container import ContainerError, ContainerReader
+    ref = gpt2(torch.float16)
+    tz = _saved(tmp_path, ref)
+    with ContainerReader(tz) as r:
+        e = max((e for e in r.entries if e.kind == "tensor"), key=lambda e: e.frame_bytes)
+    data = bytearray(tz.read_bytes())
+    data[e.frame_offset + e.frame_bytes - 40] ^= 0x10  # inside the last chunk's payload
+    tz.write_bytes(bytes(data))
+    model = gpt2(torch.float16, seed=5)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ContainerError) as err:
+        tzip_inference.load_compressed(model, tz, "cpu", min_bytes=1024)
+    assert err.value.code in ("TZIP_CHECKSUM", "TZIP_CORRUPT") and e.name in str(err.value)
+    assert not hasattr(model, "tzip_compressed")
+    assert all(same_bits(p, before[n]) for n, p in model.named_parameters())

@@ -41,7 +41,7 @@ from torch import nn
 from . import _native
 from ._frame import DEFAULT_CHUNK
 
-__all__ = ["compress_model", "CompressedModel", "default_blocks"]
+__all__ = ["compress_model", "load_compressed", "CompressedModel", "default_blocks"]
 
 
 @dataclass
@@ -356,7 +356,131 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
     _native.codec_id(codec)  # ValueError for an unknown name
     _native.library()       # a missing library raises before anything changes
 
-    # ---- blocks and their weights
+    plan, weights = _blocks_and_weights(model, blocks, min_bytes)
+    order = list(weights.values())
+
+    # ---- encode (the model stays unchanged until every frame is made and checked)
+    frames = _encode(order, codec, device, chunk_bytes, sm_budget)
+    for w, f in zip(order, frames):
+        w.frame = f
+    cm = _prepared(model, plan, device, codec, prefetch, sm_budget, verify, cuda_graphs)
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    for b in plan:  # every frame decodes back to the parameter's bytes before any parameter is touched
+        cm._decode_block(b, 0, stream)
+        for i, w in enumerate(b.weights):
+            if not torch.equal(cm._view(0, b, i).reshape(-1).view(torch.uint8),
+                               w.param.detach().reshape(-1).view(torch.uint8)):
+                raise _native.NativeCodecError("TZIP_INTERNAL", f"round trip of {w.name} differs from the original")
+    cm.check()
+    return _switch_over(model, cm, weights)
+
+
+def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | None = None, min_bytes: int = 16384,
+                    prefetch: bool = True, sm_budget: int = 0, verify: bool = False,
+                    cuda_graphs: bool = False) -> CompressedModel:
+    """Loads the weights of a ``.tzip`` file (``tzip compress`` of the model's safetensors file, or
+    :func:`tzip.files.compress_file`) into ``model`` on ``device`` and keeps them compressed there, as
+    :func:`compress_model` would have, without ever holding the decoded model on the device: the frames of the weights
+    that stay compressed are copied from the file as they are (with the file's codec and chunk size), every other
+    parameter is decoded onto the device, and the buffers are moved there. The peak memory on the device is the frames,
+    the uncompressed parameters, the buffers and the scratch slots: a model whose bf16 weights do not fit the GPU
+    can be loaded and run if its frames do.
+
+    ``model`` is the architecture with any parameter values, on the CPU or the ``meta`` device (e.g. built under
+    ``torch.device("meta")``); its buffers must hold real values (a ``meta`` buffer is refused: a model built on the
+    CPU has them). Each parameter is matched to the file's tensor of one of its names (``named_parameters`` with
+    duplicates, so a tied LM head finds the embedding's tensor) and must have its dtype and shape there.
+
+    Args:
+        model: the module to fill; ``model.tzip_compressed`` is set as by compress_model.
+        path: the ``.tzip`` file. device: ``"cuda"``, ``"cuda:N"``, a torch.device, or ``"cpu"``.
+        blocks, min_bytes, prefetch, sm_budget, verify, cuda_graphs: as :func:`compress_model`.
+
+    Returns the :class:`CompressedModel` handle (``stats["codec"]`` is ``"file"``).
+
+    Raises:
+        ValueError: a parameter has no tensor in the file, or one of another dtype or shape; a buffer is on the meta
+            device; and what compress_model raises for blocks.
+        tzip._container.ContainerError (a ValueError): the file is damaged (its codes as tzip.files.load_file),
+            naming the tensor; every frame is decoded once, all digests checked, before the model is touched.
+        tzip._native.NativeCodecError: the library is missing, or a CUDA failure.
+    """
+    from ._container import ContainerError, ContainerReader, SAFETENSORS_DTYPES, reinterpret
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"tzip.inference.load_compressed: device {dev}: only CUDA and CPU are supported")
+    if getattr(model, "tzip_compressed", None) is not None:
+        raise ValueError("tzip.inference.load_compressed: this model is compressed already")
+    for n, b in model.named_buffers():
+        if b.is_meta:
+            raise ValueError(f"tzip.inference.load_compressed: buffer {n!r} is on the meta device; build the model "
+                             "on the CPU (its buffers are computed at construction), then load")
+    _native.library()
+    plan, weights = _blocks_and_weights(model, blocks, min_bytes)
+    names: dict[int, list[str]] = {}
+    params: dict[int, nn.Parameter] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+        params[id(p)] = p
+    threads = max(1, os.cpu_count() or 1)
+    loaded: dict[int, torch.Tensor] = {}  # id(parameter) -> its decoded tensor on dev (the uncompressed ones)
+    with ContainerReader(path) as reader:
+        by_name = {e.name: e for e in reader.entries if e.kind == "tensor"}
+        for pid, p in params.items():
+            e = next((by_name[n] for n in names[pid] if n in by_name), None)
+            if e is None:
+                raise ValueError(f"tzip.inference.load_compressed: parameter {names[pid][0]!r} has no tensor in "
+                                 f"{reader.path}")
+            if e.file_dtype != SAFETENSORS_DTYPES.get(p.dtype) or tuple(e.file_shape) != tuple(p.shape):
+                raise ValueError(f"tzip.inference.load_compressed: parameter {names[pid][0]!r} is {p.dtype} "
+                                 f"{list(p.shape)}, the file's tensor {e.name!r} is {e.file_dtype} {list(e.file_shape)}")
+            frame = reader.read_frame(e)
+            w = weights.get(pid)
+            if w is not None and (e.dtype, tuple(e.shape)) == (e.file_dtype, tuple(e.file_shape)):
+                w.frame = frame.to(dev)  # kept compressed: decodes straight to the parameter's bytes
+                continue
+            # Decoded now: a parameter that stays uncompressed (or a frame in another codec layout, which a plan
+            # would not decode into the parameter's own dtype and shape).
+            flat = torch.empty(e.nbytes, dtype=torch.uint8)
+            try:
+                _native.cpu_decode(frame, flat, True, threads)
+            except _native.NativeCodecError as err:
+                raise ContainerError(err.code, err.detail, reader.path, e.name) from None
+            loaded[pid] = reinterpret(flat, p.dtype, p.shape).to(dev)
+            if w is not None:
+                w.frame = None
+    # Weights whose frame could not be kept become ordinary parameters (loaded above).
+    for b in plan:
+        b.weights = [w for w in b.weights if w.frame is not None]
+    plan = [b for b in plan if b.weights]
+    weights = {pid: w for pid, w in weights.items() if w.frame is not None}
+    if not plan:
+        raise ValueError("tzip.inference.load_compressed: no parameter to keep compressed")
+    cm = _prepared(model, plan, dev, "file", prefetch, sm_budget, verify, cuda_graphs)
+    file_of = {id(w): next(n for n in names[pid] if n in by_name) for pid, w in weights.items()}
+    for w in weights.values():  # every frame decoded once, digests checked, before the model is touched
+        try:
+            cm._decode_one(w)
+        except _native.NativeCodecError as err:
+            raise ContainerError(err.code, err.detail, reader.path, file_of[id(w)]) from None
+    # Swapped rather than assigned through .data: a meta parameter cannot take a real tensor that way. The Parameter
+    # objects stay the ones the modules (and tied names) hold.
+    for pid, t in loaded.items():
+        torch.utils.swap_tensors(params[pid], nn.Parameter(t, requires_grad=params[pid].requires_grad))
+    for w in weights.values():
+        torch.utils.swap_tensors(w.param, nn.Parameter(torch.empty(0, dtype=w.dtype, device=dev), requires_grad=False))
+    for m in model.modules():
+        for n, b in m.named_buffers(recurse=False):
+            m._buffers[n] = b.to(dev)
+    return _switch_over(model, cm, weights)
+
+
+def _blocks_and_weights(model: nn.Module, blocks, min_bytes: int) -> tuple[list[_Block], dict[int, _Weight]]:
+    """The blocks (``blocks=`` of compress_model, or default_blocks) and, per block, the parameters to keep
+    compressed (id(parameter) -> _Weight; a parameter shared by blocks is one weight). Raises ValueError as
+    compress_model says."""
     if blocks is None:
         chosen = default_blocks(model)
     else:
@@ -401,16 +525,13 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
     if not plan:
         raise ValueError("tzip.inference.compress_model: no parameter to compress (all below min_bytes, "
                          "non-floating or non-contiguous)")
+    return plan, weights
 
-    # ---- encode (the model stays unchanged until every frame is made and checked)
-    order = list(weights.values())
-    frames = _encode(order, codec, device, chunk_bytes, sm_budget)
-    held = 0
-    for w, f in zip(order, frames):
-        w.frame = f
-        held += _native.align(f.numel())
 
-    # ---- scratch layout, pointer arrays, round-trip check
+def _prepared(model: nn.Module, plan: list[_Block], device: torch.device, codec: str, prefetch: bool,
+              sm_budget: int, verify: bool, cuda_graphs: bool) -> CompressedModel:
+    """The handle over ``plan``'s weights, whose frames are set: scratch slots, each block's offsets in a slot and
+    (GPU) its decode plan per slot. Touches no parameter."""
     slot_bytes = 0
     for b in plan:
         off = 0
@@ -436,17 +557,14 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
                     [base + o for o in b.offsets], [w.nbytes for w in b.weights])
                 b.plans.append(_native.DecodePlan(arrays, b.errors, sm_budget, verify,
                                                   tensors=(cm._scratch, *(w.frame for w in b.weights))))
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    for b in plan:  # every frame decodes back to the parameter's bytes before any parameter is touched
-        cm._decode_block(b, 0, stream)
-        for i, w in enumerate(b.weights):
-            if not torch.equal(cm._view(0, b, i).reshape(-1).view(torch.uint8),
-                               w.param.detach().reshape(-1).view(torch.uint8)):
-                raise _native.NativeCodecError("TZIP_INTERNAL", f"round trip of {w.name} differs from the original")
-    cm.check()
+    return cm
 
-    # ---- switch over: parameters to placeholders, hooks on
+
+def _switch_over(model: nn.Module, cm: CompressedModel, weights: dict[int, _Weight]) -> CompressedModel:
+    """Parameters to placeholders, hooks on, statistics; the handle set as ``model.tzip_compressed``."""
+    plan, order = cm._blocks, list(weights.values())
     original = sum(w.nbytes for w in order)
+    held = sum(_native.align(w.frame.numel()) for w in order)
     for w in order:
         w.param.requires_grad_(False)
         w.param.data = cm._placeholder(w.dtype)
@@ -460,10 +578,10 @@ def compress_model(model: nn.Module, codec: str = "fast", *, blocks: list | None
                 owners.setdefault(id(m), (m, {}))[1][local] = weights[id(p)]
     for m, owned in owners.values():
         cm._state_hooks.append(m.register_state_dict_post_hook(cm._state_dict_hook(owned)))
-    scratch = slots * slot_bytes
+    scratch = cm._scratch.numel()
     cm.stats = {"tensors": len(order), "blocks": len(plan), "original_bytes": original, "compressed_bytes": held,
                 "scratch_bytes": scratch, "freed_bytes": original - held - scratch,
-                "ratio": held / original if original else 1.0, "codec": codec, "device": str(device)}
+                "ratio": held / original if original else 1.0, "codec": cm.codec, "device": str(cm.device)}
     model.tzip_compressed = cm
     return cm
 
