@@ -3,7 +3,8 @@
 //   gpu_test [--small] [--no-bench] [--bench-only] [--bench-mib N] [--runs N] [--no-cpu-check] [--golden DIR]
 //            [--profile] [--codecs LIST] [FILE[:DTYPE]...]
 //   --codecs: benchmark only these codecs (comma-separated labels, e.g. fast,raw).
-//   --profile: one encode + decode (fast and max) of a bf16 tensor, nothing else (for ncu).
+//   --profile: one encode + decode (fast and max) of a bf16 tensor, nothing else (for ncu); --profile-sms N gives
+//              them N SMs (0: the whole GPU) instead of the default SM budget.
 //   --small-calls: the fixed cost of one call, nothing else: per size (one bf16 element to 25 MB) and codec, the
 //     host's enqueue time, the round trip (enqueue, then poll an event until the GPU is done: what the daemon's ring
 //     thread does) and the device time, for encode() and decode(); next to an empty kernel and an 8-byte copy.
@@ -932,6 +933,7 @@ bool dtype_from_name(const std::string& s, Dtype* d) {
 
 int main(int argc, char** argv) {
   bool small = false, do_bench = true, only_bench = false, cpu_check = true, profile = false, small_only = false;
+  int profile_sms = -1;  // --profile-sms: < 0 keeps the options' default SM budget
   uint64_t bench_mib = 0;
   int runs = 10;
   std::string golden = "test/golden";
@@ -943,6 +945,7 @@ int main(int argc, char** argv) {
     else if (a == "--bench-only") only_bench = true;
     else if (a == "--no-cpu-check") cpu_check = false;
     else if (a == "--profile") profile = true;
+    else if (a == "--profile-sms" && i + 1 < argc) profile_sms = std::atoi(argv[++i]);
     else if (a == "--small-calls") small_only = true;
     else if (a == "--verbose") g_verbose = true;
     else if (a == "--bench-mib" && i + 1 < argc) bench_mib = std::strtoull(argv[++i], nullptr, 10);
@@ -1014,12 +1017,14 @@ int main(int argc, char** argv) {
       it.data = din.p; it.nbytes = nb; it.dtype = uint8_t(pdt); it.codec = uint8_t(codec); it.ndim = 1;
       it.shape = shape; it.frame = dfr.p;
       gpu::EncodeOptions eo;
+      if (profile_sms >= 0) eo.sm_budget = profile_sms;
       check_status(gpu::encode(&it, 1, eo, reinterpret_cast<uint64_t*>(dsz.p)), "encode");
       uint64_t fb = 0;
       CK(cudaMemcpy(&fb, dsz.p, 8, cudaMemcpyDeviceToHost));
       gpu::DecodeItem di;
       di.frame = dfr.p; di.frame_bytes = fb; di.out = dout.p; di.out_bytes = nb;
       gpu::DecodeOptions dopt;
+      if (profile_sms >= 0) dopt.sm_budget = profile_sms;
       check_status(gpu::decode(&di, 1, dopt, reinterpret_cast<int32_t*>(derr.p)), "decode");
       CK(cudaDeviceSynchronize());
       int32_t e = 0;
