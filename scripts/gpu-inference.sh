@@ -9,7 +9,7 @@
 # there is one, else python3 with python-bridge on PYTHONPATH (a GPU host with its own PyTorch).
 # Steps (logs in ${OUT:-/tmp/out}):
 #   1. pytest of the in-process library and of tzip.inference (GPU and CPU paths)   -> tests.log
-#   2. python -m tzip.bench_inference (table last)                                   -> bench.log, bench.json
+#   2. python -m tzip.bench.inference (table last)                                   -> bench.log, bench.json
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/out}
@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 "$PY" -m pytest -q -rs -p no:cacheprovider python-bridge/tests/test_native.py python-bridge/tests/test_inference.py python-bridge/tests/test_files.py \
   2>&1 | tee "$OUT/tests.log"
 tests=${PIPESTATUS[0]}
-"$PY" -m tzip.bench_inference --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
+"$PY" -m tzip.bench.inference --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
 bench=${PIPESTATUS[0]}
 echo "gpu-inference: tests rc $tests, bench rc $bench"
 [ "$tests" = 0 ] && [ "$bench" = 0 ]

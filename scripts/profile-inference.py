@@ -2,7 +2,7 @@
 
     python3 scripts/profile-inference.py        # from the repository root, after scripts/gpu-inference.sh's set-up
 
-The model of ``python -m tzip.bench_inference`` (22 layers, hidden 2048, weights tiled from the bundled MiniLM's bf16
+The model of ``python -m tzip.bench.inference`` (22 layers, hidden 2048, weights tiled from the bundled MiniLM's bf16
 matrices); greedy ``generate()`` of 64 tokens after a 512-token prompt, the best of 3 timed calls, then one call under
 cProfile, whose 18 most expensive functions (own time) are printed. Figures: docs/benchmarks.md, inference section.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python-bridge"))
-from tzip.bench_inference import build_model  # noqa: E402
+from tzip.bench.inference import build_model  # noqa: E402
 from tzip.inference import compress_model  # noqa: E402
 
 TOKENS = 64

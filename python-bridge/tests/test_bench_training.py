@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m tzip.bench_training --quick --device cpu``: the whole command in a subprocess (its own
+"""Smoke test of ``python -m tzip.bench.training --quick --device cpu``: the whole command in a subprocess (its own
 daemon, the real model, 2 gloo ranks, real checkpoint files), and the one table it prints last: its columns, a row
 for every case, every row that ran bit-identical, and a reason in every row that could not run here. Nothing is
 timed here: the times are whatever this machine gives; only their presence and the bit-identity are checked.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tzip import bench_training
+from tzip.bench import training as bench_training
 
 BRIDGE = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_quick_cpu_run_prints_one_bit_identical_table(tmp_path):
         pytest.skip(f"the bundled model is not installed: {e}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(BRIDGE), os.environ.get("PYTHONPATH")])))
     out_json = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "tzip.bench_training", "--quick", "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", "tzip.bench.training", "--quick", "--device", "cpu",
                            "--json", str(out_json)], capture_output=True, text=True, timeout=600, env=env)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]

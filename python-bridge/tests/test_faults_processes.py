@@ -401,7 +401,7 @@ CLOSER = textwrap.dedent("""
 
 
 def test_close_while_the_heartbeat_waits_on_a_slow_daemon(daemon):  # noqa: F811
-    """Found by the load test (python -m tzip.bench_load): close() used to close the heartbeat thread's socket while
+    """Found by the load test (python -m tzip.bench.load): close() used to close the heartbeat thread's socket while
     that thread still waited for a reply, and libzmq aborted the process (signaler.cpp: pfd.revents & POLLIN); the
     late heartbeat then opened an orphaned session. Now close() interrupts the wait and joins the thread first."""
     p = subprocess.run([PYTHON, "-c", CLOSER, daemon.socket, str(daemon.pid)], capture_output=True, timeout=120)

@@ -240,7 +240,7 @@ def test_cuda_graph_capture_replays_bit_identical():
 def test_bench_inference_runs_on_the_cpu(tmp_path, capsys):
     """The benchmark's own code path, small, on the CPU: every row bit-identical (its exit status says so)."""
     from pathlib import Path
-    from tzip import bench_inference
+    from tzip.bench import inference as bench_inference
     weights = Path(__file__).resolve().parents[2] / "data" / "demo" / "minilm-weights-bf16.safetensors"
     if not weights.is_file():
         pytest.skip(f"{weights} is missing: python -m tzip.demo_data --out data/demo makes it")

@@ -1,8 +1,8 @@
-"""The load test (tzip.bench_load) in short: 8 client processes for 15 s against a real daemon, sizes up to 4 MiB.
+"""The load test (tzip.bench.load) in short: 8 client processes for 15 s against a real daemon, sizes up to 4 MiB.
 
 Asserted: no errors, every round trip bit-exact (the workers compare integer views), every size class served, the
 daemon's counters agree with what the workers sent (so nothing fell back to raw frames), and the daemon's memory after
-the clients left is bounded. Nothing here is timed: latencies are printed by ``python -m tzip.bench_load``, never
+the clients left is bounded. Nothing here is timed: latencies are printed by ``python -m tzip.bench.load``, never
 asserted.
 
 The memory bound: while the clients run, the daemon maps their shared-memory files (RssShmem: the clients' staging
@@ -24,7 +24,7 @@ import tempfile
 import pytest
 import torch
 
-from tzip import bench_load
+from tzip.bench import load as bench_load
 
 from test_client_support import DaemonProcess
 

@@ -285,7 +285,7 @@ export class SessionTable {
   /**
    * Ends sessions whose lease lapsed at `now` (those with requests in flight are kept). `late` (ms) is how much later
    * than planned the caller's timer fired: a daemon starved of CPU reads its socket late too, so a heartbeat may be
-   * waiting unread; every lease is first extended by that much (found by `python -m tzip.bench_load`: 32 clients on 2
+   * waiting unread; every lease is first extended by that much (found by `python -m tzip.bench.load`: 32 clients on 2
    * cores ended live clients' sessions by lease).
    */
   sweep(now: number = Date.now(), late = 0): number {

@@ -2,7 +2,7 @@
 ``tzip.checkpoint.Writer`` / ``Reader``, against ``torch.save``, safetensors and DCP's own ``FileSystemWriter`` (and
 its ZStandard extension, when the ``zstandard`` package is installed).
 
-    python -m tzip.bench_checkpoint [--socket PATH] [--gb 1.0] [--repeat 3] [--codec auto] [--dir DIR] [--json]
+    python -m tzip.bench.checkpoint [--socket PATH] [--gb 1.0] [--repeat 3] [--codec auto] [--dir DIR] [--json]
                                     [--inputs minilm-f32,minilm-bf16,tiled-f32] [--device cpu|cuda] [--source FILE]
 
 Inputs, all real data (never zeros or constants):
@@ -52,9 +52,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ._dlpack import int_alias
-from .bench_daemon import _daemon_socket
-from .client import Client
+from .._dlpack import int_alias
+from .daemon import _daemon_socket
+from ..client import Client
 
 __all__ = ["main", "measure", "parse_args"]
 
@@ -65,7 +65,7 @@ def _inputs(names: list[str], gb: float, source: str | None = None) -> dict[str,
     from safetensors.torch import load_file
 
     if source is None:
-        from .demo_data import source_weights_path
+        from ..demo_data import source_weights_path
 
         source = str(source_weights_path())
     w = load_file(source)
@@ -133,8 +133,8 @@ def _methods(client: Client, codec: str, device: str = "cpu", notes: list[str] |
     from safetensors.torch import load_file, save_file
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-    from . import checkpoint as tzc
-    from .saving import load, save
+    from .. import checkpoint as tzc
+    from ..saving import load, save
 
     def dcp_load(reader_of):
         def run(path, template):
@@ -235,7 +235,7 @@ def _table(rows: list[dict]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line's options (see the module docstring); ``argv`` None reads sys.argv."""
-    ap = argparse.ArgumentParser(prog="python -m tzip.bench_checkpoint", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench.checkpoint", description=__doc__.split("\n\n")[0])
     ap.add_argument("--socket", default=None, help="a running daemon's socket (default: a private daemon for the run)")
     ap.add_argument("--gb", type=float, default=1.0, help="GB (10**9 bytes) of the tiled input (default 1.0)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per method; medians are printed (default 3)")

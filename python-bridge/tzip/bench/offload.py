@@ -1,7 +1,7 @@
 """Benchmark of optimizer-state offload on the real model: tzip.optim.CompressedOffload against plain AdamW, against
 the same offload without compression (codec="raw"), and, on a GPU, against torchao's CPUOffloadOptimizer.
 
-    python -m tzip.bench_offload [--device cpu|cuda] [--rounds 1] [--steps 8] [--warmup 2] [--pairs 8]
+    python -m tzip.bench.offload [--device cpu|cuda] [--rounds 1] [--steps 8] [--warmup 2] [--pairs 8]
                                  [--max-length 128] [--codec auto] [--chunk-mib 64] [--gpu-arena-keep-mib N]
                                  [--cases plain,offload,raw,torchao] [--socket PATH]
                                  [--json]
@@ -42,9 +42,9 @@ from pathlib import Path
 
 import torch
 
-from . import demo_data as dd
-from .bench_daemon import _daemon_socket
-from .client import CODECS, Client
+from .. import demo_data as dd
+from .daemon import _daemon_socket
+from ..client import CODECS, Client
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_CASES = ("plain", "offload", "raw", "torchao")
@@ -57,7 +57,7 @@ def _sync(device: str) -> None:
 
 
 def _make_optimizer(case: str, params, args, client: Client):
-    from .optim import CompressedOffload
+    from ..optim import CompressedOffload
 
     kw = {"lr": 2e-5, "weight_decay": 0.01}
     chunk = None if args.chunk_mib <= 0 else int(args.chunk_mib * (1 << 20))
@@ -205,7 +205,7 @@ def run(args) -> dict:
             "threads": torch.get_num_threads(), "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "pairs": args.pairs,
             "max_length": args.max_length, "codec": args.codec, "chunk_mib": args.chunk_mib, "notes": notes,
             "gpu_arena_keep_mib": args.gpu_arena_keep_mib,
-            "command": "python -m tzip.bench_offload " + " ".join(sys.argv[1:]), "results": results}
+            "command": "python -m tzip.bench.offload " + " ".join(sys.argv[1:]), "results": results}
 
 
 def _mb(n) -> str:
@@ -262,7 +262,7 @@ def report(r: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line's options (see the module docstring), checked; ``argv`` None reads sys.argv. The namespace
     is what :func:`run` takes."""
-    ap = argparse.ArgumentParser(prog="python -m tzip.bench_offload", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench.offload", description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=8, help="training steps per case (default 8)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every case, in turn; timings pooled (default 1)")

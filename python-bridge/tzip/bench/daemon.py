@@ -1,6 +1,6 @@
 """Benchmark of the daemon path: round-trip overhead and throughput through `tzip serve` vs the addon called directly.
 
-    python -m tzip.bench_daemon [--socket PATH] [--n 5000] [--repeat 5] [--json] [--cuda]
+    python -m tzip.bench.daemon [--socket PATH] [--n 5000] [--repeat 5] [--json] [--cuda]
 
 Measures, on this machine:
 
@@ -53,9 +53,9 @@ from statistics import median
 
 import torch
 
-from ._codec_choice import GPU_DEFAULT_CODEC
-from ._spawn import cli_command
-from .client import Client
+from .._codec_choice import GPU_DEFAULT_CODEC
+from .._spawn import cli_command
+from ..client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET_BYTES = 25_000_000
@@ -195,7 +195,7 @@ def _socketpair_pingpong(n: int) -> dict[str, float]:
 
 def _ring_nop(client: Client):
     """A function doing one empty (nop) SQE round trip on ``client``'s CPU ring (opened by a first request)."""
-    from . import _ring
+    from .. import _ring
 
     client.compress(torch.ones(1))
     ring = client._rings[None]
@@ -214,7 +214,7 @@ def _submit_cpu(submit, tensors: int, n: int, warmup: int = 20, idle_s: float = 
     handle's ``result()`` is taken outside the timed part (``idle_s``: seconds slept before each call). ``ring``:
     whether the last call went through the submission ring (else ZeroMQ's worker threads: the figure is then not the
     ring's)."""
-    from . import _ring
+    from .. import _ring
 
     for _ in range(warmup):
         submit().result()
@@ -247,7 +247,7 @@ def _submit_rows(client: Client, one: torch.Tensor, ct_one, params: list[torch.T
                  shm: bool) -> dict:
     """The rows "client CPU time per async submission" (see the module docstring); ``shm``: CPU tensors, also
     measured with the inputs in shared memory."""
-    from .compressed import CompressedTensor
+    from ..compressed import CompressedTensor
 
     few = max(10, n // 100)
     rows = {
@@ -460,7 +460,7 @@ def _daemon_socket(socket: str | None):
 
 def run_cuda(socket: str | None, n: int, repeat: int, ring_spin_s: float | None = None) -> dict:
     """The GPU measurements (see the module docstring)."""
-    from ._cuda import device_uuid
+    from .._cuda import device_uuid
 
     if not torch.cuda.is_available():
         raise SystemExit("--cuda: no CUDA GPU visible to PyTorch")

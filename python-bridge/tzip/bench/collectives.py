@@ -1,6 +1,6 @@
 """Benchmark of tzip's lossless compressed all-reduce against plain ``dist.all_reduce``, and of the DDP hook's bytes.
 
-    python -m tzip.bench_collectives [--ranks 2] [--sizes 25,100] [--repeat 5] [--codec auto] [--socket PATH]
+    python -m tzip.bench.collectives [--ranks 2] [--sizes 25,100] [--repeat 5] [--codec auto] [--socket PATH]
                                      [--device cpu|cuda] [--backend gloo|nccl] [--links 25,50,100]
                                      [--codec-rates C,D] [--no-ddp] [--json]
 
@@ -51,8 +51,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ._dlpack import int_alias
-from .bench_daemon import _daemon_socket
+from .._dlpack import int_alias
+from .daemon import _daemon_socket
 
 MB = 1_000_000
 
@@ -73,7 +73,7 @@ def _rank_gradients(rank: int, world: int) -> torch.Tensor:
     128 tokens per sentence) on its own 4 sentence pairs of the model card; the parameters' .grad flat, fp32, in the
     order DDP fills its buckets (the reverse of model.parameters(): the last encoder layer first, the embeddings last;
     the pooler, unused by the objective, has none)."""
-    from . import demo_data
+    from .. import demo_data
 
     pairs = demo_data.sentence_pairs(demo_data.readme_sentences())
     chosen = [pairs[(rank * 4 + i) % len(pairs)] for i in range(4)]
@@ -120,8 +120,8 @@ def _ddp_step(codec: str, device: torch.device, steps: int = 4) -> dict:
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from . import ddp as tzddp
-    from . import demo_data
+    from .. import ddp as tzddp
+    from .. import demo_data
 
     rank, world = dist.get_rank(), dist.get_world_size()
     pairs = demo_data.sentence_pairs(demo_data.readme_sentences())
@@ -182,8 +182,8 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
     dist.init_process_group(args.backend, store=dist.FileStore(store, world), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
     try:
-        from . import distributed as tzd
-        from ._default import default_client
+        from .. import distributed as tzd
+        from .._default import default_client
 
         client = default_client()
         grads = _rank_gradients(rank, world).to(device)
@@ -342,7 +342,7 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line's options (see the module docstring), checked and converted (sizes and links to lists of
     floats); ``argv`` None reads sys.argv. The namespace is what :func:`run` takes."""
-    ap = argparse.ArgumentParser(prog="python -m tzip.bench_collectives", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench.collectives", description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the tensors live (default cpu)")
     ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo", help="process group backend (default "

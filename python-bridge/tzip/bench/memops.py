@@ -12,7 +12,7 @@ Rows (H200 figures in docs/benchmarks.md, "Daemon fast lane"):
 
 Usage (GPU host; under MPS as well, to compare)::
 
-    python -m tzip.bench_memops [--n 2000]
+    python -m tzip.bench.memops [--n 2000]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from . import _memops
+from .. import _memops
 
 
 def _pingpong(s1, s2, a: int, b: int, n: int) -> float:
@@ -121,7 +121,7 @@ def run(n: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tzip.bench_memops", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench.memops", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="round trips per ping-pong row (default 2000)")
     args = ap.parse_args(argv)
     why = "no CUDA GPU" if not torch.cuda.is_available() else _memops.available()

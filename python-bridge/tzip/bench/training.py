@@ -1,7 +1,7 @@
 """Where tzip pays in a training job: optimizer-state offload, compressed collectives and the DDP hook, checkpoints,
 each against what a job would use without tzip, on whatever this machine has, in ONE table.
 
-    python -m tzip.bench_training [--device cpu|cuda] [--cases offload,collectives,nccl,checkpoint] [--quick]
+    python -m tzip.bench.training [--device cpu|cuda] [--cases offload,collectives,nccl,checkpoint] [--quick]
                                   [--json PATH] [--socket PATH] [--codec auto|fast|max]
                                   [--steps N] [--warmup N] [--rounds N] [--pairs N] [--max-length N]
                                   [--sizes MB,MB] [--ranks N] [--repeat N] [--inputs minilm-f32,minilm-bf16]
@@ -9,20 +9,20 @@ each against what a job would use without tzip, on whatever this machine has, in
 Every case is one of the project's benchmark modules, run in this process (or its ranks) with the options shown
 in the report, its figures turned into rows here:
 
-* ``offload`` (:mod:`tzip.bench_offload`): all-MiniLM-L6-v2, fp32, AdamW, trained ``--steps`` steps of ``--pairs``
+* ``offload`` (:mod:`tzip.bench.offload`): all-MiniLM-L6-v2, fp32, AdamW, trained ``--steps`` steps of ``--pairs``
   sentence pairs of ``--max-length`` tokens on the model card's text, ``--rounds`` times in turn; the median
   training step (zero_grad + forward + backward + optimizer step) of ``tzip.optim.CompressedOffload`` (``--codec``)
   against plain AdamW on the device, against the same offload uncompressed (``codec="raw"``) and, on a GPU with
   torchao installed, against torchao's ``CPUOffloadOptimizer``. Bytes saved: the optimizer state's host memory
   (CPU), the GPU memory held between steps (against AdamW on a GPU), the pinned host memory (against torchao).
-* ``collectives`` (:mod:`tzip.bench_collectives`): ``--ranks`` processes, gloo on 127.0.0.1, each rank's own real
+* ``collectives`` (:mod:`tzip.bench.collectives`): ``--ranks`` processes, gloo on 127.0.0.1, each rank's own real
   MiniLM gradients, bf16 and fp32 buckets of ``--sizes`` MB: ``tzip.distributed.all_reduce`` against plain
   ``dist.all_reduce`` (median of ``--repeat``, rank 0's wall clock), and the DDP forward+backward step of the model
   with ``tzip.ddp.lossless_allreduce_hook`` against plain DDP. With ``--device cuda`` the tensors are CUDA tensors
   (the frames cross the host: gloo), ranks sharing the GPUs there are. Bytes saved: what rank 0 sends (per
   all-reduce, per DDP step).
 * ``nccl``: the same with ``--backend nccl``: needs ``--device cuda`` and one GPU per rank.
-* ``checkpoint`` (:mod:`tzip.bench_checkpoint`): the trained weights (``--inputs``), written with fsync and read
+* ``checkpoint`` (:mod:`tzip.bench.checkpoint`): the trained weights (``--inputs``), written with fsync and read
   back (then every 4 KiB page touched, so that safetensors' mmap pays its page faults), warm page cache, median of
   ``--repeat``: ``tzip.save`` / ``tzip.load`` against ``torch.save`` / ``torch.load`` and safetensors, and DCP with
   ``tzip.checkpoint.Writer`` / ``Reader`` against DCP's ``FileSystemWriter`` (and its ZStandard extension when
@@ -144,13 +144,13 @@ def _offload_rows(r: dict, device: str) -> list[dict]:
 
 
 def _collective_rows(r: dict, label: str) -> list[dict]:
-    from . import bench_collectives
+    from . import collectives
 
     n, codec = r["ranks"], r["codec"]
 
     def identical(flags: dict, compressed_vs_raw: str) -> bool:
         # the project's rule: equal to the raw run; on two ranks also to plain PyTorch
-        return bench_collectives._identity(flags, compressed_vs_raw, n) == "yes"
+        return collectives._identity(flags, compressed_vs_raw, n) == "yes"
 
     rows = []
     for x in r["results"]:
@@ -169,7 +169,7 @@ def _collective_rows(r: dict, label: str) -> list[dict]:
     return rows
 
 
-# (baseline method of tzip.bench_checkpoint, the tzip method compared with it, the names of the two loads)
+# (baseline method of tzip.bench.checkpoint, the tzip method compared with it, the names of the two loads)
 _CHECKPOINT_PAIRS = (
     ("torch.save", "tzip.save ({codec})", "torch.load", "tzip.load"),
     ("safetensors", "tzip.save ({codec})", "safetensors load_file", "tzip.load"),
@@ -218,7 +218,7 @@ class _Case:
 
 def _cases(a: argparse.Namespace, socket: str) -> list[_Case | dict]:
     """The cases of ``a.cases`` in table order: a _Case to run, or a skipped row where this machine cannot run it."""
-    from . import bench_checkpoint, bench_collectives, bench_offload
+    from . import checkpoint, collectives, offload
 
     dev, out = a.device, []
     for name in a.cases:
@@ -229,12 +229,12 @@ def _cases(a: argparse.Namespace, socket: str) -> list[_Case | dict]:
                     "--socket", socket]
 
             def run_offload(argv):
-                r = bench_offload.run(bench_offload.parse_args(argv))
+                r = offload.run(offload.parse_args(argv))
                 if dev != "cuda":
                     r["notes"].append("torchao's CPUOffloadOptimizer offloads a GPU's parameters: needs --device cuda")
                 return r
 
-            out.append(_Case(name, "tzip.bench_offload", argv, run_offload, lambda r: _offload_rows(r, dev),
+            out.append(_Case(name, "tzip.bench.offload", argv, run_offload, lambda r: _offload_rows(r, dev),
                              dev == "cuda"))
         elif name in ("collectives", "nccl"):
             backend = "gloo" if name == "collectives" else "nccl"
@@ -245,15 +245,15 @@ def _cases(a: argparse.Namespace, socket: str) -> list[_Case | dict]:
                 continue
             argv = ["--ranks", str(a.ranks), "--device", dev, "--backend", backend, "--sizes", a.sizes,
                     "--repeat", str(a.repeat), "--codec", a.codec, "--socket", socket]
-            out.append(_Case(name, "tzip.bench_collectives", argv,
-                             lambda argv: bench_collectives.run(bench_collectives.parse_args(argv)),
+            out.append(_Case(name, "tzip.bench.collectives", argv,
+                             lambda argv: collectives.run(collectives.parse_args(argv)),
                              lambda r, label=backend if backend == "gloo" else "NCCL": _collective_rows(r, label),
                              dev == "cuda"))
         elif name == "checkpoint":
             argv = ["--device", dev, "--inputs", a.inputs, "--repeat", str(a.repeat), "--codec", a.codec,
                     "--socket", socket]
-            out.append(_Case(name, "tzip.bench_checkpoint", argv,
-                             lambda argv: bench_checkpoint.measure(bench_checkpoint.parse_args(argv)),
+            out.append(_Case(name, "tzip.bench.checkpoint", argv,
+                             lambda argv: checkpoint.measure(checkpoint.parse_args(argv)),
                              lambda r: _checkpoint_rows(r, a.codec), dev == "cuda"))
     return out
 
@@ -261,7 +261,7 @@ def _cases(a: argparse.Namespace, socket: str) -> list[_Case | dict]:
 def _model_problem() -> str | None:
     """Why the bundled model (what every case trains or saves) cannot be loaded here, or None."""
     try:
-        from .demo_data import model_dir
+        from ..demo_data import model_dir
 
         model_dir()
     except Exception as e:  # RuntimeError without the package, FileNotFoundError with a broken one
@@ -272,7 +272,7 @@ def _model_problem() -> str | None:
 def _daemon_problem(socket: str, device: str) -> tuple[str | None, str | None]:
     """(why no case can use the daemon, why no GPU case can), each None when there is no such problem."""
     try:
-        from .client import Client
+        from ..client import Client
 
         with Client(socket, spawn=False, strict=True) as c:
             info = c.daemon_info
@@ -294,10 +294,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     mach = machine()
     report: dict[str, Any] = {"machine": mach, "device": a.device, "codec": a.codec,
-                              "command": "python -m tzip.bench_training " + " ".join(a.argv), "cases": {}, "rows": []}
+                              "command": "python -m tzip.bench.training " + " ".join(a.argv), "cases": {}, "rows": []}
     rows = report["rows"]
     try:
-        from .bench_daemon import _daemon_socket
+        from .daemon import _daemon_socket
     except ImportError as e:  # pyzmq (or another of the client's modules) missing
         why = f"the tzip Python client cannot load ({type(e).__name__}: {e})"
         rows += [_row(name, skipped=why) for name in a.cases]
@@ -389,7 +389,7 @@ def ok(r: dict) -> bool:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line's options (see the module docstring), with the per-device (or --quick) defaults filled
     in; ``argv`` None reads sys.argv. Exits with a usage error for an unknown case or --device cuda without a GPU."""
-    ap = argparse.ArgumentParser(prog="python -m tzip.bench_training", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench.training", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                     help="where the model, gradients and checkpoints live (default: cuda when a GPU is visible)")
     ap.add_argument("--cases", default=",".join(ALL_CASES), help=f"comma-separated, of {', '.join(ALL_CASES)}")
@@ -405,7 +405,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ranks", type=int, default=2, help="collectives: processes (default 2)")
     ap.add_argument("--sizes", help="collectives: bucket sizes, MB, comma-separated")
     ap.add_argument("--repeat", type=int, help="collectives and checkpoint: timed runs per method")
-    ap.add_argument("--inputs", help="checkpoint: comma-separated inputs of tzip.bench_checkpoint")
+    ap.add_argument("--inputs", help="checkpoint: comma-separated inputs of tzip.bench.checkpoint")
     a = ap.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]

@@ -1,6 +1,6 @@
 """Benchmark of inference with weights kept compressed in GPU memory (tzip.inference) against plain bf16.
 
-    python -m tzip.bench_inference [--weights PATH] [--layers 22] [--hidden 2048] [--batches 1,8,64]
+    python -m tzip.bench.inference [--weights PATH] [--layers 22] [--hidden 2048] [--batches 1,8,64]
                                    [--prefill 512] [--new-tokens 128] [--codecs fast,max] [--json PATH]
 
 The model: a Llama causal LM of TinyLlama-1.1B's shape (hidden 2048, MLP 5632, 32 heads, 4 key/value heads, vocab
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from . import _native
-from .inference import compress_model
+from .. import _native
+from ..inference import compress_model
 
 
 def tiled(src: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -162,7 +162,7 @@ def decode_rate(cm) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tzip.bench_inference", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench.inference", description=__doc__.splitlines()[0])
     ap.add_argument("--weights", type=Path, default=Path("data/demo/minilm-weights-bf16.safetensors"))
     ap.add_argument("--layers", type=int, default=22)
     ap.add_argument("--hidden", type=int, default=2048)
@@ -204,7 +204,7 @@ def _run(a: argparse.Namespace) -> int:
         print(f"machine: CPU ({platform.processor() or platform.machine()}), torch {torch.__version__}, {platform.node()}")
     print("deterministic algorithms: " + ("off" if a.nondeterministic else
                                           f"on (CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']})"))
-    print("command: python -m tzip.bench_inference " + " ".join(shlex.quote(x) for x in a.argv))
+    print("command: python -m tzip.bench.inference " + " ".join(shlex.quote(x) for x in a.argv))
     base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     model, cfg = build_model(a.weights, a.layers, a.hidden, dev)
     n_params = sum(p.numel() for p in model.parameters())
@@ -302,7 +302,7 @@ def checkpoint_rows(model, folder: Path, dev: torch.device) -> list[dict]:
     (tzip.files.compress_file); each loaded to the GPU (safetensors.torch.load_file(device=...) against
     tzip.files.load_file), best of 3, the page cache warm for both (the same file read just before)."""
     from safetensors.torch import load_file as st_load, save_file
-    from .files import compress_file, load_file
+    from ..files import compress_file, load_file
     folder.mkdir(parents=True, exist_ok=True)
     src = folder / "model.safetensors"
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

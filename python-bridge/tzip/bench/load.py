@@ -1,11 +1,11 @@
 """Load test of the daemon: many client processes at once, mixed sizes, every round trip checked bit for bit.
 
-    python -m tzip.bench_load [--clients 32] [--seconds 60] [--max-mb 64] [--cuda] [--seed 0] [--json PATH]
+    python -m tzip.bench.load [--clients 32] [--seconds 60] [--max-mb 64] [--cuda] [--seed 0] [--json PATH]
                               [--socket PATH] [--settle 10]
 
 What it does:
 
-* starts a private daemon (``tzip serve`` in a temporary folder, as :mod:`tzip.bench_daemon` does; ``--socket``
+* starts a private daemon (``tzip serve`` in a temporary folder, as :mod:`tzip.bench.daemon` does; ``--socket``
   uses a running one instead) and one monitor client in this process (``stats`` once a second);
 * starts ``--clients`` worker processes (each ``Client(socket, spawn=False, strict=True)``, so that an outage is an
   error, never a silent raw fallback), waits until all are connected, then lets them loop for ``--seconds``;
@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from .bench_daemon import _daemon_socket
+from .daemon import _daemon_socket
 
 #: Request size classes: (label, smallest bytes, largest bytes, weight). A request (one tensor or a batch) falls in the
 #: class of its total bytes; a tensor's size is drawn log-uniformly within its class. Weighted toward small tensors, as
@@ -147,7 +147,7 @@ def write_pools(folder: str) -> dict[str, Any]:
     all-MiniLM-L6-v2 in name order, and their bf16/fp16 ``.to()``. Returns {dtype name: path, "numel": n, "source": text}."""
     from safetensors.torch import load_file
 
-    from .demo_data import source_weights_path
+    from ..demo_data import source_weights_path
 
     path = source_weights_path()
     weights = load_file(str(path))
@@ -299,8 +299,8 @@ class _Sampler(threading.Thread):
 
 def _worker(config_path: str, index: int) -> int:
     """One client process: connect, wait for the start, loop until the deadline, write its results."""
-    from . import client as tz
-    from ._dlpack import int_alias
+    from .. import client as tz
+    from .._dlpack import int_alias
 
     torch.set_num_threads(1)  # 32 processes on a few cores: torch's intra-op threads would only contend
     cfg = json.loads(Path(config_path).read_text())
@@ -421,7 +421,7 @@ def run(clients: int = 32, seconds: float = 60.0, max_mb: float = 64, cuda: bool
         socket: str | None = None, settle: float = 10.0, min_available_mb: float = 1024,
         start_timeout: float = 600.0, log=print) -> dict[str, Any]:
     """Runs the load test (see the module docstring) and returns its results (what ``--json`` writes)."""
-    from .client import Client
+    from ..client import Client
 
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--cuda: no CUDA GPU visible to PyTorch")
@@ -454,7 +454,7 @@ def run(clients: int = 32, seconds: float = 60.0, max_mb: float = 64, cuda: bool
             sampler.phase = "starting"
             for i in range(clients):
                 logf = open(Path(folder, f"worker.{i}.log"), "wb")
-                procs.append(subprocess.Popen([sys.executable, "-m", "tzip.bench_load", "--worker", str(cfg_path), str(i)],
+                procs.append(subprocess.Popen([sys.executable, "-m", "tzip.bench.load", "--worker", str(cfg_path), str(i)],
                                               stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env))
                 logf.close()
             sampler.workers = [p.pid for p in procs]
@@ -639,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         return _worker(argv[1], int(argv[2]))
-    ap = argparse.ArgumentParser(prog="python -m tzip.bench_load", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench.load", description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=32, help="client processes (default 32)")
     ap.add_argument("--seconds", type=float, default=60.0, help="seconds of load once all are connected (default 60)")
     ap.add_argument("--max-mb", type=float, default=64, help="largest tensor or batch, MiB (default 64)")
@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
             log=lambda line: print(line, flush=True))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1))
-    print(report(r, "python -m tzip.bench_load " + " ".join(shlex.quote(a) for a in argv)))
+    print(report(r, "python -m tzip.bench.load " + " ".join(shlex.quote(a) for a in argv)))
     return 1 if r["error_counts"] else 0
 
 

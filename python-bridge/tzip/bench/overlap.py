@@ -8,7 +8,7 @@ this process share an MPS server (the daemon's ``stats``: ``gpu.mps``).
 
 Usage (GPU host; for MPS start ``nvidia-cuda-mps-control -d`` first, see README "Sharing the GPU")::
 
-    python -m tzip.bench_overlap --seconds 5 --sm-budget 10 --codec fast [--training-share 92]
+    python -m tzip.bench.overlap --seconds 5 --sm-budget 10 --codec fast [--training-share 92]
 
 Input: the all-MiniLM-L6-v2 bf16 weights of ``data/demo`` tiled to ``--mib`` MiB on the GPU when present, else
 synthetic N(0, 0.02) bf16 (the output says which). GB/s are of original bytes.
@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from .bench_daemon import _daemon_socket, _inputs
-from .client import Client
+from .daemon import _daemon_socket, _inputs
+from ..client import Client
 
 MATMUL_N = 8192
 
@@ -134,7 +134,7 @@ def report(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tzip.bench_overlap", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tzip.bench.overlap", description=__doc__.split("\n\n")[0])
     ap.add_argument("--socket", help="a running daemon's socket (default: start a private one)")
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each phase, seconds (default 5)")
     ap.add_argument("--mib", type=int, default=256, help="MiB of bf16 per compress call (default 256)")
