@@ -377,8 +377,9 @@ def test_tzip_attach_env_attaches_from_the_start(daemon, reference):
 
 
 def w_fsdp_steps(rank, world, n):
-    """n steps of an FSDP2 model (its optimizer cannot be offloaded); the tzip warnings they gave."""
+    """n steps of an FSDP2 model; the tzip warnings they gave, and whether its optimizer state lies offloaded."""
     from torch.distributed.fsdp import fully_shard
+    from tzip.optim import OffloadedTensor
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
@@ -391,14 +392,39 @@ def w_fsdp_steps(rank, world, n):
             m(torch.randn(4, 32)).square().mean().backward()
             opt.step()
             opt.zero_grad()
+    offloaded = any(isinstance(v, OffloadedTensor) for st in opt.state.values() for v in st.values())
+    return [str(w.message) for w in caught if "tzip" in str(w.message)], offloaded
+
+
+def w_subclass_steps(rank, world, n):
+    """n steps of an optimizer whose parameter is a tensor subclass other than DTensor (torch's TwoTensor), which
+    the offload cannot take; the tzip warnings they gave."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(TwoTensor(torch.randn(64, 32), torch.randn(64, 32)))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(n):
+            (p * 2).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
     return [str(w.message) for w in caught if "tzip" in str(w.message)]
 
 
-def test_tzip_attach_env_warns_once_for_an_optimizer_it_cannot_attach(daemon):
-    # an FSDP2 job under TZIP_ATTACH=1: the attach was tried again, and warned, after every step
+def test_tzip_attach_env_attaches_an_fsdp2_jobs_optimizer(daemon):
+    # DTensor state is offloaded shard by shard (an FSDP2 job's optimizer used to be refused, with a warning)
     with attach_env_pools(daemon.socket, JOB + "-fsdp") as pools:
-        for warned in pools(2).run(w_fsdp_steps, n=5):
-            assert len(warned) == 1 and "DTensor parameter" in warned[0], warned
+        for warned, offloaded in pools(2).run(w_fsdp_steps, n=3):
+            assert warned == [] and offloaded, (warned, offloaded)
+
+
+def test_tzip_attach_env_warns_once_for_an_optimizer_it_cannot_attach(daemon):
+    # the attach was tried again, and warned, after every step
+    with attach_env_pools(daemon.socket, JOB + "-subclass") as pools:
+        for warned in pools(2).run(w_subclass_steps, n=5):
+            assert len(warned) == 1 and "tensor subclass" in warned[0], warned
 
 
 def test_pth_line_costs_nothing_unless_tzip_attach_is_1():

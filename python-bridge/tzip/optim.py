@@ -43,6 +43,10 @@ Adam/AdamW's fp32 ``exp_avg`` and ``exp_avg_sq``, SGD's ``momentum_buffer``; see
 Steps are bit-identical to the wrapped optimizer run alone: the codecs are lossless, a state tensor comes back
 with its dtype, shape, strides and device, and the wrapped optimizer's own ``step`` does the arithmetic.
 
+DTensor state (FSDP2, tensor parallelism): what is offloaded is each DTensor's local shard, an ordinary tensor; the
+state holds an OffloadedTensor between steps, and at each step a DTensor with the same mesh, placements, shape and
+strides around the restored shard. Each rank offloads its own shards.
+
 Which state is offloaded: a tensor value of ``state[param]`` (not a tensor inside a list or dict) that is strided,
 on the CPU or a GPU, has at least one dimension and ``min_bytes`` bytes (1 KiB by default), does not require grad,
 is dense (contiguous or a permutation of a contiguous layout) and shares its storage with no parameter and no other
@@ -109,18 +113,45 @@ def _dense_permutation(t: torch.Tensor) -> bool:
     return t.permute(order).is_contiguous()
 
 
+def _dtensor_class():
+    """torch.distributed.tensor.DTensor, or None where torch was built without distributed."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return None
+    return DTensor
+
+
+def _is_dtensor(t) -> bool:
+    cls = _dtensor_class()
+    return cls is not None and isinstance(t, cls)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose bytes are offloaded: a DTensor's local shard (FSDP2, tensor parallelism), else ``t``. The
+    shard is an ordinary strided tensor with storage of its own, so it is packed, compressed and restored like any
+    other state tensor, and the DTensor is rebuilt around the restored shard (OffloadedTensor.wrap)."""
+    return t._local_tensor if _is_dtensor(t) else t
+
+
+def _is_wrapper(t: torch.Tensor) -> bool:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return is_traceable_wrapper_subclass(t)
+
+
 def _check_plain_parameters(optimizer: torch.optim.Optimizer) -> None:
-    """TypeError for parameters that are wrapper tensor subclasses (DTensor: FSDP2, tensor parallelism): their
-    state is DTensors too, whose bytes live in a local shard with no storage of their own to offload (the offload
-    failed deep inside with "Attempted to access the data pointer on an invalid python storage")."""
+    """TypeError for parameters that are wrapper tensor subclasses other than DTensor: their bytes need not live in
+    one tensor of their own, so there is nothing this offload can pack (DTensor parameters are taken: their state's
+    local shards are offloaded)."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     for i, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
-            if is_traceable_wrapper_subclass(p):
-                raise TypeError(f"the optimizer's param_groups[{i}] holds a {type(p).__name__} parameter (FSDP2, tensor "
-                                "parallelism): tzip's optimizer offload takes plain tensors only, so its state stays "
-                                "where it is; FSDP2's collectives compress with tzip.fsdp.use_lossless_collectives")
+            if is_traceable_wrapper_subclass(p) and not _is_dtensor(p):
+                raise TypeError(f"the optimizer's param_groups[{i}] holds a {type(p).__name__} parameter, a tensor "
+                                "subclass: tzip's optimizer offload takes plain tensors and DTensors (FSDP2, tensor "
+                                "parallelism) only, so its state stays where it is")
 
 
 def _zero_class():
@@ -176,6 +207,7 @@ def optimizer_holding_state(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    t = _local(t)  # a DTensor has no storage of its own: its shard's
     return (t.get_device(), t.untyped_storage().data_ptr())  # get_device: -1 for the CPU
 
 
@@ -231,15 +263,18 @@ class OffloadedTensor:
     at element ``offset``. Valid until the next :meth:`CompressedOffload.step` (the frame's memory is reused);
     :meth:`CompressedOffload.state_dict` gives the values as tensors. Not picklable: save the state dict."""
 
-    __slots__ = ("chunk", "offset", "dtype", "shape", "stride", "device")
+    __slots__ = ("chunk", "offset", "dtype", "shape", "stride", "device", "spec")
 
     def __init__(self, chunk: "_Chunk", offset: int, t: torch.Tensor):
+        local = _local(t)
         self.chunk = chunk
         self.offset = offset
-        self.dtype = t.dtype
-        self.shape = t.shape
-        self.stride = tuple(t.stride())
-        self.device = t.device
+        self.dtype = local.dtype
+        self.shape = local.shape  # of the local shard, for a DTensor
+        self.stride = tuple(local.stride())
+        self.device = local.device
+        # A DTensor's mesh, placements and global shape and strides: what rebuilds it around its restored shard.
+        self.spec = (t.device_mesh, t.placements, t.shape, tuple(t.stride())) if local is not t else None
 
     @property
     def nbytes(self) -> int:
@@ -252,8 +287,16 @@ class OffloadedTensor:
         return self.chunk.ct  # type: ignore[return-value]
 
     def view_of(self, flat: torch.Tensor) -> torch.Tensor:
-        """This tensor as a view of its chunk's decompressed values ``flat`` (1-D, the chunk's dtype)."""
+        """This tensor (a DTensor's local shard) as a view of its chunk's decompressed values ``flat`` (1-D, the
+        chunk's dtype)."""
         return flat.as_strided(self.shape, self.stride, flat.storage_offset() + self.offset)
+
+    def wrap(self, local: torch.Tensor) -> torch.Tensor:
+        """``local`` as the state tensor the optimizer had: itself, or the DTensor around it (no copy)."""
+        if self.spec is None:
+            return local
+        mesh, placements, shape, stride = self.spec
+        return _dtensor_class().from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
 
     def __reduce__(self):
         raise TypeError("an OffloadedTensor does not pickle: save CompressedOffload.state_dict(), which holds plain tensors")
@@ -300,8 +343,9 @@ class CompressedOffload(torch.optim.Optimizer):
 
     Raises:
         TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload or a
-            ZeroRedundancyOptimizer (:func:`tzip.attach` takes that one), or has DTensor (or other wrapper subclass)
-            parameters, as FSDP2 and tensor parallelism make.
+            ZeroRedundancyOptimizer (:func:`tzip.attach` takes that one), or has parameters of a tensor subclass
+            other than DTensor (DTensor parameters, as FSDP2 and tensor parallelism make, are taken: the local
+            shards of their state are offloaded and the DTensors rebuilt around them at each step).
         ValueError: unknown codec, negative sizes, or ``strict=True`` with a lenient client.
         DaemonUnavailableError: ``strict=True``, ``client=None`` and no daemon can be reached or started.
     """
@@ -468,8 +512,8 @@ class CompressedOffload(torch.optim.Optimizer):
                 cpu_frames += c.ct.compressed_nbytes  # type: ignore[union-attr]
         slabs = [s for lst in self._slabs.values() for s in lst if s is not None]
         pinned = sum(s.capacity for s in slabs if s.pinned)
-        resident = sum(v.numel() * v.element_size() for d in self.state.values() for v in d.values()
-                       if isinstance(v, torch.Tensor))
+        resident = sum(_local(v).numel() * v.element_size() for d in self.state.values() for v in d.values()
+                       if isinstance(v, torch.Tensor))  # (a DTensor: this rank's shard)
         return {"tensors": n, "chunks": len(self._chunks), "state_bytes": state, "compressed_bytes": comp,
                 "ratio": comp / state if state else float("nan"), "pinned_bytes": pinned,
                 "host_bytes": sum(s.capacity for s in slabs) + cpu_frames, "resident_bytes": resident,
@@ -504,19 +548,21 @@ class CompressedOffload(torch.optim.Optimizer):
                 views[k] = views.get(k, 0) + 1
         groups: dict[tuple[int, torch.dtype, Any], list[tuple[_Chunk, list]]] = {}
         for st, key, v in candidates:
-            nbytes = v.numel() * v.element_size()
-            if (v.layout != torch.strided or v.device.type not in ("cpu", "cuda") or v.dim() == 0 or nbytes < self.min_bytes
-                    or v.requires_grad or v.is_quantized or not _dense_permutation(v)):
+            lv = _local(v)
+            nbytes = lv.numel() * lv.element_size()
+            if (lv.layout != torch.strided or lv.device.type not in ("cpu", "cuda") or lv.dim() == 0
+                    or nbytes < self.min_bytes or v.requires_grad or lv.is_quantized or not _dense_permutation(lv)
+                    or (lv is v and _is_wrapper(v))):
                 continue
             k = _storage_key(v)
             if on_storage[k] > 1 and views.get(k) != on_storage[k]:
                 continue  # shares its storage with a parameter or other state: replacing it would break that
-            lst = groups.setdefault((v.get_device(), v.dtype, key), [])
-            if not lst or (self.chunk_bytes is not None and lst[-1][0].numel * v.element_size() + nbytes > self.chunk_bytes):
-                lst.append((_Chunk(v.device, v.dtype), []))
+            lst = groups.setdefault((lv.get_device(), lv.dtype, key), [])
+            if not lst or (self.chunk_bytes is not None and lst[-1][0].numel * lv.element_size() + nbytes > self.chunk_bytes):
+                lst.append((_Chunk(lv.device, lv.dtype), []))
             chunk, items = lst[-1]
             items.append((st, key, v, chunk.numel))
-            chunk.numel += _align(nbytes) // v.element_size()
+            chunk.numel += _align(nbytes) // lv.element_size()
         return [(c, items, None) for lst in groups.values() for c, items in lst]
 
     def _plan_unchanged(self) -> list | None:
@@ -547,6 +593,7 @@ class CompressedOffload(torch.optim.Optimizer):
             return False
         _, flat, placed = found
         ph = placed.get((id(st), key), (None, None, None))[1]
+        v = _local(v)
         return (ph is not None and v.storage_offset() == flat.storage_offset() + ph.offset and v.shape == ph.shape
                 and tuple(v.stride()) == ph.stride and v.dtype == flat.dtype)
 
@@ -566,6 +613,7 @@ class CompressedOffload(torch.optim.Optimizer):
             flat = torch.empty(chunk.numel, dtype=chunk.dtype, device=chunk.device)
         int_alias(flat).zero_()  # the alignment gaps: defined bytes, so that the frame is a function of the state
         for st, key, v, off in items:
+            v = _local(v)
             int_alias(flat.as_strided(v.shape, v.stride(), flat.storage_offset() + off)).copy_(int_alias(v))
         return flat
 
@@ -681,7 +729,7 @@ class CompressedOffload(torch.optim.Optimizer):
             placed = {}
             for st, key, ph in c.entries:
                 if st.get(key) is ph:
-                    view = st[key] = ph.view_of(flat)
+                    view = st[key] = ph.wrap(ph.view_of(flat))
                     placed[(id(st), key)] = (st, ph, view)
             self._flats[_storage_key(flat)] = (c, flat, placed)
         self._chunks = []
@@ -753,7 +801,9 @@ class CompressedOffload(torch.optim.Optimizer):
             for k, v in d.items():
                 if isinstance(v, OffloadedTensor):
                     t = v.view_of(flats[id(v.chunk)])
-                    nd[k] = t.to(v.device) if on_device and v.device != t.device else t.clone()
+                    # (a DTensor's shard goes back to its own device: its mesh says where the shard lies)
+                    move = (on_device or v.spec is not None) and v.device != t.device
+                    nd[k] = v.wrap(t.to(v.device) if move else t.clone())
                 elif isinstance(v, torch.Tensor) and clone:
                     nd[k] = v.detach().clone()
                 else:
@@ -781,7 +831,7 @@ class AttachedOffload:
 
     Raises:
         TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload (already offloaded), or
-            has DTensor parameters (as CompressedOffload).
+            has parameters of a tensor subclass other than DTensor (as CompressedOffload).
         ValueError, DaemonUnavailableError: as :class:`CompressedOffload`.
     """
 
