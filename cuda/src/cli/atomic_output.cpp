@@ -64,6 +64,10 @@ void AtomicOutput::write_at(const void* data, size_t n, off_t offset) {
   }
 }
 
+void AtomicOutput::start_writeback(off_t offset, off_t n) {
+  sync_file_range(fd_, offset, n, SYNC_FILE_RANGE_WRITE);
+}
+
 void AtomicOutput::commit() {
   if (fsync(fd_) != 0) fail("fsync " + temp_);
   const int fd = fd_;

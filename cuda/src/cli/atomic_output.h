@@ -22,6 +22,9 @@ class AtomicOutput {
   int fd() const { return fd_; }
   /// Writes all `n` bytes at `offset`. Throws Defer on any error.
   void write_at(const void* data, size_t n, off_t offset);
+  /// Starts writing `n` bytes at `offset` back to disk (sync_file_range, no wait), so that commit()'s fsync finds
+  /// little left to do. Errors are left for that fsync to report.
+  void start_writeback(off_t offset, off_t n);
   /// fsync, close, chmod to the old target's mode (if one existed), rename over the target. Throws Defer on any
   /// error (the temporary file is then removed by the destructor).
   void commit();

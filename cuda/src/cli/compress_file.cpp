@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "cli/atomic_output.h"
+#include "cli/background_writer.h"
 #include "cli/deferral.h"
 #include "cli/entry_schedule.h"
 #include "cli/mapped_file.h"
+#include "cli/phase_clock.h"
 #include "container/entries.h"
 #include "container/layout.h"
 #include "frame.h"
@@ -25,14 +27,14 @@ namespace {
 /// Entries larger than this are left to the Node CLI: a Node Buffer holds at most 2^32 bytes (buffer.constants
 /// .MAX_LENGTH on Node 20), beyond which the Node CLI refuses the file; 2^31 stays clear of it on every version.
 constexpr uint64_t kMaxEntryBytes = uint64_t(1) << 31;
-/// Input bytes coded per batch: bounds the frame memory (about one batch) for files of any size.
-constexpr uint64_t kBatchBytes = uint64_t(1) << 30;
 
 }  // namespace
 
 CompressResult compress_file(const Command& cmd) {
   const auto started = std::chrono::steady_clock::now();
+  PhaseClock clock;
   const MappedFile input(cmd.input);
+  clock.mark("map");
   struct stat out_st;
   if (stat(cmd.output.c_str(), &out_st) == 0 && out_st.st_dev == input.info().st_dev && out_st.st_ino == input.info().st_ino)
     throw Defer("output is the input");
@@ -51,6 +53,7 @@ CompressResult compress_file(const Command& cmd) {
   uint32_t threads = cmd.threads;
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());  // the addon's default
 
+  clock.mark("parse");
   AtomicOutput out(cmd.output);
   const uint64_t header_bytes = header.data_offset;
   uint8_t prefix[container::kPrefixBytes];
@@ -59,48 +62,45 @@ CompressResult compress_file(const Command& cmd) {
   out.write_at(file, header_bytes, container::kPrefixBytes);
 
   const uint8_t* data = file + header.data_offset;
+  std::vector<uint64_t> bytes(plan.size());
+  std::vector<bool> wide(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    bytes[i] = plan[i].end - plan[i].begin;
+    wide[i] = is_wide(num_chunks(bytes[i], chunk), threads);
+  }
+  // Each frame of a group is coded into its own slot of max_frame_bytes, then written at its place in the file.
+  BackgroundWriter writer(out);
+  std::vector<uint64_t> slot(plan.size() + 1, 0), frame_bytes(plan.size(), 0);
+  uint8_t* arena = nullptr;
+  uint64_t turn = 0;
+  auto prepare = [&](uint64_t first, uint64_t last) {
+    slot[first] = 0;
+    for (uint64_t i = first; i < last; ++i)
+      slot[i + 1] = slot[i] + max_frame_bytes(bytes[i], uint32_t(plan[i].shape.size()), chunk);
+    arena = writer.buffer(turn, slot[last]);
+  };
   std::vector<container::IndexEntry> index(plan.size());
   uint64_t position = container::align_up(container::kPrefixBytes + header_bytes);
-  std::unique_ptr<uint8_t[]> arena;
-  uint64_t arena_bytes = 0;
-  for (size_t first = 0; first < plan.size();) {
-    size_t last = first;
-    uint64_t batch = 0;
-    while (last < plan.size() && (last == first || batch + (plan[last].end - plan[last].begin) <= kBatchBytes)) {
-      batch += plan[last].end - plan[last].begin;
-      ++last;
-    }
-    // Each frame is coded into its own slot of max_frame_bytes, then written at its place in the file.
-    std::vector<uint64_t> slot(last - first + 1, 0), frame_bytes(last - first, 0);
-    std::vector<bool> wide(last - first);
-    for (size_t i = first; i < last; ++i) {
-      const uint64_t n = plan[i].end - plan[i].begin;
-      slot[i - first + 1] = slot[i - first] + max_frame_bytes(n, uint32_t(plan[i].shape.size()), chunk);
-      wide[i - first] = is_wide(num_chunks(n, chunk), threads);
-    }
-    if (slot.back() > arena_bytes) {
-      arena.reset();
-      arena.reset(new uint8_t[slot.back()]);
-      arena_bytes = slot.back();
-    }
-    run_entries(wide, threads, [&](uint64_t k, uint32_t t) {
-      const container::PlannedEntry& e = plan[first + k];
+  run_entries(wide, bytes, threads, prepare, [&](uint64_t i, uint32_t t) {
+      const container::PlannedEntry& e = plan[i];
       const uint8_t* raw = data + e.begin;
-      const uint64_t n = e.end - e.begin;
       EncodeOptions opt;
-      opt.codec = is_auto ? resolve_auto(raw, n, e.dtype, chunk, t) : codec;
+      opt.codec = is_auto ? resolve_auto(raw, bytes[i], e.dtype, chunk, t) : codec;
       opt.threads = t;
       opt.chunk_bytes = chunk;
-      frame_bytes[k] = encode_frame(raw, n, e.dtype, e.shape, opt, arena.get() + slot[k]);
+      frame_bytes[i] = encode_frame(raw, bytes[i], e.dtype, e.shape, opt, arena + slot[i]);
+    }, [&](uint64_t first, uint64_t last) {
+      std::vector<BackgroundWriter::Piece> pieces;
+      const uint64_t from = position;
+      for (uint64_t i = first; i < last; ++i) {
+        pieces.push_back({arena + slot[i], frame_bytes[i], off_t(position)});
+        index[i] = {plan[i].begin, plan[i].end, position, frame_bytes[i]};
+        position = container::align_up(position + frame_bytes[i]);
+      }
+      writer.write(turn++, std::move(pieces), off_t(from), off_t(position));
     });
-    for (size_t i = first; i < last; ++i) {
-      const uint64_t k = i - first;
-      out.write_at(arena.get() + slot[k], frame_bytes[k], off_t(position));
-      index[i] = {plan[i].begin, plan[i].end, position, frame_bytes[k]};
-      position = container::align_up(position + frame_bytes[k]);
-    }
-    first = last;
-  }
+  writer.finish();
+  clock.mark("code");
 
   std::vector<uint8_t> tail(index.size() * container::kIndexEntryBytes + container::kTrailerBytes);
   container::encode_index(index, tail.data());
@@ -109,6 +109,7 @@ CompressResult compress_file(const Command& cmd) {
                             tail.data() + index_bytes);
   out.write_at(tail.data(), tail.size(), off_t(position));
   out.commit();
+  clock.mark("commit");
   CompressResult r;
   r.input_bytes = size;
   r.output_bytes = position + tail.size();
