@@ -59,18 +59,74 @@ char JsonCursor::peek() {
   return i_ < n_ ? char(p_[i_]) : 0;
 }
 
-std::string_view JsonCursor::string() {
+uint32_t JsonCursor::hex4() {
+  if (n_ - i_ < 4) fail("a cut \\u escape");
+  uint32_t v = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint8_t c = p_[i_++];
+    v <<= 4;
+    if (c >= '0' && c <= '9') v |= c - '0';
+    else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+    else fail("a bad \\u escape");
+  }
+  return v;
+}
+
+std::string JsonCursor::string() {
   expect('"');
-  const uint64_t begin = i_;
-  for (; i_ < n_; ++i_) {
+  std::string s;
+  for (uint64_t run = i_; i_ < n_;) {
     const uint8_t c = p_[i_];
-    if (c == '"') {
-      const std::string_view s(reinterpret_cast<const char*>(p_ + begin), i_ - begin);
+    if (c == '"' || c == '\\') {
+      s.append(reinterpret_cast<const char*>(p_ + run), i_ - run);
       ++i_;
-      return s;
+      if (c == '"') return s;
+      if (i_ == n_) break;
+      const uint8_t e = p_[i_++];
+      switch (e) {
+        case '"': s += '"'; break;
+        case '\\': s += '\\'; break;
+        case '/': s += '/'; break;
+        case 'b': s += '\b'; break;
+        case 'f': s += '\f'; break;
+        case 'n': s += '\n'; break;
+        case 'r': s += '\r'; break;
+        case 't': s += '\t'; break;
+        case 'u': {
+          uint32_t cp = hex4();
+          if (cp >= 0xdc00 && cp <= 0xdfff) fail("a lone low surrogate");
+          if (cp >= 0xd800 && cp <= 0xdbff) {
+            if (n_ - i_ < 2 || p_[i_] != '\\' || p_[i_ + 1] != 'u') fail("a lone high surrogate");
+            i_ += 2;
+            const uint32_t lo = hex4();
+            if (lo < 0xdc00 || lo > 0xdfff) fail("a lone high surrogate");
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+          }
+          if (cp < 0x80) {
+            s += char(cp);
+          } else if (cp < 0x800) {
+            s += char(0xc0 | (cp >> 6));
+            s += char(0x80 | (cp & 0x3f));
+          } else if (cp < 0x10000) {
+            s += char(0xe0 | (cp >> 12));
+            s += char(0x80 | ((cp >> 6) & 0x3f));
+            s += char(0x80 | (cp & 0x3f));
+          } else {
+            s += char(0xf0 | (cp >> 18));
+            s += char(0x80 | ((cp >> 12) & 0x3f));
+            s += char(0x80 | ((cp >> 6) & 0x3f));
+            s += char(0x80 | (cp & 0x3f));
+          }
+          break;
+        }
+        default: fail("a bad escape");
+      }
+      run = i_;
+      continue;
     }
-    if (c == '\\') fail("an escape in a string");
     if (c < 0x20) fail("a control character in a string");  // invalid JSON
+    ++i_;
   }
   fail("an unterminated string");
 }

@@ -1,6 +1,7 @@
-// A reader of the JSON that safetensors writers produce: objects, arrays, strings without escapes and unsigned
-// integers without sign, fraction or exponent, in UTF-8. It is deliberately not a JSON parser: anything outside that
-// subset (an escape, a fraction, a literal, a byte-order mark) and anything that is not JSON at all throws NotHandled,
+// A reader of the JSON that safetensors writers produce: objects, arrays, strings and unsigned integers without sign,
+// fraction or exponent, in UTF-8. It is deliberately not a JSON parser: anything outside that subset (a fraction, a
+// literal, a byte-order mark, an escape that makes a lone UTF-16 surrogate, which no UTF-8 string holds and both of
+// tzip's readers refuse) and anything that is not JSON at all throws NotHandled,
 // and a caller that must take every valid header hands such text to a full parser (the native CLI: to the Node CLI).
 // What it accepts, it reads exactly as JSON.parse reads it.
 #pragma once
@@ -32,8 +33,8 @@ class JsonCursor {
   void expect(char c);
   /// The next value's first byte ('{', '[', '"', a digit, ...), or 0 at the end of the text.
   char peek();
-  /// A string: the raw UTF-8 bytes between its quotes (no escapes, so they are the string's bytes).
-  std::string_view string();
+  /// A string, its escapes decoded, as UTF-8 (the bytes Buffer.from(JSON.parse(...), 'utf8') gives).
+  std::string string();
   /// An unsigned integer from 0 to 2^53 - 1 written with digits only (JSON forbids leading zeros).
   uint64_t integer();
   /// Whether only whitespace is left.
@@ -41,6 +42,7 @@ class JsonCursor {
 
  private:
   void skip_ws();
+  uint32_t hex4();
   [[noreturn]] void fail(const std::string& what) const;
   const uint8_t* p_;
   uint64_t n_, i_ = 0;

@@ -47,14 +47,14 @@ std::vector<uint64_t> integer_array(JsonCursor& c) {
 }
 
 /// `{"dtype": s, "shape": [...], "data_offsets": [b, e]}`, each key once, no other key (in any order).
-Tensor tensor_entry(JsonCursor& c, std::string_view name) {
+Tensor tensor_entry(JsonCursor& c, std::string name) {
   Tensor t;
-  t.name = name;
+  t.name = std::move(name);
   bool has_dtype = false, has_shape = false, has_offsets = false;
   c.expect('{');
   if (!c.consume('}')) {
     do {
-      const std::string_view key = c.string();
+      const std::string key = c.string();
       c.expect(':');
       if (key == "dtype" && !has_dtype) {
         has_dtype = true;
@@ -118,16 +118,16 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* prefix, uint64_t prefi
   while (n > 0 && text[n - 1] == 0) --n;
 
   JsonCursor c(text, n);
-  std::unordered_set<std::string_view> keys;
+  std::unordered_set<std::string> keys;
   c.expect('{');
   if (!c.consume('}')) {
     do {
-      const std::string_view key = c.string();
+      std::string key = c.string();
       // JSON.parse keeps the last of duplicate keys; rather than reproduce that, such headers are not handled.
       if (!keys.insert(key).second) not_handled("a duplicate key");
       c.expect(':');
       if (key == "__metadata__") metadata(c);
-      else h.tensors.push_back(tensor_entry(c, key));
+      else h.tensors.push_back(tensor_entry(c, std::move(key)));
     } while (c.consume(','));
     c.expect('}');
   }
@@ -138,7 +138,7 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* prefix, uint64_t prefi
     if (t.end > h.data_length) not_handled("data_offsets past the data section");
     const uint64_t nbytes = t.end - t.begin;
     Dtype d;
-    const bool known = parse_dtype_name(std::string(t.dtype), &d);
+    const bool known = parse_dtype_name(t.dtype, &d);
     if (known && t.shape.size() <= kMaxNdim && size_matches(t.shape, dtype_size(d), nbytes)) {
       t.codec_dtype = d;
       t.codec_shape = t.shape;

@@ -5,7 +5,7 @@
 // that hands such files to the TypeScript parser and its exact error messages.
 #pragma once
 #include <cstdint>
-#include <string_view>
+#include <string>
 #include <vector>
 
 #include "container/json_subset.h"
@@ -18,11 +18,10 @@ inline constexpr uint64_t kMaxHeaderBytes = 100000000;
 /// Bytes of the little-endian u64 header length.
 inline constexpr uint64_t kLengthPrefixBytes = 8;
 
-/// One tensor. Offsets in bytes, relative to the data section; the string views point into the header bytes given
-/// to parse_safetensors_header.
+/// One tensor. Offsets in bytes, relative to the data section.
 struct Tensor {
-  std::string_view name;
-  std::string_view dtype;       ///< as written in the file
+  std::string name;             ///< UTF-8, escapes decoded
+  std::string dtype;            ///< as written in the file
   std::vector<uint64_t> shape;  ///< as written in the file
   uint64_t begin = 0, end = 0;
   Dtype codec_dtype = Dtype::U8;      ///< dtype when known and prod(shape) * size == end - begin (ndim <= 32), else U8
