@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "cli/deferral.h"
+#include "container/json_subset.h"
 #include "tzip/format.h"
 
 namespace tzip::cli {
@@ -77,6 +78,9 @@ Command parse_args(int argc, char** argv) {
     }
   }
   if (!has_input || !has_output) throw Defer("no input or no output");
+  // Node reads argv as UTF-8 (a bad byte becomes U+FFFD): such a path is not the file this process would open.
+  for (const std::string* p : {&cmd.input, &cmd.output})
+    if (!container::is_utf8(reinterpret_cast<const uint8_t*>(p->data()), p->size())) throw Defer("a path that is not UTF-8");
   return cmd;
 }
 

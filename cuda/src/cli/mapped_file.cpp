@@ -20,7 +20,10 @@ MappedFile::MappedFile(const std::string& path) {
   }
   size_ = uint64_t(st_.st_size);
   if (size_ > 0) {
-    void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    // Populated up front up to 1 GiB (one call instead of a fault per page); larger files are read as touched, so
+    // that a file larger than memory is not pulled in whole.
+    const int populate = size_ <= (uint64_t(1) << 30) ? MAP_POPULATE : 0;
+    void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | populate, fd, 0);
     if (p == MAP_FAILED) {
       close(fd);
       throw Defer("mmap " + path + ": " + std::strerror(errno));

@@ -1,5 +1,5 @@
-// A whole input file mapped read-only (MAP_POPULATE: the pages of a cached file are mapped in one go rather than one
-// fault at a time).
+// A whole input file mapped read-only (MAP_POPULATE up to 1 GiB: the pages of a cached file are mapped in one go
+// rather than one fault at a time).
 #pragma once
 #include <sys/stat.h>
 
