@@ -248,23 +248,31 @@ void decode_frame(const uint8_t* f, uint64_t len, uint8_t* out, uint64_t out_len
   if (len > h.frame_bytes()) corrupt(std::to_string(len - h.frame_bytes()) + " trailing bytes after the frame");
   if (out_len != h.nbytes)
     invalid("output buffer is " + std::to_string(out_len) + " bytes, the frame holds " + std::to_string(h.nbytes));
+  decode_frame_chunks(f, h, 0, h.n_chunks, out, verify, threads);
+}
+
+void decode_frame_chunks(const uint8_t* f, const FrameHeader& h, uint64_t first, uint64_t last, uint8_t* out, bool verify,
+                         uint32_t threads) {
+  if (first > last || last > h.n_chunks) invalid("chunk range out of the frame");
   const uint8_t* table = f + chunk_table_offset(uint32_t(h.shape.size()));
   const uint8_t* payload = f + h.header_bytes;
-  std::vector<ChunkScratch> scratch(worker_count(h.n_chunks, threads));
-  parallel_for(h.n_chunks, uint32_t(scratch.size()), [&](uint64_t i, uint32_t w) {
+  std::vector<ChunkScratch> scratch(worker_count(last - first, threads));
+  parallel_for(last - first, uint32_t(scratch.size()), [&](uint64_t k, uint32_t w) {
+    const uint64_t i = first + k;
     const uint8_t* e = table + kChunkEntryBytes * i;
     const uint64_t begin = i * h.chunk_bytes, raw_len = std::min<uint64_t>(h.chunk_bytes, h.nbytes - begin);
+    uint8_t* dst = out + (begin - first * h.chunk_bytes);
     try {
       const uint64_t off = load_le64(e), size = load_le32(e + 8);
       if (i + 1 < h.n_chunks) {  // padding up to the next chunk must be zero (the stream is canonical)
         for (uint64_t p = off + size; p < align16(off + size); ++p)
           if (payload[p]) throw Error(ErrorCode::Corrupt, "non-zero padding after the chunk");
       }
-      decode_chunk(payload + off, size, raw_len, h.dtype, h.codec, out + begin, scratch[w]);
+      decode_chunk(payload + off, size, raw_len, h.dtype, h.codec, dst, scratch[w]);
     } catch (const Error& err) {
       throw Error(err.code(), "chunk " + std::to_string(i) + ": " + err.what());
     }
-    if (verify && chunk_digest(out + begin, raw_len) != load_le32(e + 12))
+    if (verify && chunk_digest(dst, raw_len) != load_le32(e + 12))
       throw Error(ErrorCode::Checksum, "checksum mismatch in chunk " + std::to_string(i) + " (bytes " + std::to_string(begin) +
                                            ".." + std::to_string(begin + raw_len) + ")");
   });

@@ -14,6 +14,7 @@
 #include "cli/background_writer.h"
 #include "cli/deferral.h"
 #include "cli/entry_schedule.h"
+#include "parallel.h"
 #include "cli/mapped_file.h"
 #include "cli/phase_clock.h"
 #include "container/reader.h"
@@ -25,6 +26,10 @@ namespace {
 
 /// As in compress_file.cpp: frames and entries above this are left to the Node CLI (its Buffer limit).
 constexpr uint64_t kMaxEntryBytes = uint64_t(1) << 31;
+/// Output bytes per piece (see decompress_file). Small enough that two buffers stay in the caches' reach and the last
+/// piece's writeback, which the final fsync waits for, is short; large enough that a piece's threads and write
+/// calls cost little.
+constexpr uint64_t kPieceBytes = uint64_t(4) << 20;
 
 /// The checks src/reader.ts (checkFrame) makes of a frame's header against its entry.
 void check_frame(const FrameHeader& h, const container::ContainerEntry& e) {
@@ -55,29 +60,57 @@ DecompressResult decompress_file(const Command& cmd) {
   AtomicOutput out(cmd.output);
   out.write_at(c.header_bytes, c.header.data_offset, 0);
   const auto& entries = c.entries;
-  std::vector<uint64_t> bytes(entries.size());
-  std::vector<bool> wide(entries.size());
-  for (size_t i = 0; i < entries.size(); ++i) {
-    bytes[i] = entries[i].plan.end - entries[i].plan.begin;
-    wide[i] = is_wide(parse_frame_prefix(file + entries[i].index.frame_offset, entries[i].index.frame_bytes).n_chunks, threads);
+  // Every frame's header is checked against its entry first (src/reader.ts checkFrame, and decode_frame's length
+  // checks: frame_bytes equal to the index's, nbytes to the entry's), then the chunks are decoded piece by piece.
+  std::vector<FrameHeader> headers;
+  headers.reserve(entries.size());
+  for (const container::ContainerEntry& e : entries) {
+    headers.push_back(parse_frame_header(file + e.index.frame_offset, e.index.frame_bytes));
+    check_frame(headers.back(), e);
   }
-  // A group's entries are contiguous in the data section: decoded into one buffer, written with one call.
-  BackgroundWriter writer(out);
-  uint8_t* buffer = nullptr;
-  uint64_t begin = 0, turn = 0;
-  auto prepare = [&](uint64_t first, uint64_t last) {
-    begin = entries[first].plan.begin;
-    buffer = writer.buffer(turn, entries[last - 1].plan.end - begin);
+  // The output goes out in pieces of about kPieceBytes: a run of small entries decoded side by side (one thread
+  // each), or a range of a large entry's chunks decoded with every thread. Two buffers of a piece's size take turns
+  // (BackgroundWriter), so they stay in memory already mapped and the output streams to disk while the next piece
+  // is decoded.
+  struct Group {
+    uint64_t first_entry, last_entry;  // entries [first, last); a wide entry's group has one
+    uint64_t first_chunk, last_chunk;  // for a wide entry: its chunks decoded here
+    uint64_t begin, end;               // data-section bytes
   };
-  run_entries(wide, bytes, threads, prepare, [&](uint64_t i, uint32_t t) {
-      const container::ContainerEntry& e = entries[i];
-      const uint8_t* frame = file + e.index.frame_offset;
-      check_frame(parse_frame_header(frame, e.index.frame_bytes), e);
-      decode_frame(frame, e.index.frame_bytes, buffer + (e.plan.begin - begin), bytes[i], true, t);
-    }, [&](uint64_t, uint64_t last) {
-      const off_t at = off_t(c.header.data_offset + begin), n = off_t(entries[last - 1].plan.end - begin);
-      writer.write(turn++, {{buffer, size_t(n), at}}, at, at + n);
-    });
+  std::vector<Group> groups;
+  for (uint64_t i = 0; i < entries.size();) {
+    const FrameHeader& h = headers[i];
+    const uint64_t begin = entries[i].plan.begin;
+    if (is_wide(h.n_chunks, threads)) {
+      const uint64_t step = std::max<uint64_t>(4ull * threads, kPieceBytes / h.chunk_bytes);
+      for (uint64_t k = 0; k < h.n_chunks; k += step) {
+        const uint64_t last = std::min(h.n_chunks, k + step);
+        groups.push_back({i, i + 1, k, last, begin + k * h.chunk_bytes, std::min(entries[i].plan.end, begin + last * h.chunk_bytes)});
+      }
+      ++i;
+      continue;
+    }
+    uint64_t j = i + 1;
+    while (j < entries.size() && entries[j - 1].plan.end - begin < kPieceBytes && !is_wide(headers[j].n_chunks, threads)) ++j;
+    groups.push_back({i, j, 0, 0, begin, entries[j - 1].plan.end});
+    i = j;
+  }
+  BackgroundWriter writer(out);
+  for (uint64_t turn = 0; turn < groups.size(); ++turn) {
+    const Group& g = groups[turn];
+    uint8_t* buffer = writer.buffer(turn, g.end - g.begin);
+    const auto frame = [&](uint64_t i) { return file + entries[i].index.frame_offset; };
+    if (g.last_chunk > 0) {
+      decode_frame_chunks(frame(g.first_entry), headers[g.first_entry], g.first_chunk, g.last_chunk, buffer, true, threads);
+    } else {
+      parallel_for(g.last_entry - g.first_entry, threads, [&](uint64_t k, uint32_t) {
+        const uint64_t i = g.first_entry + k;
+        decode_frame_chunks(frame(i), headers[i], 0, headers[i].n_chunks, buffer + (entries[i].plan.begin - g.begin), true, 1);
+      });
+    }
+    const off_t at = off_t(c.header.data_offset + g.begin), n = off_t(g.end - g.begin);
+    writer.write(turn, {{buffer, size_t(n), at}}, at, at + n);
+  }
   writer.finish();
   clock.mark("code");
   if (ftruncate(out.fd(), off_t(c.original_size)) != 0) throw Defer("ftruncate the output");
