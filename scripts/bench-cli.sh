@@ -2,8 +2,8 @@
 # Whole-process times of the `tzip` command (bin/tzip: the native CLI when built) against zstd on every demo file
 # (issue 36): `tzip compress --codec fast`, `tzip compress` (auto), `tzip decompress`, `zstd -q -3 -T2`, `zstd -q -d`,
 # and the Node CLI (node dist/src/cli/main.js) for compress --codec fast and decompress as the baseline. hyperfine -N
-# (no shell), each command's runs one after another; prints one Markdown table with the mean, sigma, median and the
-# compressed/original ratio. The table in docs/benchmarks.md is this script's output.
+# (no shell), each command's runs one after another, each run writing a new file (its output is deleted before);
+# prints one Markdown table with the mean, sigma, median and the compressed/original ratio. The table in docs/benchmarks.md is this script's output.
 #
 #   scripts/bench-cli.sh [RUNS] [FILES...]     (default: 10 runs, data/demo/*.safetensors)
 #
@@ -34,7 +34,11 @@ for f in "${files[@]}"; do
   labels=("tzip compress --codec fast" "tzip decompress (fast)" "zstd -q -3 -T2" "zstd -q -d" "tzip compress (auto)"
     "tzip decompress (auto)" "node CLI compress --codec fast" "node CLI decompress (fast)")
   keys=(fast "" zstd "" auto "" fast "")
+  # Each run creates its output afresh, as a user's run would (no file to replace), as in the issue's measurements.
   hyperfine -N -w 2 -r "$runs" --export-json "$work/h.json" --style none \
+    -p "rm -f $work/o-fast.tzip" -p "rm -f $work/o-fast.safetensors" -p "rm -f $work/o.zst" -p "rm -f $work/o.out" \
+    -p "rm -f $work/o-auto.tzip" -p "rm -f $work/o-auto.safetensors" -p "rm -f $work/n-fast.tzip" \
+    -p "rm -f $work/n.safetensors" \
     "$tzip compress $f -o $work/o-fast.tzip --codec fast" \
     "$tzip decompress $work/fast.tzip -o $work/o-fast.safetensors" \
     "zstd -q -f -3 -T2 $f -o $work/o.zst" \
