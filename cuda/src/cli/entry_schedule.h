@@ -1,4 +1,5 @@
-// How the native CLI spreads a file's entries over its threads. Each entry is coded by the codec's own frame
+// How the native CLI's compress spreads a file's entries over its threads (decompress cuts its output finer, into
+// pieces of a frame's chunks: decompress_file.cpp). Each entry is coded by the codec's own frame
 // functions, whose bytes do not depend on the thread count; only the time does. Entries go in file order, in groups:
 // a run of small entries (a model's norms and biases) side by side, one thread each, or one large entry (a weight
 // matrix) with every thread on its chunks, so that neither a long tail of small entries nor one big tensor leaves a
