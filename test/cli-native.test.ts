@@ -2,7 +2,7 @@
 // processes on real files: the same .tzip bytes for every demo file, codec, chunk size and thread count; decompress
 // restores the original bytes; every input or situation it does not handle (hostile headers, damaged containers,
 // bad options, odd outputs) gives exactly the Node CLI's stdout, stderr and exit code, and leaves no temporary file.
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmod, lstat, mkdir, readFile, readdir, readlink, rename, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { existsSync, readdirSync } from 'node:fs';
@@ -103,6 +103,25 @@ describe.skipIf(!BUILT)('tzip-native (skipped: build/Release/tzip-native is not 
       }, 300_000);
     }
   });
+
+  it.skipIf(DEMO_FILES.length === 0)('removes its temporary file when interrupted (SIGINT)', async () => {
+    const dir = tmp();
+    await mkdir(join(dir, 'sig'));
+    const input = join(DEMO, DEMO_FILES[DEMO_FILES.length - 1] as string);
+    // max on one thread with small chunks: several hundred milliseconds, ample time to see the temporary file.
+    const child = spawn(LAUNCHER, ['compress', input, '-o', 'sig/out.tzip', '--codec', 'max', '--threads', '1', '--chunk-size', '4096'],
+      { cwd: dir, stdio: 'ignore', env: { ...process.env, TZIP_NATIVE: undefined } });
+    const exited = new Promise<string | null>((resolve) => child.once('exit', (_code, signal) => resolve(signal)));
+    let seen: string[] = [];
+    for (let i = 0; i < 1000 && seen.length === 0 && child.exitCode === null; i++) {
+      seen = await tempFiles(join(dir, 'sig'));
+      if (seen.length === 0) await new Promise((r) => setTimeout(r, 2));
+    }
+    expect(seen).toHaveLength(1);
+    child.kill('SIGINT');
+    expect(await exited).toBe('SIGINT');
+    expect(await readdir(join(dir, 'sig'))).toEqual([]);
+  }, 60_000);
 
   describe('hands what it does not handle to the Node CLI: same output, message and exit code', () => {
     const w = weightLikeF32('encoder.weight', [32, 48], 3);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -16,6 +17,28 @@ namespace tzip::cli {
 namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw Defer(what + ": " + std::strerror(errno)); }
+
+// The temporary file an interrupt (Ctrl-C, SIGTERM, a closed terminal) removes before the process dies of it, as
+// a failed run removes it. One output per process.
+char g_temp[4096];
+const int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+void remove_temp_and_die(int sig) {
+  if (g_temp[0] != 0) unlink(g_temp);  // async-signal-safe
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void watch_signals(const std::string& temp) {
+  if (temp.size() >= sizeof g_temp) return;
+  std::memcpy(g_temp, temp.c_str(), temp.size() + 1);
+  for (int sig : kSignals) std::signal(sig, remove_temp_and_die);
+}
+
+void unwatch_signals() {
+  for (int sig : kSignals) std::signal(sig, SIG_DFL);
+  g_temp[0] = 0;
+}
 
 }  // namespace
 
@@ -42,11 +65,13 @@ AtomicOutput::AtomicOutput(const std::string& target) : target_(target) {
     temp_.clear();
     fail("create a temporary file beside " + target);
   }
+  watch_signals(temp_);
 }
 
 AtomicOutput::~AtomicOutput() {
   if (fd_ >= 0) close(fd_);
   if (!committed_ && !temp_.empty()) unlink(temp_.c_str());
+  unwatch_signals();
 }
 
 void AtomicOutput::write_at(const void* data, size_t n, off_t offset) {
@@ -76,6 +101,7 @@ void AtomicOutput::commit() {
   if (existed_ && chmod(temp_.c_str(), mode_) != 0) fail("chmod " + temp_);
   if (rename(temp_.c_str(), target_.c_str()) != 0) fail("rename " + temp_);
   committed_ = true;
+  unwatch_signals();
 }
 
 }  // namespace tzip::cli

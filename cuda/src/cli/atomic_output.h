@@ -2,7 +2,8 @@
 // target's folder (".<name>.<pid>.<8 hex>.tmp", O_EXCL), fsynced, given an existing target's permission bits, and
 // renamed over the target only when complete. Only the plain cases are handled here: a target that does not exist or
 // is a regular file. A symbolic link, a device, a folder, a FIFO or a socket throws Defer, and the Node CLI follows
-// the link, writes the device in place or reports the error.
+// the link, writes the device in place or reports the error. An interrupt (SIGINT, SIGTERM, SIGHUP) while the
+// temporary file exists removes it before the process dies of the signal (the Node CLI leaves it behind).
 #pragma once
 #include <sys/types.h>
 

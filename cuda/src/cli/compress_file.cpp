@@ -15,6 +15,7 @@
 #include "cli/entry_schedule.h"
 #include "cli/mapped_file.h"
 #include "cli/phase_clock.h"
+#include "cli/progress.h"
 #include "container/entries.h"
 #include "container/layout.h"
 #include "frame.h"
@@ -81,6 +82,8 @@ CompressResult compress_file(const Command& cmd) {
   };
   std::vector<container::IndexEntry> index(plan.size());
   uint64_t position = container::align_up(container::kPrefixBytes + header_bytes);
+  Progress progress(cmd.input, header.data_length);
+  uint64_t done_bytes = 0;
   run_entries(wide, bytes, threads, prepare, [&](uint64_t i, uint32_t t) {
       const container::PlannedEntry& e = plan[i];
       const uint8_t* raw = data + e.begin;
@@ -96,8 +99,10 @@ CompressResult compress_file(const Command& cmd) {
         pieces.push_back({arena + slot[i], frame_bytes[i], off_t(position)});
         index[i] = {plan[i].begin, plan[i].end, position, frame_bytes[i]};
         position = container::align_up(position + frame_bytes[i]);
+        done_bytes += bytes[i];
       }
       writer.write(turn++, std::move(pieces), off_t(from), off_t(position));
+      progress.update(done_bytes);
     });
   writer.finish();
   clock.mark("code");

@@ -17,6 +17,7 @@
 #include "parallel.h"
 #include "cli/mapped_file.h"
 #include "cli/phase_clock.h"
+#include "cli/progress.h"
 #include "container/reader.h"
 #include "frame.h"
 
@@ -95,6 +96,7 @@ DecompressResult decompress_file(const Command& cmd) {
     groups.push_back({i, j, 0, 0, begin, entries[j - 1].plan.end});
     i = j;
   }
+  Progress progress(cmd.input, c.header.data_length);
   BackgroundWriter writer(out);
   for (uint64_t turn = 0; turn < groups.size(); ++turn) {
     const Group& g = groups[turn];
@@ -110,6 +112,7 @@ DecompressResult decompress_file(const Command& cmd) {
     }
     const off_t at = off_t(c.header.data_offset + g.begin), n = off_t(g.end - g.begin);
     writer.write(turn, {{buffer, size_t(n), at}}, at, at + n);
+    progress.update(g.end);
   }
   writer.finish();
   clock.mark("code");

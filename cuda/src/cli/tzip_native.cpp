@@ -4,7 +4,7 @@
 // situation the native path does not fully handle (args.h, every error), is handed to the Node CLI with the same
 // arguments (deferral.h), before anything is printed and with the temporary output removed, so that messages, exit
 // codes and files stay exactly the Node CLI's. The one line printed on success is the Node CLI's (src/cli/compress.ts,
-// decompress.ts); the Node CLI's progress bar (a TTY only) has no counterpart here.
+// decompress.ts); the Node CLI's progress bar (a terminal only) is a simpler line here (progress.h).
 #include <unistd.h>
 
 #include <cerrno>
