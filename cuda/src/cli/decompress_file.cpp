@@ -70,30 +70,35 @@ DecompressResult decompress_file(const Command& cmd) {
     check_frame(headers.back(), e);
   }
   // The output goes out in pieces of about kPieceBytes: a run of small entries decoded side by side (one thread
-  // each), or a range of a large entry's chunks decoded with every thread. Two buffers of a piece's size take turns
-  // (BackgroundWriter), so they stay in memory already mapped and the output streams to disk while the next piece
-  // is decoded.
+  // each), or a range of a large entry's chunks decoded with every thread. Buffers of a piece's size take turns
+  // (BackgroundWriter), so they stay in memory already mapped (fresh memory costs a page fault per 4 KiB) and the
+  // output streams to disk while the next piece is decoded.
   struct Group {
-    uint64_t first_entry, last_entry;  // entries [first, last); a wide entry's group has one
-    uint64_t first_chunk, last_chunk;  // for a wide entry: its chunks decoded here
+    bool split;                        // a range of one large entry's chunks, decoded with every thread
+    uint64_t first_entry, last_entry;  // entries [first, last); a split entry's group has one
+    uint64_t first_chunk, last_chunk;  // for a split entry: its chunks decoded here
     uint64_t begin, end;               // data-section bytes
+  };
+  const auto large = [&](uint64_t i) {
+    return is_wide(headers[i].n_chunks, threads) || entries[i].plan.end - entries[i].plan.begin > kPieceBytes;
   };
   std::vector<Group> groups;
   for (uint64_t i = 0; i < entries.size();) {
     const FrameHeader& h = headers[i];
     const uint64_t begin = entries[i].plan.begin;
-    if (is_wide(h.n_chunks, threads)) {
+    if (large(i)) {
       const uint64_t step = std::max<uint64_t>(4ull * threads, kPieceBytes / h.chunk_bytes);
       for (uint64_t k = 0; k < h.n_chunks; k += step) {
         const uint64_t last = std::min(h.n_chunks, k + step);
-        groups.push_back({i, i + 1, k, last, begin + k * h.chunk_bytes, std::min(entries[i].plan.end, begin + last * h.chunk_bytes)});
+        groups.push_back({true, i, i + 1, k, last, begin + k * h.chunk_bytes,
+                          std::min(entries[i].plan.end, begin + last * h.chunk_bytes)});
       }
       ++i;
       continue;
     }
     uint64_t j = i + 1;
-    while (j < entries.size() && entries[j - 1].plan.end - begin < kPieceBytes && !is_wide(headers[j].n_chunks, threads)) ++j;
-    groups.push_back({i, j, 0, 0, begin, entries[j - 1].plan.end});
+    while (j < entries.size() && entries[j - 1].plan.end - begin < kPieceBytes && !large(j)) ++j;
+    groups.push_back({false, i, j, 0, 0, begin, entries[j - 1].plan.end});
     i = j;
   }
   Progress progress(cmd.input, c.header.data_length);
@@ -102,7 +107,7 @@ DecompressResult decompress_file(const Command& cmd) {
     const Group& g = groups[turn];
     uint8_t* buffer = writer.buffer(turn, g.end - g.begin);
     const auto frame = [&](uint64_t i) { return file + entries[i].index.frame_offset; };
-    if (g.last_chunk > 0) {
+    if (g.split) {
       decode_frame_chunks(frame(g.first_entry), headers[g.first_entry], g.first_chunk, g.last_chunk, buffer, true, threads);
     } else {
       parallel_for(g.last_entry - g.first_entry, threads, [&](uint64_t k, uint32_t) {
