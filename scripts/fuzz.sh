@@ -51,11 +51,11 @@ per=$(( total / ${#all[@]} )); [ "$per" -ge 1 ] || per=1
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -pthread -fno-sanitize-recover=undefined -Icuda/include -Icuda/src)
 status=0
 objs=()
-for f in cuda/src/*.cpp; do
+for f in cuda/src/*.cpp cuda/src/container/*.cpp; do
   [ "$(basename "$f")" = addon.cpp ] && continue
-  o=build/fuzz/obj/$(basename "$f" .cpp).o; objs+=("$o")
+  o=build/fuzz/obj/$(basename "$(dirname "$f")")_$(basename "$f" .cpp).o; objs+=("$o")
   # Rebuilt when the source or a header of the core changes (not for the GPU files under cuda/src/gpu).
-  if [ ! -f "$o" ] || [ -n "$(find "$f" cuda/src/*.h cuda/include/tzip -newer "$o" -print -quit)" ]; then
+  if [ ! -f "$o" ] || [ -n "$(find "$f" cuda/src/*.h cuda/src/container/*.h cuda/include/tzip -newer "$o" -print -quit)" ]; then
     mkdir -p build/fuzz/obj
     clang++ "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "$f" -o "$o" || { say "core BUILD FAILED"; exit 1; }
   fi
@@ -81,7 +81,7 @@ seed_dir() {  # the seed folder a target reads
     fuzz_frame|fuzz_header|fuzz_roundtrip|py_reference) echo "$seeds/frame" ;;
     fuzz_chunk) echo "$seeds/chunk" ;;
     fuzz_codec_*) echo "$seeds/codec_${1#fuzz_codec_}" ;;
-    js_container|py_container) echo "$seeds/container" ;;
+    js_container|py_container|fuzz_native_container) echo "$seeds/container" ;;
     js_safetensors) echo "$seeds/safetensors" ;;
     js_protocol) echo "fuzz/seeds/protocol" ;;
     fuzz_ring) echo "fuzz/seeds/ring" ;;  # ring file SQEs (docs/ring.md), made by hand: a region table and SQEs

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "cpu_clones.h"
 #include "errors.h"
 #include "tzip/bitpack.h"
 #include "tzip/rans.h"
@@ -414,7 +415,7 @@ void split_streams(const uint8_t* in, uint64_t n, Dtype d, Codec c, ChunkScratch
   }
 }
 
-uint64_t encode_chunk(const uint8_t* in, uint64_t raw_len, Dtype d, Codec c, uint8_t* out, ChunkScratch& s) {
+TZIP_CPU_CLONES uint64_t encode_chunk(const uint8_t* in, uint64_t raw_len, Dtype d, Codec c, uint8_t* out, ChunkScratch& s) {
   const uint32_t esize = dtype_size(d);
   const uint64_t n = raw_len / esize;
   if (c == Codec::RAW || n == 0) {
@@ -520,7 +521,8 @@ uint64_t encode_chunk(const uint8_t* in, uint64_t raw_len, Dtype d, Codec c, uin
   return coded;
 }
 
-void decode_chunk(const uint8_t* in, uint64_t size, uint64_t raw_len, Dtype d, Codec c, uint8_t* out, ChunkScratch& s) {
+TZIP_CPU_CLONES void decode_chunk(const uint8_t* in, uint64_t size, uint64_t raw_len, Dtype d, Codec c, uint8_t* out,
+                                  ChunkScratch& s) {
   if (size == raw_len) {
     std::memcpy(out, in, raw_len);
     return;

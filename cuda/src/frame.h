@@ -69,4 +69,11 @@ FrameHeader parse_frame_prefix(const uint8_t* frame, uint64_t avail);
 /// writes outside out[0, nbytes).
 void decode_frame(const uint8_t* frame, uint64_t len, uint8_t* out, uint64_t out_len, bool verify, uint32_t threads);
 
+/// The chunk decoding of decode_frame, for chunks [first, last) only: `h` is parse_frame_header(frame, len) of a
+/// frame whose len == h.frame_bytes() (decode_frame's other checks are the caller's), and `out` receives the bytes of
+/// those chunks (out[0] is byte first * h.chunk_bytes of the tensor). Same checks and errors per chunk as decode_frame;
+/// lets a caller decode a large frame piece by piece (the native CLI streams its output so).
+void decode_frame_chunks(const uint8_t* frame, const FrameHeader& h, uint64_t first, uint64_t last, uint8_t* out,
+                         bool verify, uint32_t threads);
+
 }  // namespace tzip

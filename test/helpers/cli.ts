@@ -1,5 +1,5 @@
 /**
- * Test helper: runs the compiled `tzip` CLI (dist/src/cli/main.js) in a child process, compiling
+ * Test helper: runs the compiled `tzip` CLI (bin/tzip: the native CLI or dist/src/cli/main.js) in a child process, compiling
  * the TypeScript first when dist is missing or older than src (scripts/setup.sh normally builds it).
  */
 import { execFile, execFileSync, spawn } from 'node:child_process';
@@ -68,10 +68,16 @@ export interface CliResult {
   stderr: string;
 }
 
-/** Runs `tzip ...args` with `cwd`; never rejects (the exit code is in the result). */
+/**
+ * The `tzip` command as users run it: bin/tzip, which runs the native CLI (build/Release/tzip-native) when it is built
+ * and the Node CLI otherwise; the native CLI hands everything it does not do itself to the Node CLI.
+ */
+const LAUNCHER = join(ROOT, 'bin', 'tzip');
+
+/** Runs `tzip ...args` (bin/tzip) with `cwd`; never rejects (the exit code is in the result). */
 export function runTzip(args: readonly string[], cwd: string): Promise<CliResult> {
   return new Promise((resolve) => {
-    execFile(process.execPath, [MAIN, ...args], { cwd, maxBuffer: 64 << 20, env: { ...process.env, FORCE_COLOR: '0' } }, (error, stdout, stderr) => {
+    execFile(LAUNCHER, [...args], { cwd, maxBuffer: 64 << 20, env: { ...process.env, FORCE_COLOR: '0', TZIP_NODE: process.execPath } }, (error, stdout, stderr) => {
       const code = error === null ? 0 : typeof error.code === 'number' ? error.code : -1;
       resolve({ code, stdout, stderr });
     });
