@@ -51,11 +51,11 @@ per=$(( total / ${#all[@]} )); [ "$per" -ge 1 ] || per=1
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -pthread -fno-sanitize-recover=undefined -Icuda/include -Icuda/src)
 status=0
 objs=()
-for f in cuda/src/*.cpp cuda/src/container/*.cpp; do
-  [ "$(basename "$f")" = addon.cpp ] && continue
+# (the core, the native CLI's container reader, and the submission ring's SQE parser: plain C++ without N-API)
+for f in cuda/src/core/*.cpp cuda/src/container/*.cpp cuda/src/addon/ring_sqe.cpp; do
   o=build/fuzz/obj/$(basename "$(dirname "$f")")_$(basename "$f" .cpp).o; objs+=("$o")
   # Rebuilt when the source or a header of the core changes (not for the GPU files under cuda/src/gpu).
-  if [ ! -f "$o" ] || [ -n "$(find "$f" cuda/src/*.h cuda/src/container/*.h cuda/include/tzip -newer "$o" -print -quit)" ]; then
+  if [ ! -f "$o" ] || [ -n "$(find "$f" cuda/src/core/*.h cuda/src/container/*.h cuda/src/addon/ring_sqe.h cuda/include/tzip -newer "$o" -print -quit)" ]; then
     mkdir -p build/fuzz/obj
     clang++ "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "$f" -o "$o" || { say "core BUILD FAILED"; exit 1; }
   fi

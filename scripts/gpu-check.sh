@@ -8,7 +8,7 @@
 #
 # Steps (logs in ${OUT:-/tmp/out}; a summary table is printed last):
 #   1. build build/gpu-check/gpu_test with nvcc (-gencode arch=compute_90,code=sm_90 -O3 -lineinfo) plus the CPU core
-#      (cuda/src/frame.cpp, chunk_codec.cpp, entropy.cpp); the .cu files compile in parallel
+#      (cuda/src/core/frame.cpp, chunk_codec.cpp, entropy.cpp); the .cu files compile in parallel
 #   2. correctness: GPU vs CPU frames byte for byte, cross decoding, views at odd offsets, golden vectors, corrupt
 #      frames, the data files                                                              -> test.log
 #   3. compute-sanitizer memcheck and racecheck on a small correctness run (--small)       -> memcheck.log, racecheck.log
@@ -46,14 +46,14 @@ if [ -z "${GPU_TEST:-}" ]; then
   mkdir -p "$obj"
   flags=(-std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -lineinfo -Icuda/include -Icuda/src
          --expt-relaxed-constexpr -Xcompiler=-O3)
-  srcs=(cuda/src/gpu/*.cu cuda/test/gpu_test.cu cuda/src/frame.cpp cuda/src/chunk_codec.cpp cuda/src/entropy.cpp)
+  srcs=(cuda/src/gpu/*.cu cuda/test/gpu_test.cu cuda/src/core/frame.cpp cuda/src/core/chunk_codec.cpp cuda/src/core/entropy.cpp)
   pids=() objs=()
   t0=$(date +%s)
   for s in "${srcs[@]}"; do
     o=$obj/$(basename "$s").o
     objs+=("$o")
     # Rebuild when the source or any header is newer than the object.
-    if [ -f "$o" ] && [ -z "$(find "$s" cuda/include cuda/src/*.h cuda/src/gpu/*.h cuda/src/gpu/decode.cu -newer "$o" -print -quit)" ]; then
+    if [ -f "$o" ] && [ -z "$(find "$s" cuda/include cuda/src/core/*.h cuda/src/gpu/*.h cuda/src/gpu/decode.cu -newer "$o" -print -quit)" ]; then
       continue
     fi
     case "$s" in

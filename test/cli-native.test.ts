@@ -176,6 +176,7 @@ describe.skipIf(!BUILT)('tzip-native (skipped: build/Release/tzip-native is not 
       'NUL padding (valid)': Buffer.concat([rawFile(`{${t('z')}}  \0\0`), Buffer.alloc(4, 1)]),
       'text after the object': rawFile(`{${t('z')}} x`, 4),
       'a size mismatch and a deep shape (valid)': rawFile(`{${t('m', 'F32', '[3]', '[0, 10]')}, ${t('k', 'F16', `[${new Array(33).fill(1).join(',')}]`, '[10, 12]')}}`, 12),
+      'a complex64 tensor and a deep one (valid)': rawFile(`{${t('c', 'C64', '[2, 1]', '[0, 16]')}, ${t('d', 'C64', `[${new Array(32).fill(1).join(',')}]`, '[16, 24]')}}`, 24),
       'no tensors, a gap (valid)': Buffer.concat([rawFile('{}'), Buffer.alloc(3, 9)]),
       'only metadata, no data (valid)': rawFile('{"__metadata__": {"format": "pt"}}'),
       // 1,125 bytes print as "1.13 kB": toFixed rounds the tie 1.125 up, C's printf to even ("1.12").

@@ -22,9 +22,9 @@
 #include "addon/frame_header.h"
 #include "addon/register.h"
 #include "addon/shared_guard.h"
-#include "entropy.h"
-#include "errors.h"
-#include "frame.h"
+#include "core/entropy.h"
+#include "core/errors.h"
+#include "core/frame.h"
 #include "gpu/probe.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer target: the chunk codec alone, decode_chunk (cuda/src/chunk_codec.h), on a hostile stored chunk.
+// libFuzzer target: the chunk codec alone, decode_chunk (cuda/src/core/chunk_codec.h), on a hostile stored chunk.
 // Input: [dtype u8][codec u8][raw field u16 LE][stored chunk ...]; dtype = byte % 15, codec = byte % 4 (fast/max on a
 // non-float dtype mean bytes, as in a frame), raw size = 65536 - (field rounded down to the element size), so every
 // element-aligned size from one element to 64 KiB is reachable; the stored size is what follows.

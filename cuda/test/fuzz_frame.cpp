@@ -1,4 +1,4 @@
-// libFuzzer target: the whole-frame decoder, decode_frame (cuda/src/frame.h), on hostile bytes. Every input must
+// libFuzzer target: the whole-frame decoder, decode_frame (cuda/src/core/frame.h), on hostile bytes. Every input must
 // decode or throw tzip::Error, never read or write outside its buffers (ASan), and what decodes must be consistent:
 // the same bytes without digest checks, and again after re-encoding with the frame's codec and chunk size.
 // Seeds: the golden frames (test/golden/*.tzf) and frames of the bundled MiniLM model (fuzz/make-seeds.mjs).

@@ -1,4 +1,4 @@
-// libFuzzer target: frame header parsing (cuda/src/frame.h), the addon's readHeader: parse_frame_header and
+// libFuzzer target: frame header parsing (cuda/src/core/frame.h), the addon's readHeader: parse_frame_header and
 // parse_frame_prefix (what the GPU path parses on the host from a frame's first bytes) on hostile bytes.
 // Properties: the prefix parser reads nothing past `avail` (the prefix is copied into a buffer of exactly that size),
 // asks for no more than kMaxFramePrefixBytes, and agrees with parse_frame_header wherever that one succeeds; a header

@@ -1,4 +1,4 @@
-// libFuzzer target: the submission ring's SQE parser and validator (cuda/src/ring_sqe.h), what the ring thread
+// libFuzzer target: the submission ring's SQE parser and validator (cuda/src/addon/ring_sqe.h), what the ring thread
 // (cuda/src/addon/ring.cpp) runs on every SQE a client writes, on hostile bytes.
 //
 // Input: 16 bytes describing a table of 4 regions (ids 1-4: sizes up to 64 KiB, generations, released / faulted /
@@ -16,7 +16,7 @@
 #include <memory>
 
 #include "fuzz_support.h"
-#include "ring_sqe.h"
+#include "addon/ring_sqe.h"
 
 using namespace tzip_fuzz;
 namespace ring = tzip::ring;

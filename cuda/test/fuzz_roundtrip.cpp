@@ -4,7 +4,7 @@
 // counterpart, the encoder, under the same sanitizers.
 #include <cmath>
 
-#include "entropy.h"
+#include "core/entropy.h"
 #include "fuzz_support.h"
 
 using namespace tzip_fuzz;

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <vector>
 
-#include "chunk_codec.h"
-#include "errors.h"
-#include "frame.h"
+#include "core/chunk_codec.h"
+#include "core/errors.h"
+#include "core/frame.h"
 #include "tzip/xxhash32.h"
 
 namespace tzip_fuzz {

@@ -44,9 +44,9 @@
 #include <thread>
 #include <vector>
 
-#include "entropy.h"
-#include "errors.h"
-#include "frame.h"
+#include "core/entropy.h"
+#include "core/errors.h"
+#include "core/frame.h"
 #include "gpu/codec.h"
 #include "gpu/scratch.h"
 #include "tzip/format.h"

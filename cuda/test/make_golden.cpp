@@ -2,8 +2,8 @@
 // formulas below, the frames the CPU encoder makes of them, and manifest.json (names, options, sha256 of both, and
 // the chunk digests of a fixed pattern at a few lengths: docs/format.md, section 9).
 // Build and run from the repository root (no Node, no addon needed):
-//   g++ -std=c++17 -O2 -Icuda/include -Icuda/src cuda/test/make_golden.cpp cuda/src/frame.cpp
-//       cuda/src/chunk_codec.cpp cuda/src/entropy.cpp -lpthread -o /tmp/make_golden
+//   g++ -std=c++17 -O2 -Icuda/include -Icuda/src cuda/test/make_golden.cpp cuda/src/core/frame.cpp
+//       cuda/src/core/chunk_codec.cpp cuda/src/core/entropy.cpp -lpthread -o /tmp/make_golden
 //   /tmp/make_golden test/golden
 // The frames are pinned: regenerating must give byte-identical files unless the format version is bumped on purpose.
 #include <algorithm>
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "errors.h"
-#include "frame.h"
+#include "core/errors.h"
+#include "core/frame.h"
 #include "tzip/xxhash32.h"
 
 using namespace tzip;

@@ -96,7 +96,7 @@ def _code(fn) -> str:
 
 
 def test_refusals_carry_the_native_decoders_codes() -> None:
-    """Each refusal's code is the one cuda/src/frame.cpp gives the same frame (src/errors.json): short is
+    """Each refusal's code is the one cuda/src/core/frame.cpp gives the same frame (src/errors.json): short is
     TZIP_TRUNCATED, a changed data byte TZIP_CHECKSUM, another version TZIP_UNSUPPORTED, a bad header TZIP_CORRUPT."""
     frame = (GOLDEN / "weights_bf16_raw.tzf").read_bytes()
     t = torch.frombuffer(bytearray(frame), dtype=torch.uint8)

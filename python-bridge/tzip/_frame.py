@@ -95,7 +95,7 @@ def encode_raw(data: torch.Tensor, dtype: str, shape: list[int], chunk_size: int
 
 class FrameError(ValueError):
     """A frame this reader refuses. ``code`` is the error code the native decoder gives the same frame
-    (cuda/src/frame.cpp; src/errors.json): TZIP_TRUNCATED (shorter than its header says), TZIP_UNSUPPORTED (a
+    (cuda/src/core/frame.cpp; src/errors.json): TZIP_TRUNCATED (shorter than its header says), TZIP_UNSUPPORTED (a
     format version this reader does not read), TZIP_CHECKSUM (the bytes do not match their digests), else
     TZIP_CORRUPT."""
 

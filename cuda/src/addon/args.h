@@ -10,7 +10,7 @@
 #include <string>
 
 #include "addon/coded_error.h"
-#include "errors.h"
+#include "core/errors.h"
 
 namespace tzip::addon {
 

@@ -2,7 +2,7 @@
 #pragma once
 #include <napi.h>
 
-#include "frame.h"
+#include "core/frame.h"
 
 namespace tzip::addon {
 

@@ -24,7 +24,7 @@
 #include "addon/device.h"
 #include "addon/frame_header.h"
 #include "addon/register.h"
-#include "frame.h"
+#include "core/frame.h"
 #include "gpu/codec.h"
 #include "gpu/gather.h"
 #include "gpu/scratch.h"

@@ -15,9 +15,9 @@
 
 #include "addon/device.h"
 #include "addon/shared_guard.h"
-#include "errors.h"
-#include "frame.h"
-#include "parallel.h"
+#include "core/errors.h"
+#include "core/frame.h"
+#include "core/parallel.h"
 #include "tzip/format.h"
 
 namespace tzip::addon {

@@ -25,7 +25,7 @@
 #include "addon/device.h"
 #include "addon/register.h"
 #include "addon/ring.h"
-#include "frame.h"
+#include "core/frame.h"
 
 namespace tzip::addon {
 

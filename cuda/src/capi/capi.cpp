@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "errors.h"
-#include "frame.h"
+#include "core/errors.h"
+#include "core/frame.h"
 #include "gpu/codec.h"
 #include "gpu/probe.h"
 #include "tzip/format.h"

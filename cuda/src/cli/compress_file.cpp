@@ -18,7 +18,7 @@
 #include "cli/progress.h"
 #include "container/entries.h"
 #include "container/layout.h"
-#include "frame.h"
+#include "core/frame.h"
 #include "tzip/xxhash32.h"
 
 namespace tzip::cli {

@@ -14,12 +14,12 @@
 #include "cli/background_writer.h"
 #include "cli/deferral.h"
 #include "cli/entry_schedule.h"
-#include "parallel.h"
+#include "core/parallel.h"
 #include "cli/mapped_file.h"
 #include "cli/phase_clock.h"
 #include "cli/progress.h"
 #include "container/reader.h"
-#include "frame.h"
+#include "core/frame.h"
 
 namespace tzip::cli {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "parallel.h"
+#include "core/parallel.h"
 
 namespace tzip::cli {
 

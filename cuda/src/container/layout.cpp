@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "errors.h"
+#include "core/errors.h"
 #include "tzip/hostdevice.h"
 
 namespace tzip::container {

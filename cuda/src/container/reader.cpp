@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "errors.h"
+#include "core/errors.h"
 #include "tzip/xxhash32.h"
 
 namespace tzip::container {

@@ -5,7 +5,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "frame.h"
+#include "core/frame.h"
 #include "tzip/hostdevice.h"
 
 namespace tzip::container {
@@ -139,9 +139,17 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* prefix, uint64_t prefi
     const uint64_t nbytes = t.end - t.begin;
     Dtype d;
     const bool known = parse_dtype_name(t.dtype, &d);
-    if (known && t.shape.size() <= kMaxNdim && size_matches(t.shape, dtype_size(d), nbytes)) {
+    // The codec layout (docs/container.md, "Entries"; src/safetensors.ts codecLayout): a known dtype keeps dtype and
+    // shape (1-D past kMaxNdim dimensions); C64 is F32 with a trailing dimension of 2, as the daemon codes a
+    // complex tensor; anything else is its bytes.
+    if (known && size_matches(t.shape, dtype_size(d), nbytes)) {
       t.codec_dtype = d;
+      t.codec_shape = t.shape.size() <= kMaxNdim ? t.shape : std::vector<uint64_t>{nbytes / dtype_size(d)};
+    } else if (t.dtype == "C64" && size_matches(t.shape, 2 * dtype_size(Dtype::F32), nbytes)) {
+      t.codec_dtype = Dtype::F32;
       t.codec_shape = t.shape;
+      t.codec_shape.push_back(2);
+      if (t.codec_shape.size() > kMaxNdim) t.codec_shape = {nbytes / dtype_size(Dtype::F32)};
     } else {
       t.codec_dtype = Dtype::U8;
       t.codec_shape = {nbytes};

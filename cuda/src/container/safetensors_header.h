@@ -24,8 +24,9 @@ struct Tensor {
   std::string dtype;            ///< as written in the file
   std::vector<uint64_t> shape;  ///< as written in the file
   uint64_t begin = 0, end = 0;
-  Dtype codec_dtype = Dtype::U8;      ///< dtype when known and prod(shape) * size == end - begin (ndim <= 32), else U8
-  std::vector<uint64_t> codec_shape;  ///< shape, or [end - begin] with U8
+  Dtype codec_dtype = Dtype::U8;      ///< dtype when known and prod(shape) * size == end - begin; F32 for such a
+                                      ///< C64 tensor; else U8 (docs/container.md, "Entries")
+  std::vector<uint64_t> codec_shape;  ///< shape (C64: shape + [2]; 1-D past 32 dimensions), or [end - begin] with U8
 };
 
 struct SafetensorsHeader {

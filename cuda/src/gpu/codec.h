@@ -1,5 +1,5 @@
 // tzip on the GPU: batched encode and decode of whole frames with the frame format of docs/format.md, byte for byte
-// what the CPU backend (cuda/src/frame.cpp, chunk_codec.cpp) writes and reads. Plain C++ header: no CUDA headers,
+// what the CPU backend (cuda/src/core/frame.cpp, chunk_codec.cpp) writes and reads. Plain C++ header: no CUDA headers,
 // streams are passed as void* (a cudaStream_t).
 //
 // Everything runs on the device, in one launch sequence per batch: "auto" codec resolution, per-chunk digests,
@@ -25,7 +25,7 @@ namespace tzip {
 namespace gpu {
 
 /// Error codes, per frame (decode) or per call: the native codes of the one error table (src/errors.json) with its
-/// numeric values, which are those of tzip::ErrorCode (cuda/src/errors.h; the addon static_asserts that they agree and
+/// numeric values, which are those of tzip::ErrorCode (cuda/src/core/errors.h; the addon static_asserts that they agree and
 /// test/error-codes.test.ts checks this enum against the table). 0 = success. Values are stable: never renumber.
 // enum ErrorCode (kOk = 0, then the native codes the GPU codec raises) and status_code_name: generated/constants.h.
 const char* error_code_name(int32_t code);

@@ -1,4 +1,4 @@
-// GPU frame decoder: decodes a batch of frames with the rules of tzip::decode_frame (cuda/src/frame.cpp +
+// GPU frame decoder: decodes a batch of frames with the rules of tzip::decode_frame (cuda/src/core/frame.cpp +
 // chunk_codec.cpp), validating every byte it uses, and reports per frame the error the CPU would raise.
 //
 // Launch sequence (one stream, grids sized by the SM budget, see codec.h):

@@ -1,4 +1,4 @@
-// GPU frame encoder: the same bytes as tzip::encode_frame (cuda/src/frame.cpp + chunk_codec.cpp) for a batch of
+// GPU frame encoder: the same bytes as tzip::encode_frame (cuda/src/core/frame.cpp + chunk_codec.cpp) for a batch of
 // tensors, all on the device.
 //
 // Launch sequence (one stream, every grid sized by the SM budget, see codec.h):

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "errors.h"
+#include "core/errors.h"
 
 namespace tzip::ring {
 
