@@ -325,3 +325,30 @@ def test_load_compressed_rejects_a_damaged_frame_naming_the_tensor(tmp_path):
     assert err.value.code in ("TZIP_CHECKSUM", "TZIP_CORRUPT") and e.name in str(err.value)
     assert not hasattr(model, "tzip_compressed")
     assert all(same_bits(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_load_compressed_reads_a_sharded_hugging_face_folder(tmp_path):
+    """save_pretrained with small shards (and its model.safetensors.index.json), `tzip compress DIR` by the real CLI,
+    then load_compressed of the compressed folder into a meta-device model: the saved model's logits, by bits."""
+    from checkpoint_support import cli
+    ref = gpt2(torch.bfloat16, seed=11)
+    ref.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
+    shards = sorted(p.name for p in (tmp_path / "hf").glob("*.safetensors"))
+    assert len(shards) > 2 and (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    cli("compress", str(tmp_path / "hf"), "-o", str(tmp_path / "packed"))
+    model = gpt2(torch.bfloat16, seed=12)
+    for m in model.modules():
+        for n, p in list(m.named_parameters(recurse=False)):
+            m._parameters[n] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+    model.lm_head.weight = model.transformer.wte.weight
+    tzip_inference.load_compressed(model, tmp_path / "packed", "cpu", min_bytes=1024)
+    ids = torch.arange(24)[None] % 512
+    with torch.no_grad():
+        assert same_bits(model(ids).logits, ref(ids).logits)
+    # a tensor in two shards is refused, naming both
+    packed = sorted((tmp_path / "packed").glob("*.tzip"))
+    (tmp_path / "twice").mkdir()
+    for i, f in enumerate([packed[0], packed[0]]):
+        (tmp_path / "twice" / f"s{i}.tzip").write_bytes(f.read_bytes())
+    with pytest.raises(ValueError, match="is in .*s0.tzip and in .*s1.tzip"):
+        tzip_inference.load_compressed(gpt2(torch.bfloat16), tmp_path / "twice", "cpu", min_bytes=1024)

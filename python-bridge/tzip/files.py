@@ -21,7 +21,7 @@ from . import _native
 from ._container import (ContainerError, ContainerReader, ContainerWriter, atomic_file, parse_header_length,
                          reinterpret, torch_dtype_of)
 
-__all__ = ["compress_file", "load_file", "load_folder"]
+__all__ = ["compress_file", "load_file", "load_folder", "folder_shards"]
 
 
 def _device(device) -> torch.device:
@@ -179,14 +179,9 @@ def load_folder(path, device="cpu", *, verify: bool = True, batch_bytes: int = 2
         ValueError: an index that is not a ``weight_map`` of names to ``NAME.safetensors``, or a folder without shards.
     """
     folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(errno.ENOENT, "no such folder", str(folder))
-    index = _folder_index(folder)
+    shards, index, weight_map = folder_shards(folder)
     out: dict[str, torch.Tensor] = {}
     if index is None:
-        shards = sorted(p for p in folder.iterdir() if p.name.endswith(".tzip") and p.is_file())
-        if not shards:
-            raise ValueError(f"{folder}: no .tzip file and no {_INDEX}: not a folder that tzip compress wrote")
         where: dict[str, str] = {}
         for shard in shards:
             for name, t in load_file(shard, device, verify=verify, batch_bytes=batch_bytes).items():
@@ -196,18 +191,8 @@ def load_folder(path, device="cpu", *, verify: bool = True, batch_bytes: int = 2
                 where[name] = shard.name
                 out[name] = t
         return out
-
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{index}: not an index with a weight_map ({err})") from None
-    if not isinstance(weight_map, dict) or not all(
-            isinstance(v, str) and v.endswith(".safetensors") and "/" not in v for v in weight_map.values()):
-        raise ValueError(f"{index}: weight_map must map tensor names to shard names NAME.safetensors of this folder")
-    for shard in sorted(set(weight_map.values())):
-        tz = folder / (shard[: -len(".safetensors")] + ".tzip")
-        if not tz.is_file():
-            raise FileNotFoundError(errno.ENOENT, f"the shard {shard} that {index.name} names is missing", str(tz))
+    for tz in shards:
+        shard = tz.name[: -len(".tzip")] + ".safetensors"
         for name, t in load_file(tz, device, verify=verify, batch_bytes=batch_bytes).items():
             named = weight_map.get(name)
             if named != shard:
@@ -220,6 +205,37 @@ def load_folder(path, device="cpu", *, verify: bool = True, batch_bytes: int = 2
         raise ContainerError("TZIP_CORRUPT", f"not in its shard {weight_map[missing[0]]} "
                              f"({len(missing)} tensors the index names are missing)", index, missing[0])
     return out
+
+
+def folder_shards(folder: Path) -> tuple[list[Path], Path | None, dict[str, str] | None]:
+    """The ``.tzip`` shards of a folder that ``tzip compress DIR`` wrote, in name order, with its index and the index's
+    ``weight_map`` (tensor name -> ``NAME.safetensors``) when it has one (then the shards are the ones it names),
+    else (every ``*.tzip`` file, None, None).
+
+    Raises FileNotFoundError (the folder, or a shard the index names, is missing) and ValueError (an index that is
+    not a ``weight_map`` of names to ``NAME.safetensors``, or a folder without shards)."""
+    if not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder", str(folder))
+    index = _folder_index(folder)
+    if index is None:
+        shards = sorted(p for p in folder.iterdir() if p.name.endswith(".tzip") and p.is_file())
+        if not shards:
+            raise ValueError(f"{folder}: no .tzip file and no {_INDEX}: not a folder that tzip compress wrote")
+        return shards, None, None
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{index}: not an index with a weight_map ({err})") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) and v.endswith(".safetensors") and "/" not in v for v in weight_map.values()):
+        raise ValueError(f"{index}: weight_map must map tensor names to shard names NAME.safetensors of this folder")
+    shards = []
+    for shard in sorted(set(weight_map.values())):
+        tz = folder / (shard[: -len(".safetensors")] + ".tzip")
+        if not tz.is_file():
+            raise FileNotFoundError(errno.ENOENT, f"the shard {shard} that {index.name} names is missing", str(tz))
+        shards.append(tz)
+    return shards, index, weight_map
 
 
 def _load_gpu(reader, entries, flat: dict[str, torch.Tensor], dev: torch.device, verify: bool,

@@ -379,7 +379,8 @@ def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | Non
                     prefetch: bool = True, sm_budget: int = 0, verify: bool = False,
                     cuda_graphs: bool = False) -> CompressedModel:
     """Loads the weights of a ``.tzip`` file (``tzip compress`` of the model's safetensors file, or
-    :func:`tzip.files.compress_file`) into ``model`` on ``device`` and keeps them compressed there, as
+    :func:`tzip.files.compress_file`), or of a folder of shards (``tzip compress DIR`` of a sharded Hugging Face
+    checkpoint: :func:`tzip.files.folder_shards`), into ``model`` on ``device`` and keeps them compressed there, as
     :func:`compress_model` would have, without ever holding the decoded model on the device: the frames of the weights
     that stay compressed are copied from the file as they are (with the file's codec and chunk size), every other
     parameter is decoded onto the device, and the buffers are moved there. The peak memory on the device is the frames,
@@ -393,19 +394,23 @@ def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | Non
 
     Args:
         model: the module to fill; ``model.tzip_compressed`` is set as by compress_model.
-        path: the ``.tzip`` file. device: ``"cuda"``, ``"cuda:N"``, a torch.device, or ``"cpu"``.
+        path: the ``.tzip`` file, or the folder. device: ``"cuda"``, ``"cuda:N"``, a torch.device, or ``"cpu"``.
         blocks, min_bytes, prefetch, sm_budget, verify, cuda_graphs: as :func:`compress_model`.
 
     Returns the :class:`CompressedModel` handle (``stats["codec"]`` is ``"file"``).
 
     Raises:
         ValueError: a parameter has no tensor in the file, or one of another dtype or shape; a buffer is on the meta
-            device; and what compress_model raises for blocks.
+            device; a tensor name in two shards; and what compress_model raises for blocks (and folder_shards for
+            a folder).
         tzip._container.ContainerError (a ValueError): the file is damaged (its codes as tzip.files.load_file),
             naming the tensor; every frame is decoded once, all digests checked, before the model is touched.
         tzip._native.NativeCodecError: the library is missing, or a CUDA failure.
     """
+    from contextlib import ExitStack
+    from pathlib import Path
     from ._container import ContainerError, ContainerReader, SAFETENSORS_DTYPES, reinterpret
+    from .files import folder_shards
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -426,13 +431,24 @@ def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | Non
         params[id(p)] = p
     threads = max(1, os.cpu_count() or 1)
     loaded: dict[int, torch.Tensor] = {}  # id(parameter) -> its decoded tensor on dev (the uncompressed ones)
-    with ContainerReader(path) as reader:
-        by_name = {e.name: e for e in reader.entries if e.kind == "tensor"}
+    files = folder_shards(Path(path))[0] if Path(path).is_dir() else [Path(path)]
+    with ExitStack() as opened:
+        by_name: dict[str, tuple] = {}  # tensor name -> (its shard's reader, entry)
+        for f in files:
+            reader = opened.enter_context(ContainerReader(f))
+            for e in reader.entries:
+                if e.kind != "tensor":
+                    continue
+                if e.name in by_name:
+                    raise ValueError(f"tzip.inference.load_compressed: tensor {e.name!r} is in "
+                                     f"{by_name[e.name][0].path} and in {reader.path}")
+                by_name[e.name] = (reader, e)
         for pid, p in params.items():
-            e = next((by_name[n] for n in names[pid] if n in by_name), None)
-            if e is None:
+            found = next((by_name[n] for n in names[pid] if n in by_name), None)
+            if found is None:
                 raise ValueError(f"tzip.inference.load_compressed: parameter {names[pid][0]!r} has no tensor in "
-                                 f"{reader.path}")
+                                 f"{path}")
+            reader, e = found
             if e.file_dtype != SAFETENSORS_DTYPES.get(p.dtype) or tuple(e.file_shape) != tuple(p.shape):
                 raise ValueError(f"tzip.inference.load_compressed: parameter {names[pid][0]!r} is {p.dtype} "
                                  f"{list(p.shape)}, the file's tensor {e.name!r} is {e.file_dtype} {list(e.file_shape)}")
@@ -464,7 +480,8 @@ def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | Non
         try:
             cm._decode_one(w)
         except _native.NativeCodecError as err:
-            raise ContainerError(err.code, err.detail, reader.path, file_of[id(w)]) from None
+            name = file_of[id(w)]
+            raise ContainerError(err.code, err.detail, by_name[name][0].path, name) from None
     # Swapped rather than assigned through .data: a meta parameter cannot take a real tensor that way. The Parameter
     # objects stay the ones the modules (and tied names) hold.
     for pid, t in loaded.items():
