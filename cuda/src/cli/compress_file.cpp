@@ -1,7 +1,5 @@
 #include "cli/compress_file.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -36,9 +34,7 @@ CompressResult compress_file(const Command& cmd) {
   PhaseClock clock;
   const MappedFile input(cmd.input);
   clock.mark("map");
-  struct stat out_st;
-  if (stat(cmd.output.c_str(), &out_st) == 0 && out_st.st_dev == input.info().st_dev && out_st.st_ino == input.info().st_ino)
-    throw Defer("output is the input");
+  if (input.same_file_as(cmd.output)) throw Defer("output is the input");
   const uint8_t* file = input.data();
   const uint64_t size = input.size();
   const container::SafetensorsHeader header = container::parse_safetensors_header(file, size, size);

@@ -1,6 +1,5 @@
 #include "cli/decompress_file.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,9 +45,7 @@ DecompressResult decompress_file(const Command& cmd) {
   PhaseClock clock;
   const MappedFile input(cmd.input);
   clock.mark("map");
-  struct stat out_st;
-  if (stat(cmd.output.c_str(), &out_st) == 0 && out_st.st_dev == input.info().st_dev && out_st.st_ino == input.info().st_ino)
-    throw Defer("output is the input");
+  if (input.same_file_as(cmd.output)) throw Defer("output is the input");
   const uint8_t* file = input.data();
   const container::OpenedContainer c = container::open_container(file, input.size());
   for (const container::ContainerEntry& e : c.entries)

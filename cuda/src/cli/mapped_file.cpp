@@ -37,4 +37,9 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+bool MappedFile::same_file_as(const std::string& path) const {
+  struct stat other;
+  return stat(path.c_str(), &other) == 0 && other.st_dev == st_.st_dev && other.st_ino == st_.st_ino;
+}
+
 }  // namespace tzip::cli

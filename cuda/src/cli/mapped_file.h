@@ -20,6 +20,8 @@ class MappedFile {
   uint64_t size() const { return size_; }
   /// The file's stat (device and inode tell it apart from the output).
   const struct stat& info() const { return st_; }
+  /// Whether `path` names this very file (same device and inode), e.g. an output that would overwrite the input.
+  bool same_file_as(const std::string& path) const;
 
  private:
   const uint8_t* data_ = nullptr;
