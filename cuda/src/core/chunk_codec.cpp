@@ -3,6 +3,7 @@
 #include "chunk_codec.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -10,6 +11,11 @@
 #include "errors.h"
 #include "tzip/bitpack.h"
 #include "tzip/rans.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#define TZIP_RANS_AVX2 1
+#endif
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the CPU backend's fast paths assume a little-endian host");
 
@@ -304,6 +310,65 @@ void write_rans_section(const RansTable& t, uint32_t n_present, const uint32_t* 
   for (uint32_t i = 0; i < n_words; ++i) store_le16(w + 2 * i, words[i]);
 }
 
+#ifdef TZIP_RANS_AVX2
+/// For a mask of 8 lanes, the index of the word each lane that takes one gets: its rank among those lanes.
+struct ExpandTable {
+  alignas(32) uint32_t idx[256][8];
+  ExpandTable() {
+    for (uint32_t m = 0; m < 256; ++m)
+      for (uint32_t i = 0, r = 0; i < 8; ++i) idx[m][i] = (m >> i & 1) ? r++ : 0;
+  }
+};
+const ExpandTable kExpand;
+
+/// The 32 lanes' steps of read_rans_section with AVX2, eight lanes a vector, for as many whole steps (32 symbols)
+/// of `steps` as leave 32 words unread before each starts: within such a step no lane can run out of words, so the
+/// checks of the scalar loop cannot fire and a 16-byte load never reads past the section. The same arithmetic as
+/// the scalar step, lane by lane and in lane order (the k lanes of a vector that renormalise take the next k words,
+/// in lane order), so the same symbols, states and word position. Returns the steps done; x and pos are updated.
+__attribute__((target("avx2"), noinline)) uint64_t rans_steps_avx2(const uint32_t* slot_info, const uint8_t* words,
+                                                                  uint32_t n_words, uint64_t steps, uint32_t* x,
+                                                                  uint32_t& pos, uint8_t* sym) {
+  static_assert(kRansLanes == 32, "four vectors of eight lanes");
+  __m256i v[4];
+  for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * k));
+  const __m256i slot_mask = _mm256_set1_epi32(kRansProbScale - 1), freq_mask = _mm256_set1_epi32(0xFFF);
+  const __m256i byte_mask = _mm256_set1_epi32(0xFF), zero = _mm256_setzero_si256();
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  uint64_t g = 0;
+  for (; g < steps && uint64_t(pos) + kRansLanes <= n_words; ++g) {
+    __m256i s[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256i info = _mm256_i32gather_epi32(reinterpret_cast<const int*>(slot_info), _mm256_and_si256(v[k], slot_mask), 4);
+      const __m256i freq = _mm256_and_si256(_mm256_srli_epi32(info, 8), freq_mask);
+      __m256i y = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(v[k], kRansProbBits)), _mm256_srli_epi32(info, 20));
+      const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(y, 16), zero);  // y < 2^16
+      const uint32_t m = uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
+      if (m) {
+        const __m256i w8 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words + 2ull * pos)));
+        const __m256i w = _mm256_permutevar8x32_epi32(w8, _mm256_load_si256(reinterpret_cast<const __m256i*>(kExpand.idx[m])));
+        y = _mm256_blendv_epi8(y, _mm256_or_si256(_mm256_slli_epi32(y, 16), w), need);
+        pos += uint32_t(__builtin_popcount(m));
+      }
+      v[k] = y;
+      s[k] = _mm256_and_si256(info, byte_mask);
+    }
+    // 32 symbols in lane order: the packs interleave the vectors by 128-bit halves; one permute puts them back.
+    const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(s[0], s[1]), _mm256_packus_epi32(s[2], s[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sym + g * kRansLanes), _mm256_permutevar8x32_epi32(p, order));
+  }
+  for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 8 * k), v[k]);
+  return g;
+}
+
+/// Whether the AVX2 lane steps run: on a CPU with AVX2, unless TZIP_RANS_SCALAR is set (tests compare the two paths
+/// in one machine: python-bridge/tests/test_native.py).
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && std::getenv("TZIP_RANS_SCALAR") == nullptr;
+  return yes;
+}
+#endif
+
 void read_rans_section(const uint8_t* in, uint64_t bytes, uint64_t n, uint32_t w, uint8_t* sym) {
   if (bytes < kRansBitmapBytes) corrupt("RANS section too short");
   RansTable t;
@@ -351,7 +416,11 @@ void read_rans_section(const uint8_t* in, uint64_t bytes, uint64_t n, uint32_t w
     return uint8_t(info);
   };
   const uint64_t full_steps = n / kRansLanes;
-  for (uint64_t g = 0; g < full_steps; ++g) {
+  uint64_t g = 0;
+#ifdef TZIP_RANS_AVX2
+  if (have_avx2()) g = rans_steps_avx2(slot_info, words, n_words, full_steps, x, pos, sym);
+#endif
+  for (; g < full_steps; ++g) {
     uint8_t* out = sym + g * kRansLanes;
     for (uint32_t l = 0; l < kRansLanes; ++l) out[l] = step(l);
   }
