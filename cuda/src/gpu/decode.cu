@@ -1707,29 +1707,12 @@ namespace {
 bool capture_plan(DecodePlan* plan, cudaStream_t s) {
   using namespace detail;
   if (cudaPeekAtLastError() != cudaSuccess) return false;  // the capture's launch checks would take it for their own
-  cudaGraph_t graph = nullptr;
-  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
   const DecArgs& a = plan->args;
-  Status st;
-  try {
-    st = memset_async(a.err, 0xFF, 8 * size_t(a.n), s);
+  return capture_exec(s, [&]() -> Status {
+    Status st = memset_async(a.err, 0xFF, 8 * size_t(a.n), s);
     if (st.ok()) st = memset_async(a.tickets, 0, 64, s);
-    if (st.ok()) st = queue_kernels(a, plan->sm_budget, plan->sms, s, plan->tile_ok, plan->defer_all);
-  } catch (...) {  // the stream must leave capture mode whatever happened
-    st = Status{kOutOfMemory, "capture of a decode plan"};
-  }
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
-  bool ok = st.ok() && end == cudaSuccess && graph != nullptr;
-  if (ok) ok = cudaGraphInstantiate(&plan->exec, graph, 0) == cudaSuccess;
-  if (graph) cudaGraphDestroy(graph);
-  if (!ok) {
-    cudaGetLastError();
-    plan->exec = nullptr;
-  }
-  return ok;
+    return st.ok() ? queue_kernels(a, plan->sm_budget, plan->sms, s, plan->tile_ok, plan->defer_all) : st;
+  }, &plan->exec);
 }
 
 }  // namespace

@@ -51,27 +51,10 @@ bool capture(Entry& e, size_t image_bytes, void* d_image, cudaStream_t s, const 
     e.host = nullptr;
     return false;
   }
-  cudaGraph_t graph = nullptr;
-  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  Status st;
-  try {
+  return detail::capture_exec(s, [&]() -> Status {
     const cudaError_t copy = cudaMemcpyAsync(d_image, e.host, image_bytes, cudaMemcpyHostToDevice, s);
-    st = copy == cudaSuccess ? kernels() : Status{kCudaError, "cudaMemcpyAsync"};
-  } catch (...) {  // (an allocation failing in the launch geometry's caches): the stream must leave capture mode
-    st = Status{kOutOfMemory, "capture"};
-  }
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);  // always: the stream leaves capture mode
-  bool ok = st.ok() && end == cudaSuccess && graph != nullptr;
-  if (ok) ok = cudaGraphInstantiate(&e.exec, graph, 0) == cudaSuccess;
-  if (graph) cudaGraphDestroy(graph);
-  if (!ok) {
-    cudaGetLastError();
-    e.exec = nullptr;
-  }
-  return ok;
+    return copy == cudaSuccess ? kernels() : Status{kCudaError, "cudaMemcpyAsync"};
+  }, &e.exec);
 }
 
 }  // namespace
@@ -89,6 +72,30 @@ void release_graphs(void* stream) {
 }
 
 namespace detail {
+
+bool capture_exec(void* stream, const std::function<Status()>& ops, cudaGraphExec_t* exec) {
+  const cudaStream_t s = cudaStream_t(stream);
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  Status st;
+  try {
+    st = ops();
+  } catch (...) {  // (an allocation failing in the launch geometry's caches): the stream must leave capture mode
+    st = Status{kOutOfMemory, "capture"};
+  }
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);  // always: the stream leaves capture mode
+  bool ok = st.ok() && end == cudaSuccess && graph != nullptr;
+  if (ok) ok = cudaGraphInstantiate(exec, graph, 0) == cudaSuccess;
+  if (graph) cudaGraphDestroy(graph);
+  if (!ok) {
+    cudaGetLastError();
+    *exec = nullptr;
+  }
+  return ok;
+}
 
 bool launch_graph(const GraphKey& key, const void* image, size_t image_bytes, void* d_image, void* stream,
                   const std::function<Status()>& kernels) {

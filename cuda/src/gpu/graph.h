@@ -19,6 +19,8 @@
 
 #include "gpu/codec.h"
 
+struct CUgraphExec_st;  // the CUDA runtime's cudaGraphExec_t is a pointer to it (this header stays free of CUDA's)
+
 namespace tzip {
 namespace gpu {
 
@@ -39,6 +41,11 @@ struct GraphKey {
 /// 5-25 us of enqueue per call, docs/benchmarks.md), and few launch shapes per stream.
 constexpr size_t kGraphMaxItems = 8;
 constexpr uint64_t kGraphMaxBytes = uint64_t(4) << 20;
+
+/// Captures what `ops` queues on `stream` (stream work only: no allocation, no synchronisation) into `*exec`, an
+/// executable graph that the caller destroys. False when beginning, queueing (an error Status or an exception),
+/// ending or instantiating fails: then *exec is null, nothing was queued and the stream is out of capture mode.
+bool capture_exec(void* stream, const std::function<Status()>& ops, CUgraphExec_st** exec);
 
 /// Queues on `stream`, from a graph kept for `key`, the copy of `image`'s `image_bytes` bytes (the call's descriptor
 /// image) to `d_image`, then what `kernels()` queues. `kernels` must queue only stream work on `stream` (memsets and
