@@ -29,7 +29,7 @@ constexpr uint64_t kMaxEntryBytes = uint64_t(1) << 31;
 
 }  // namespace
 
-CompressResult compress_file(const Command& cmd) {
+RunResult compress_file(const Command& cmd) {
   const auto started = std::chrono::steady_clock::now();
   PhaseClock clock;
   const MappedFile input(cmd.input);
@@ -111,7 +111,7 @@ CompressResult compress_file(const Command& cmd) {
   out.write_at(tail.data(), tail.size(), off_t(position));
   out.commit();
   clock.mark("commit");
-  CompressResult r;
+  RunResult r;
   r.input_bytes = size;
   r.output_bytes = position + tail.size();
   r.entries = plan.size();

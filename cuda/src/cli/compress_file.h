@@ -2,19 +2,13 @@
 // "Writing"), every entry's frame made by the codec's own encode_frame with the options the addon's compress uses,
 // all entries at once across the threads.
 #pragma once
-#include <cstdint>
-
 #include "cli/args.h"
+#include "cli/run_result.h"
 
 namespace tzip::cli {
 
-struct CompressResult {
-  uint64_t input_bytes = 0, output_bytes = 0, entries = 0;
-  double seconds = 0;  ///< wall clock, from opening the input to the renamed output
-};
-
 /// Compresses cmd.input into cmd.output. Throws Defer, tzip::Error, NotHandled or std::bad_alloc for anything it does
 /// not do (no temporary file is left behind).
-CompressResult compress_file(const Command& cmd);
+RunResult compress_file(const Command& cmd);
 
 }  // namespace tzip::cli

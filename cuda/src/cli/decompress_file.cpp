@@ -40,7 +40,7 @@ void check_frame(const FrameHeader& h, const container::ContainerEntry& e) {
 
 }  // namespace
 
-DecompressResult decompress_file(const Command& cmd) {
+RunResult decompress_file(const Command& cmd) {
   const auto started = std::chrono::steady_clock::now();
   PhaseClock clock;
   const MappedFile input(cmd.input);
@@ -121,7 +121,7 @@ DecompressResult decompress_file(const Command& cmd) {
   if (ftruncate(out.fd(), off_t(c.original_size)) != 0) throw Defer("ftruncate the output");
   out.commit();
   clock.mark("commit");
-  DecompressResult r;
+  RunResult r;
   r.input_bytes = input.size();
   r.output_bytes = c.original_size;
   r.entries = entries.size();

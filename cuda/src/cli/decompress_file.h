@@ -2,19 +2,13 @@
 // check src/reader.ts makes (container/reader.h) and, per entry, the frame header checked against its entry and every
 // chunk digest checked while decoding (the codec's decode_frame, as the addon's decompress with verify).
 #pragma once
-#include <cstdint>
-
 #include "cli/args.h"
+#include "cli/run_result.h"
 
 namespace tzip::cli {
 
-struct DecompressResult {
-  uint64_t input_bytes = 0, output_bytes = 0, entries = 0;
-  double seconds = 0;  ///< wall clock, from opening the input to the renamed output
-};
-
 /// Decompresses cmd.input into cmd.output. Throws Defer, tzip::Error, NotHandled or std::bad_alloc for anything it
 /// does not do (no temporary file is left behind).
-DecompressResult decompress_file(const Command& cmd);
+RunResult decompress_file(const Command& cmd);
 
 }  // namespace tzip::cli

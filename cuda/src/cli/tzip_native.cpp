@@ -25,12 +25,12 @@ using namespace tzip::cli;
 /// The summary line, as the Node CLI prints it.
 std::string run(const Command& cmd) {
   if (cmd.kind == Command::kCompress) {
-    const CompressResult r = compress_file(cmd);
+    const RunResult r = compress_file(cmd);
     return cmd.input + " (" + format_size(r.input_bytes) + ") -> " + cmd.output + " (" + format_size(r.output_bytes) +
            "): ratio " + format_ratio(r.output_bytes, r.input_bytes) + ", " + std::to_string(r.entries) + " entries, " +
            js_to_fixed(r.seconds, 2) + " s, " + format_gbps(r.input_bytes, r.seconds) + " GB/s\n";
   }
-  const DecompressResult r = decompress_file(cmd);
+  const RunResult r = decompress_file(cmd);
   return cmd.input + " (" + format_size(r.input_bytes) + ") -> " + cmd.output + " (" + format_size(r.output_bytes) +
          "): " + std::to_string(r.entries) + " entries, " + js_to_fixed(r.seconds, 2) + " s, " +
          format_gbps(r.output_bytes, r.seconds) + " GB/s\n";
