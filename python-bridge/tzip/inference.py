@@ -410,12 +410,8 @@ def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | Non
     from contextlib import ExitStack
     from pathlib import Path
     from ._container import ContainerError, ContainerReader, SAFETENSORS_DTYPES, reinterpret
-    from .files import folder_shards
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev.type not in ("cuda", "cpu"):
-        raise ValueError(f"tzip.inference.load_compressed: device {dev}: only CUDA and CPU are supported")
+    from .files import _device, folder_shards
+    dev = _device(device)
     if getattr(model, "tzip_compressed", None) is not None:
         raise ValueError("tzip.inference.load_compressed: this model is compressed already")
     for n, b in model.named_buffers():
@@ -431,6 +427,7 @@ def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | Non
         params[id(p)] = p
     threads = max(1, os.cpu_count() or 1)
     loaded: dict[int, torch.Tensor] = {}  # id(parameter) -> its decoded tensor on dev (the uncompressed ones)
+    source: dict[int, tuple] = {}  # id(weight kept compressed) -> (its file, its tensor name), for errors
     files = folder_shards(Path(path))[0] if Path(path).is_dir() else [Path(path)]
     with ExitStack() as opened:
         by_name: dict[str, tuple] = {}  # tensor name -> (its shard's reader, entry)
@@ -456,6 +453,7 @@ def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | Non
             w = weights.get(pid)
             if w is not None and (e.dtype, tuple(e.shape)) == (e.file_dtype, tuple(e.file_shape)):
                 w.frame = frame.to(dev)  # kept compressed: decodes straight to the parameter's bytes
+                source[id(w)] = (reader.path, e.name)
                 continue
             # Decoded now: a parameter that stays uncompressed (or a frame in another codec layout, which a plan
             # would not decode into the parameter's own dtype and shape).
@@ -475,13 +473,11 @@ def load_compressed(model: nn.Module, path, device="cuda", *, blocks: list | Non
     if not plan:
         raise ValueError("tzip.inference.load_compressed: no parameter to keep compressed")
     cm = _prepared(model, plan, dev, "file", prefetch, sm_budget, verify, cuda_graphs)
-    file_of = {id(w): next(n for n in names[pid] if n in by_name) for pid, w in weights.items()}
     for w in weights.values():  # every frame decoded once, digests checked, before the model is touched
         try:
             cm._decode_one(w)
         except _native.NativeCodecError as err:
-            name = file_of[id(w)]
-            raise ContainerError(err.code, err.detail, by_name[name][0].path, name) from None
+            raise ContainerError(err.code, err.detail, *source[id(w)]) from None
     # Swapped rather than assigned through .data: a meta parameter cannot take a real tensor that way. The Parameter
     # objects stay the ones the modules (and tied names) hold.
     for pid, t in loaded.items():

@@ -70,6 +70,7 @@ loads into a CompressedOffload; either way training continues bit-identically.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 import weakref
@@ -113,8 +114,10 @@ def _dense_permutation(t: torch.Tensor) -> bool:
     return t.permute(order).is_contiguous()
 
 
+@functools.cache
 def _dtensor_class():
-    """torch.distributed.tensor.DTensor, or None where torch was built without distributed."""
+    """torch.distributed.tensor.DTensor, or None where torch was built without distributed (looked up once: every
+    state tensor of every step asks)."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:
@@ -144,11 +147,9 @@ def _check_plain_parameters(optimizer: torch.optim.Optimizer) -> None:
     """TypeError for parameters that are wrapper tensor subclasses other than DTensor: their bytes need not live in
     one tensor of their own, so there is nothing this offload can pack (DTensor parameters are taken: their state's
     local shards are offloaded)."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     for i, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
-            if is_traceable_wrapper_subclass(p) and not _is_dtensor(p):
+            if _is_wrapper(p) and not _is_dtensor(p):
                 raise TypeError(f"the optimizer's param_groups[{i}] holds a {type(p).__name__} parameter, a tensor "
                                 "subclass: tzip's optimizer offload takes plain tensors and DTensors (FSDP2, tensor "
                                 "parallelism) only, so its state stays where it is")
