@@ -53,7 +53,7 @@ if [ -z "${GPU_TEST:-}" ]; then
     o=$obj/$(basename "$s").o
     objs+=("$o")
     # Rebuild when the source or any header is newer than the object.
-    if [ -f "$o" ] && [ -z "$(find "$s" cuda/include cuda/src/core/*.h cuda/src/gpu/*.h cuda/src/gpu/decode.cu -newer "$o" -print -quit)" ]; then
+    if [ -f "$o" ] && [ -z "$(find "$s" cuda/include cuda/src/core/*.h cuda/src/gpu/*.h cuda/src/gpu/*.cuh -newer "$o" -print -quit)" ]; then
       continue
     fi
     case "$s" in

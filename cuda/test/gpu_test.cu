@@ -12,6 +12,7 @@
 //   TZIP_GPU_BF16_KERNEL=0: bf16 fast frames decode in the fp32 kernel (Tuning::bf16_kernel off), for comparisons.
 //   TZIP_GPU_RING_PAIRS=0: the bf16 kernel fills its ring one tile at a time (Tuning::ring_pairs off).
 //   TZIP_GPU_FAST_ENCODER=0: every tensor encodes in the general kernel (Tuning::fast_encoder off).
+//   TZIP_GPU_DECODE_WARPS=N: the decode kernels run at most N warps per block (Tuning::decode_warps), for measuring.
 //
 // Correctness (exits non-zero on any mismatch):
 //   * every dtype x codec (raw, fast, max, bytes, auto) x data pattern x length (empty, 1, 17 elements, chunk-1,
@@ -151,7 +152,7 @@ void fill(std::vector<uint8_t>& v, Dtype d, Pattern p, uint64_t seed) {
     case kSpread:
       // Floats whose exponents are one of 6 common values 70% of the time and any of the 2^w values otherwise:
       // `fast` then codes them with a small LUT and about 30% escapes (about 10,000 exceptions per 64 KiB chunk of
-      // bf16), far more than one tile's window of them (decode.cu, kExcStep).
+      // bf16), far more than one tile's window of them (decode_tile.cuh).
       for (uint64_t i = 0; i < n; ++i) {
         const uint32_t a = r.next(), b = r.next();
         const uint32_t ew = d == Dtype::F16 ? 5 : 8, mw = d == Dtype::F16 ? 10 : d == Dtype::BF16 ? 7 : 23;
@@ -162,7 +163,7 @@ void fill(std::vector<uint8_t>& v, Dtype d, Pattern p, uint64_t seed) {
       break;
     case kPow2:
       // -2^k with geometric k: the exponents vary (max codes them with RANS) while sign and mantissa are one value
-      // (a CONST stream), the one case of decode.cu's bf16 RANS step loop that real weights do not reach.
+      // (a CONST stream), the one case of decode_chunk.cuh's bf16 RANS step loop that real weights do not reach.
       for (uint64_t i = 0; i < n; ++i) {
         const uint32_t b = r.next();
         const uint32_t ew = d == Dtype::F16 ? 5 : 8, mw = d == Dtype::F16 ? 10 : d == Dtype::BF16 ? 7 : 23;
@@ -983,6 +984,7 @@ int main(int argc, char** argv) {
     if (off("TZIP_GPU_BF16_KERNEL")) t.bf16_kernel = false;
     if (off("TZIP_GPU_RING_PAIRS")) t.ring_pairs = false;
     if (off("TZIP_GPU_FAST_ENCODER")) t.fast_encoder = false;
+    if (const char* w = std::getenv("TZIP_GPU_DECODE_WARPS")) t.decode_warps = std::atoi(w);
     gpu::set_tuning(t);
   }
   int dev = 0;

@@ -126,6 +126,8 @@ struct Tuning {
   bool bf16_kernel = true;      // decode: bf16 fast frames in a kernel of their own (24 warps per SM), bf16 max frames
                                 // in another (32 warps per SM); off: in the fp32 fast and the max/bytes kernels
   bool ring_pairs = true;       // decode: the bf16 fast kernel fills its ring two tiles at a time (half the bulk copies)
+  int decode_warps = 0;         // decode: warps per block of the class kernels, at most each class's own (0: its own);
+                                // for measuring how the warp count trades per-SM speed against HBM traffic
   bool fast_encoder = true;     // encode: fast and raw tensors (16-byte aligned) in the fast encoder (encode_fast.cu);
                                 // off: all in the general encode_kernel
 };
