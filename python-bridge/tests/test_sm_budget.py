@@ -10,7 +10,9 @@ import torch
 import tzip
 import tzip.client as client_module
 
-from test_client_support import daemon, sock_dir  # noqa: F401
+from tzip import _ring
+
+from test_client_support import daemon, sock_dir, wait_for  # noqa: F401
 from test_ring import weights_bf16 as all_weights_bf16
 
 CUDA = torch.cuda.is_available()
@@ -68,6 +70,31 @@ def test_the_budget_goes_with_each_request_of_the_call_only(daemon):  # noqa: F8
         for t, a, b in zip(ts, back, back_async):
             assert torch.equal(a.view(torch.int16), t.view(torch.int16)) and torch.equal(b.view(torch.int16), t.view(torch.int16))
         assert plain.payload.numpy().tobytes() == cts[0].payload.numpy().tobytes()
+    finally:
+        c.close()
+
+
+def test_a_call_the_ring_cannot_take_keeps_its_budget_and_stream_tag(daemon):  # noqa: F811
+    """A call that goes on through ZeroMQ because the ring cannot serve it (here: the daemon marked the ring broken)
+    is the same request (tzip._request.Request): its SM budget and stream tag go with every ZeroMQ message, and the
+    tensors come back bit for bit."""
+    c = tzip.connect(daemon.socket, spawn=False, strict=True)
+    try:
+        ts = weights_bf16()
+        assert c.decompress(c.compress(ts[0])) is not None  # opens the CPU ring
+        r = c._rings[None]
+        r._sq_head.value = (r._head + r.entries + 5) & 0xFFFFFFFF  # a torn index: the daemon breaks the ring
+        r.ring_doorbell()
+        assert wait_for(lambda: r.words()["state"] == _ring.STATE_BROKEN, 10), r.words()
+        sent = record_requests(c)
+        with client_module.tagged("checkpoint"):
+            cts = c.compress(ts, codec="fast", sm_budget=5)
+            back = c.decompress(cts, sm_budget=6)
+        later = c.decompress_async(cts, sm_budget=7).result(timeout=60)
+        ops = [(m["op"], m.get("sm_budget"), m.get("stream")) for m in sent if m["op"] in ("compress", "decompress")]
+        assert ops == [("compress", 5, "checkpoint"), ("decompress", 6, "checkpoint"), ("decompress", 7, None)]
+        for t, a, b in zip(ts, back, later):
+            assert torch.equal(a.view(torch.int16), t.view(torch.int16)) and torch.equal(b.view(torch.int16), t.view(torch.int16))
     finally:
         c.close()
 

@@ -14,6 +14,7 @@ import torch
 from . import _shm
 from ._dlpack import DL_CPU, copy_bytes, copy_from_bytes, from_bytes
 from ._errors import TzipDaemonError
+from ._request import Request
 from ._wire import _align, _device, layout, shm_data, split_batches, tensor_desc
 from .compressed import CompressedTensor
 
@@ -72,7 +73,8 @@ class CpuPath:
         lay = layout(t.dtype, tuple(t.shape))
         return _Item(t, lay.dl, lay.wshape, lay.nbytes, lay.capacity, _zero_copy_handle(t, lay.nbytes))
 
-    def _compress_cpu(self, tensors: list[torch.Tensor], codec: str) -> list[CompressedTensor]:
+    def _compress_cpu(self, tensors: list[torch.Tensor], codec: str, req: Request) -> list[CompressedTensor]:
+        """``tensors`` (CPU, of the call ``req``) compressed with ``codec`` through ZeroMQ requests."""
         items = [self._plan(t) for t in tensors]
 
         def stage_of(it: _Item) -> int:
@@ -94,7 +96,7 @@ class CpuPath:
                     off += _align(it.capacity)
                     entries.append({"tensor": tensor_desc(_device(it.tensor), it.dl, it.wshape, data),
                                     "out": shm_data(seg.name, it.out_off, it.capacity)})
-                reply = self._call("compress", {"codec": codec, "tensors": entries})
+                reply = self._call("compress", {"codec": codec, "tensors": entries}, req=req)
                 for it, fr in zip(batch, reply["frames"]):
                     n = int(fr["bytes"])
                     payload = torch.empty(n, dtype=torch.uint8)
@@ -102,10 +104,12 @@ class CpuPath:
                     results.append(CompressedTensor(payload, it.tensor.dtype, it.tensor.shape, str(fr["codec"]), it.nbytes))
         return results
 
-    def _decompress_cpu(self, cts: list[CompressedTensor], outs: list[torch.Tensor | None], verify: bool) -> list[torch.Tensor]:
+    def _decompress_cpu(self, cts: list[CompressedTensor], outs: list[torch.Tensor | None], verify: bool,
+                        req: Request) -> list[torch.Tensor]:
+        """``cts`` (of the call ``req``) decompressed to the CPU through ZeroMQ requests."""
         lent: list[_shm.Segment] = []
         try:
-            return self._decompress_cpu_planned(cts, outs, verify, lent)
+            return self._decompress_cpu_planned(cts, outs, verify, lent, req)
         except TzipDaemonError:
             raise  # answered: the daemon is done with the segments, they may be reused
         except BaseException:
@@ -114,7 +118,7 @@ class CpuPath:
             raise
 
     def _decompress_cpu_planned(self, cts: list[CompressedTensor], outs: list[torch.Tensor | None], verify: bool,
-                                lent: list[_shm.Segment]) -> list[torch.Tensor]:
+                                lent: list[_shm.Segment], req: Request) -> list[torch.Tensor]:
         plans = []
         for ct, o in zip(cts, outs):
             frame = ct.payload if ct.payload.is_contiguous() else ct.payload.contiguous()
@@ -153,7 +157,7 @@ class CpuPath:
                         d.out_off = off
                         off += _align(d.ct.nbytes)
                     entries.append({"frame": fh, "out": tensor_desc({"type": DL_CPU, "id": 0}, d.dl, d.wshape, oh)})
-                reply = self._call("decompress", {"frames": entries, "verify": verify})
+                reply = self._call("decompress", {"frames": entries, "verify": verify}, req=req)
                 for d, info in zip(batch, reply["tensors"]):
                     if int(info["nbytes"]) != d.ct.nbytes:
                         raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {info['nbytes']} bytes, the CompressedTensor says {d.ct.nbytes}")

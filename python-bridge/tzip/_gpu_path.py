@@ -18,6 +18,7 @@ from ._cuda import current_stream, stream_scope
 from ._dlpack import from_bytes
 from ._errors import DaemonUnavailableError, DeviceUnavailableError, TzipDaemonError
 from ._fallback import _compress_raw, _decompress_raw, _on_cpu, _place, _to_device
+from ._request import Request
 from ._wire import _BYTES_PER_GPU_ITEM, _align, cuda_device, layout, split_batches, tensor_desc
 from .compressed import CompressedTensor
 
@@ -197,8 +198,9 @@ class GpuPath:
         else:
             lease.__exit__(None, None, None)
 
-    def _gpu_request(self, g: _Gpu, op: str, body: dict[str, Any], stream, buf, shares: list) -> dict[str, Any]:
-        """One GPU request: records the wait event, calls, settles PyTorch's counters, waits on the daemon's event."""
+    def _gpu_request(self, g: _Gpu, op: str, body: dict[str, Any], stream, buf, shares: list, req: Request) -> dict[str, Any]:
+        """One GPU request of the call ``req``: records the wait event, calls, settles PyTorch's counters, waits on
+        the daemon's event."""
         ev, ev_handle = g.events.record(stream)
         body["wait_event"] = ev_handle
         buf.in_doubt = True
@@ -213,7 +215,7 @@ class GpuPath:
                 sh.release()
 
         try:
-            reply = self._call(op, body)
+            reply = self._call(op, body, req=req)
         except TzipDaemonError as e:
             settle()  # an answer
             if e.code == "TZIP_NO_DEVICE":
@@ -240,7 +242,8 @@ class GpuPath:
         share = self._share(t) if lay.nbytes >= self.gpu_share_min_bytes and t.is_contiguous() else None
         return _GpuItem(t, lay.dl, lay.wshape, lay.nbytes, lay.capacity, share)
 
-    def _compress_gpu(self, g: _Gpu, tensors: list[torch.Tensor], codec: str, stream) -> list[CompressedTensor]:
+    def _compress_gpu(self, g: _Gpu, tensors: list[torch.Tensor], codec: str, stream, req: Request) -> list[CompressedTensor]:
+        """``tensors`` (on ``g``, of the call ``req``) compressed with ``codec`` through ZeroMQ requests."""
         if not self._gpu_reachable(g):
             return self._compress_gpu_fallback(g, tensors, self._gpu_reason(g))
         out: list[CompressedTensor] = [None] * len(tensors)  # type: ignore[list-item]
@@ -248,7 +251,7 @@ class GpuPath:
         for i, t in enumerate(tensors):
             if t.numel() == 0:
                 # no bytes to share: the frame is the CPU path's (the codec writes the same bytes everywhere)
-                ct = self._compress_cpu([torch.empty(t.shape, dtype=t.dtype)], codec)[0]
+                ct = self._compress_cpu([torch.empty(t.shape, dtype=t.dtype)], codec, req)[0]
                 out[i] = CompressedTensor(ct.payload.to(g.device), t.dtype, t.shape, ct.codec, 0)
             else:
                 remote.append(i)
@@ -261,14 +264,15 @@ class GpuPath:
 
                 done: list[CompressedTensor] = []
                 for batch in split_batches(items, stage_of, self._limits, _BYTES_PER_GPU_ITEM):
-                    done.extend(self._compress_gpu_batch(g, batch, codec, stream, sum(stage_of(it) for it in batch)))
+                    done.extend(self._compress_gpu_batch(g, batch, codec, stream, sum(stage_of(it) for it in batch), req))
         except _NoDevice as e:
             return self._compress_gpu_fallback(g, tensors, str(e))
         for i, ct in zip(remote, done):
             out[i] = ct
         return out
 
-    def _compress_gpu_batch(self, g: _Gpu, batch: list[_GpuItem], codec: str, stream, stage: int) -> list[CompressedTensor]:
+    def _compress_gpu_batch(self, g: _Gpu, batch: list[_GpuItem], codec: str, stream, stage: int,
+                            req: Request) -> list[CompressedTensor]:
         from ._cuda import StagingRegions, gpu_bytes_of, gpu_copy_many, regions_of
 
         with self._staging(g, stage, stream) as buf:
@@ -293,7 +297,7 @@ class GpuPath:
                                 "out": arena.region(it.out_off, it.capacity)})
             gpu_copy_many(regions_of(buf.u8, staged), staged_src)
             reply = self._gpu_request(g, "compress", arena.body({"codec": codec, "tensors": entries}), stream, buf,
-                                      [it.share for it in batch if it.share is not None])
+                                      [it.share for it in batch if it.share is not None], req)
             frames = reply["frames"]
             sizes = []
             for it, fr in zip(batch, frames):
@@ -313,9 +317,11 @@ class GpuPath:
         self._warn_gpu_fallback(g, reason)
         return [_compress_raw(t) for t in tensors]
 
-    def _decompress_gpu(self, g: _Gpu, cts: list[CompressedTensor], outs: list, verify: bool, stream) -> list[torch.Tensor]:
+    def _decompress_gpu(self, g: _Gpu, cts: list[CompressedTensor], outs: list, verify: bool, stream,
+                        req: Request) -> list[torch.Tensor]:
+        """``cts`` (of the call ``req``) decompressed to ``g`` through ZeroMQ requests."""
         if not self._gpu_reachable(g):
-            return self._decompress_gpu_via_cpu(g, cts, outs, verify, self._gpu_reason(g))
+            return self._decompress_gpu_via_cpu(g, cts, outs, verify, self._gpu_reason(g), req)
         results: list[torch.Tensor | None] = [None] * len(cts)
         try:
             with torch.cuda.device(g.index), stream_scope(stream):
@@ -323,7 +329,7 @@ class GpuPath:
                 for k, (ct, o) in enumerate(zip(cts, outs)):
                     if ct.nbytes == 0:
                         # no bytes: the frame is checked by the CPU path, the result made here
-                        self._decompress_cpu([_on_cpu(ct)], [None], verify)
+                        self._decompress_cpu([_on_cpu(ct)], [None], verify, req)
                         results[k] = o if o is not None else torch.empty(ct.shape, dtype=ct.dtype, device=g.device)
                     else:
                         plans.append(self._plan_gpu_frame(g, k, ct, o))
@@ -332,9 +338,9 @@ class GpuPath:
                     return (0 if d.fshare is not None else _align(d.frame.numel())) + (0 if d.dshare is not None else _align(d.ct.nbytes))
 
                 for batch in split_batches(plans, stage_of, self._limits, _BYTES_PER_GPU_ITEM):
-                    self._decompress_gpu_batch(g, batch, verify, stream, sum(stage_of(d) for d in batch), results)
+                    self._decompress_gpu_batch(g, batch, verify, stream, sum(stage_of(d) for d in batch), results, req)
         except _NoDevice as e:
-            return self._decompress_gpu_via_cpu(g, cts, outs, verify, str(e))
+            return self._decompress_gpu_via_cpu(g, cts, outs, verify, str(e), req)
         return results  # type: ignore[return-value]
 
     def _plan_gpu_frame(self, g: _Gpu, k: int, ct: CompressedTensor, o: torch.Tensor | None) -> _GpuFrame:
@@ -359,7 +365,8 @@ class GpuPath:
                     d.result = from_bytes(flat, ct.dtype, ct.shape)
         return d
 
-    def _decompress_gpu_batch(self, g: _Gpu, batch: list[_GpuFrame], verify: bool, stream, stage: int, results: list) -> None:
+    def _decompress_gpu_batch(self, g: _Gpu, batch: list[_GpuFrame], verify: bool, stream, stage: int, results: list,
+                              req: Request) -> None:
         from ._cuda import StagingRegions, gpu_copy_from_bytes, gpu_copy_many, regions_of
 
         with self._staging(g, stage, stream) as buf:
@@ -390,7 +397,8 @@ class GpuPath:
                     off += _align(d.ct.nbytes)
                 entries.append({"frame": fh, "out": tensor_desc(cuda_device(g.index), d.dl, d.wshape, data, byte_offset)})
             gpu_copy_many(regions_of(buf.u8, staged), staged_src)
-            reply = self._gpu_request(g, "decompress", arena.body({"frames": entries, "verify": verify}), stream, buf, shares)
+            reply = self._gpu_request(g, "decompress", arena.body({"frames": entries, "verify": verify}), stream, buf, shares,
+                                      req)
             fresh: list[torch.Tensor] = []  # new tensors the results in the arena are copied into, with their regions
             fresh_regions: list[tuple[int, int]] = []
             for d, info in zip(batch, reply["tensors"]):
@@ -409,7 +417,8 @@ class GpuPath:
                     results[d.k] = from_bytes(flat, d.ct.dtype, d.ct.shape)
             gpu_copy_many(fresh, regions_of(buf.u8, fresh_regions))
 
-    def _decompress_gpu_via_cpu(self, g: _Gpu, cts: list[CompressedTensor], outs: list, verify: bool, reason: str) -> list[torch.Tensor]:
+    def _decompress_gpu_via_cpu(self, g: _Gpu, cts: list[CompressedTensor], outs: list, verify: bool, reason: str,
+                                req: Request) -> list[torch.Tensor]:
         """The daemon cannot reach this GPU: frames are decoded through the CPU path and copied back."""
         self._warn_gpu_fallback(g, reason)
         hosts: list[torch.Tensor | None] = [None] * len(cts)
@@ -420,7 +429,7 @@ class GpuPath:
             else:
                 rest.append(k)
         if rest:
-            done = self._decompress_cpu([_on_cpu(cts[k]) for k in rest], [None] * len(rest), verify)
+            done = self._decompress_cpu([_on_cpu(cts[k]) for k in rest], [None] * len(rest), verify, req)
             for k, h in zip(rest, done):
                 hosts[k] = h
         out: list[torch.Tensor] = []

@@ -25,8 +25,6 @@ from . import _generated_constants as _generated
 STREAMS = _generated.STREAMS  # src/errors.json "streams" (generated)
 #: The stream tag of the requests made in this context (see :func:`tagged`); None: untagged ("other").
 _stream_tag: contextvars.ContextVar[str | None] = contextvars.ContextVar("tzip_stream_tag", default=None)
-#: The SM budget of the call being made (``sm_budget=`` of compress/decompress), None: the daemon's.
-_sm_budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("tzip_sm_budget", default=None)
 #: The largest SM budget a request may name (docs/protocol.md, "Jobs": sm_budget is 0..1024).
 MAX_SM_BUDGET = _generated.MAX_SM_BUDGET
 
@@ -37,15 +35,6 @@ def _checked_sm_budget(sm_budget: int | None) -> int | None:
     if isinstance(sm_budget, bool) or not isinstance(sm_budget, int) or not 0 <= sm_budget <= MAX_SM_BUDGET:
         raise ValueError(f"sm_budget is an int from 0 (all SMs) to {MAX_SM_BUDGET}, or None (the daemon's); got {sm_budget!r}")
     return sm_budget
-
-
-def _with_sm_budget(sm_budget: int | None, fn, *args):
-    """Runs ``fn(*args)`` with the call's SM budget set (in this context only)."""
-    token = _sm_budget.set(sm_budget)
-    try:
-        return fn(*args)
-    finally:
-        _sm_budget.reset(token)
 
 
 @contextlib.contextmanager

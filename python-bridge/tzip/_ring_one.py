@@ -28,7 +28,7 @@ from . import _ring
 from ._codec_choice import codec_for
 from ._cuda import copy_raw, current_stream, device_scope, plain, stream_scope
 from ._errors import DaemonUnavailableError, TzipDaemonError
-from ._job import _stream_tag
+from ._request import Request
 from ._ring_path import (_OP_COMPRESS, _OP_DECOMPRESS, _PACK, _SQE_BYTES, _WHOLE_BYTE_DTYPES, _ZERO8,
                          IN_PAYLOAD_MAX_BYTES, RingPath, _ct, _region_gone)
 from ._wire import MAX_STAGE_BYTES, _align, _sqe_layout
@@ -58,18 +58,18 @@ def _outcome(res, check):
 class RingOne(RingPath):
     """The lean path for blocking single-tensor GPU calls (see the module docstring)."""
 
-    def _one_ring(self, t: torch.Tensor):
-        """(ring, gpu, stream, SM budget, stream tag) for a request on ``t``'s GPU through its ring as it stands (open
-        and serving), or None."""
+    def _one_ring(self, t: torch.Tensor, req: Request):
+        """(ring, gpu, stream, SM budget, stream tag) for the request ``req`` on ``t``'s GPU through its ring as it
+        stands (open and serving), or None."""
         index = t.get_device()
         ring = self._rings.get(index)
         if ring is None or ring.sid != self._sid or not ring.usable:
             return None
         g = self._gpus.get(index)
-        budget = self._ring_sm_budget()
+        budget = req.ring_sm_budget
         if g is None or budget is None or not self._gpu_reachable(g):
             return None
-        return ring, g, current_stream(index), budget, _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
+        return ring, g, current_stream(index), budget, req.ring_tag
 
     def _one_places(self, ring, g, src: int, sbytes: int, dst: int, dbytes: int):
         """(source, destination) places of the request's two ranges in the caller's memory (region id, generation,
@@ -89,14 +89,14 @@ class RingOne(RingPath):
             return _AGAIN
         return self._wait_handle(h)
 
-    def _compress_one(self, t: torch.Tensor, codec: str | None, out: torch.Tensor | None = None) -> CompressedTensor | None:
-        """``compress(t, out=out)`` for a CUDA tensor ``t`` (its arguments checked), or None when it is not for this
-        path."""
+    def _compress_one(self, req: Request) -> CompressedTensor | None:
+        """``req``, a compress of one CUDA tensor (its arguments checked), or None when it is not for this path."""
+        t, codec, out = req.items[0], req.codec, req.outs[0] if req.outs else None
         lay = _sqe_layout(t.dtype, t.shape)
         if lay is None or not plain(t) or _align(lay[0]) + _align(lay[4]) > MAX_STAGE_BYTES:
             return None  # (the general path hands such a tensor over through ZeroMQ)
         ccode = _ring.CODEC_CODES.get(codec_for(codec, True))
-        got = self._one_ring(t)
+        got = self._one_ring(t, req)
         if ccode is None or got is None:
             return None
         ring, g, stream, budget, tag = got
@@ -121,7 +121,7 @@ class RingOne(RingPath):
         h._finish = lambda res: _outcome(res, check)
         got = self._one_submit(ring, g, stream, h, sq)
         if got is _AGAIN:
-            return self._compress([t], True, codec, None, False, None if out is None else [out])
+            return self._compress_zmq(req)
         if out is None and nbytes > IN_PAYLOAD_MAX_BYTES:
             # Here, not in check(): the thread that reaps the CQE may be another one (the ring's reaper), and the
             # payload must be allocated on the caller's stream, which the copy and the caller's uses follow.
@@ -133,8 +133,9 @@ class RingOne(RingPath):
             got.payload = frame
         return got
 
-    def _decompress_one(self, ct: CompressedTensor, out: torch.Tensor | None, verify: bool) -> torch.Tensor | None:
-        """``decompress(ct, out)`` of a frame on a GPU (its arguments checked), or None when it is not for this path."""
+    def _decompress_one(self, req: Request) -> torch.Tensor | None:
+        """``req``, a decompress of one frame on a GPU (its arguments checked), or None when it is not for this path."""
+        ct, out, verify = req.items[0], req.outs[0], req.verify
         frame, nbytes = ct.payload, ct.nbytes
         fbytes = frame.numel()
         if not frame.is_cuda or nbytes == 0 or fbytes == 0 or not frame.is_contiguous():
@@ -143,7 +144,7 @@ class RingOne(RingPath):
             return None
         if _align(fbytes) + _align(nbytes) > MAX_STAGE_BYTES:
             return None  # (the general path hands such a request over through ZeroMQ, as it would stage it)
-        got = self._one_ring(frame)
+        got = self._one_ring(frame, req)
         if got is None:
             return None
         ring, g, stream, budget, tag = got
@@ -171,5 +172,5 @@ class RingOne(RingPath):
         h._finish = lambda res: _outcome(res, check)
         got = self._one_submit(ring, g, stream, h, sq)
         if got is _AGAIN:
-            return self._decompress([ct], [out], True, verify, None, False)
+            return self._decompress_zmq(req)
         return got

@@ -8,8 +8,8 @@ to the ZeroMQ path when the ring could not take or finish the request. :class:`R
 from __future__ import annotations
 
 import concurrent.futures
-import contextvars
 import ctypes
+import dataclasses
 import logging
 import threading
 import time
@@ -26,7 +26,7 @@ from ._cuda import copy_raw, current_stream, device_scope, gpu_bytes_of, gpu_cop
 from ._cuda_segments import segment_key
 from ._memops import allocation_of, ipc_handle, wait_value64, write_value64
 from ._gpu_path import _Gpu, _NoDevice, _stream_for
-from ._job import _sm_budget, _stream_tag
+from ._request import Request
 from ._wire import _ALIGN, MAX_STAGE_BYTES, _align, _sqe_layout, cuda_device, cuda_region, shm_region
 from .compressed import CompressedTensor
 
@@ -355,25 +355,15 @@ class RingPath:
             r.close()
 
     # --- compress -----------------------------------------------------------------------------------------------
-    def _ring_sm_budget(self) -> int | None:
-        """The SQE's sm_budget of the call (0: the ring's default), or None when an SQE cannot say it (0 = all SMs,
-        or more than 255: such GPU requests go through ZeroMQ). The job's budget (``tzip set JOB sm_budget=N``) is
-        not the client's to apply: the daemon hands it to the ring thread, which applies it over every SQE's from
-        the reply of the ``set`` on (docs/ring.md, "Who applies the job's settings")."""
-        budget = _sm_budget.get()
-        if budget is None:
-            return 0
-        return budget if 1 <= budget <= 255 else None
-
-    def _compress_ring_plan(self, items: list[torch.Tensor], codec: str | None, streams: dict[int, Any] | None):
-        """Starters of the ring requests of ``items`` (one per CPU batch and per GPU), or None when the ring cannot
+    def _compress_ring_plan(self, req: Request):
+        """Starters of the ring requests of ``req`` (one per CPU batch and per GPU), or None when the ring cannot
         carry all of them (no ring offered, an item it cannot describe): then the whole call goes through ZeroMQ."""
+        items, codec, streams = req.items, req.codec, req.streams
         if self._ring_caps is None or self._sid is None or (codec is not None and codec not in _ring.CODEC_CODES) or not items:
             return None
         groups: dict[int | None, list[int]] = {}
         for i, t in enumerate(items):  # (is_cuda: the checks of the call let only CPU and CUDA tensors through)
             groups.setdefault(t.get_device() if t.is_cuda else None, []).append(i)
-        tag = _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
         starters = []
         for key, idx in groups.items():
             part = items if len(groups) == 1 else [items[i] for i in idx]
@@ -384,7 +374,7 @@ class RingPath:
                 starters.append((idx, key, planned, None))
             else:
                 g = self._gpu(key)
-                budget = self._ring_sm_budget()
+                budget = req.ring_sm_budget
                 if budget is None or not self._gpu_reachable(g):
                     return None
                 planned = self._ring_plan_compress_gpu(part)
@@ -397,9 +387,7 @@ class RingPath:
                     return None
         except DaemonUnavailableError:
             return None  # the ZeroMQ path notices it too, and retries (spawn) or falls back
-        # The call's codec (None: the device's default); the job's codec setting the ring thread applies itself.
-        return [(idx, key, planned, extra, tag, codec_for(codec, key is not None))
-                for idx, key, planned, extra in starters]
+        return starters
 
     @staticmethod
     def _ring_plan_compress_cpu(tensors: list[torch.Tensor]) -> tuple[list[tuple], int] | None:
@@ -443,37 +431,37 @@ class RingPath:
             stage += ((lay[0] + _A) & ~_A) + ((lay[4] + _A) & ~_A)
         return plans, stage
 
-    def _compress_submit(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None,
-                         blocking: bool = False, outs: list | None = None) -> _ring.Handle | None:
+    def _compress_submit(self, req: Request, blocking: bool = False) -> _ring.Handle | None:
         """The call as ring requests, submitted now (a Handle of the call's return value), or None: not for the ring.
         ``blocking``: the caller waits for the result before it returns (then the daemon may read CUDA tensors in
         place; an asynchronous call's tensors are copied in stream order at submission, so the caller may go on
-        writing them, as before). ``outs``: the call's checked ``out=`` buffers (a CUDA tensor's frame is written
-        into its buffer; the caller copies any other frame in)."""
-        starters = self._compress_ring_plan(items, codec, streams)
+        writing them, as before). ``req.outs``: the call's checked ``out=`` buffers (a CUDA tensor's frame is
+        written into its buffer; the caller copies any other frame in)."""
+        starters = self._compress_ring_plan(req)
         if starters is None:
             return None
-        n = len(items)
         if len(starters) == 1:  # one device: its request's handle is the call's
-            _idx, key, planned, extra, tag, codec = starters[0]
-            return self._compress_start(key, planned, codec, extra, tag, _first if single else _same, blocking, outs)
-        parts = [(idx, self._compress_start(key, planned, codec, extra, tag, _same, blocking,
-                                            None if outs is None else [outs[i] for i in idx]))
-                 for idx, key, planned, extra, tag, codec in starters]
-        return _gather(parts, n, single)
+            _idx, key, planned, extra = starters[0]
+            return self._compress_start(req, key, planned, extra, _first if req.single else _same, blocking)
+        parts = [(idx, self._compress_start(req.part(idx), key, planned, extra, _same, blocking))
+                 for idx, key, planned, extra in starters]
+        return _gather(parts, len(req.items), req.single)
 
-    def _compress_start(self, key: int | None, planned: tuple[list[tuple], int], codec: str, extra, tag: int, post,
-                        blocking: bool = False, outs: list | None = None) -> _ring.Handle:
+    def _compress_start(self, req: Request, key: int | None, planned: tuple[list[tuple], int], extra, post,
+                        blocking: bool = False) -> _ring.Handle:
+        """The ring request of every item of ``req``, all on device ``key`` (None: the CPU)."""
         plan, stage = planned
-        streams = None if key is None else {key: extra[0]}
-        ctx = contextvars.copy_context()  # the fallback runs with the caller's stream tag and SM budget
+        # The call's codec (None: the device's default); the job's codec setting the ring thread applies itself.
+        codec, tag = codec_for(req.codec, key is not None), req.ring_tag
 
         def fallback(err: BaseException | None):
             # The ring could not take or finish it (the daemon went away, the ring stopped, a region was refused):
-            # the ZeroMQ path with its retry and raw fallback.
+            # the ZeroMQ route with its retry and raw fallback, for the same request (its SM budget and stream tag;
+            # its frames are copied into any out= by the caller).
             if err is not None and not isinstance(err, (DaemonUnavailableError, TzipDaemonError)):
                 raise err
-            return post(ctx.run(self._compress, [p[0] for p in plan], False, codec, streams, False))
+            part = req.part(range(len(req.items)), None if key is None else {key: extra[0]})
+            return post(self._compress_zmq(dataclasses.replace(part, outs=None)))
 
         ring = self._ring(key)
         if ring is None:
@@ -482,7 +470,7 @@ class RingPath:
             if key is None:
                 return self._compress_start_cpu(ring, plan, stage, codec, tag, post, fallback)
             return self._compress_start_gpu(ring, self._gpu(key), plan, stage, codec, extra[0], extra[1], tag, post, fallback,
-                                            blocking, outs)
+                                            blocking, req.outs)
         except (DaemonUnavailableError, TzipDaemonError) as e:
             return _done_handle(fallback, e)
 
@@ -790,12 +778,12 @@ class RingPath:
             raise
 
     # --- decompress ---------------------------------------------------------------------------------------------
-    def _decompress_submit(self, items: list, outs: list, single: bool, verify: bool,
-                           streams: dict[int, Any] | None, blocking: bool = False) -> _ring.Handle | None:
+    def _decompress_submit(self, req: Request, blocking: bool = False) -> _ring.Handle | None:
         """The call as ring requests, submitted now, or None: not for the ring (then ZeroMQ, as before).
         ``blocking``: as for :meth:`_compress_submit` (an asynchronous call's ``out=`` tensors are written in stream
         order once the daemon is done, as before; new results, which the caller cannot touch before ``result()``,
         are written in place either way)."""
+        items, outs, single = req.items, req.outs, req.single
         if self._ring_caps is None or self._sid is None or not items:
             return None
         groups: dict[int | None, list[int]] = {}
@@ -812,7 +800,7 @@ class RingPath:
                 if o is not None and torch_files and o.is_contiguous() and _shm.find(o.data_ptr(), nbytes) is None \
                         and _shm.torch_shm_handle(o) is not None:
                     return None  # PyTorch's shared memory: zero copy through ZeroMQ
-            elif key not in groups and (self._ring_sm_budget() is None or not self._gpu_reachable(self._gpu(key))):
+            elif key not in groups and (req.ring_sm_budget is None or not self._gpu_reachable(self._gpu(key))):
                 return None
             groups.setdefault(key, []).append(i)
             # Staging bytes of the ring request (GPU: frames and results; CPU: frames and the small results).
@@ -827,24 +815,23 @@ class RingPath:
                     return None
         except DaemonUnavailableError:
             return None
-        tag = _ring.STREAM_TAGS.get(_stream_tag.get(), 0)
-        n = len(items)
         if len(groups) == 1:
             key, idx = next(iter(groups.items()))
-            return self._decompress_start(key, items, outs, verify, streams, tag, _first if single else _same, blocking)
-        parts = [(idx, self._decompress_start(key, [items[i] for i in idx], [outs[i] for i in idx], verify, streams, tag,
-                                              _same, blocking)) for key, idx in groups.items()]
-        return _gather(parts, n, single)
+            return self._decompress_start(req, key, _first if single else _same, blocking)
+        parts = [(idx, self._decompress_start(req.part(idx), key, _same, blocking)) for key, idx in groups.items()]
+        return _gather(parts, len(items), single)
 
-    def _decompress_start(self, key: int | None, cts: list[CompressedTensor], outs: list, verify: bool,
-                          streams: dict[int, Any] | None, tag: int, post, blocking: bool = False) -> _ring.Handle:
-        stream = None if key is None else _stream_for(streams, key)
-        ctx = contextvars.copy_context()
+    def _decompress_start(self, req: Request, key: int | None, post, blocking: bool = False) -> _ring.Handle:
+        """The ring request of every item of ``req``, all with their results on device ``key`` (None: the CPU)."""
+        cts, outs, verify, tag = req.items, req.outs, req.verify, req.ring_tag
+        stream = None if key is None else _stream_for(req.streams, key)
 
         def fallback(err: BaseException | None):
+            # As for compress: the ZeroMQ route for the same request.
             if err is not None and not isinstance(err, (DaemonUnavailableError, TzipDaemonError)):
                 raise err
-            return post(ctx.run(self._decompress, cts, outs, False, verify, None if key is None else {key: stream}, False))
+            part = req.part(range(len(cts)), None if key is None else {key: stream})
+            return post(self._decompress_zmq(part))
 
         ring = self._ring(key)
         if ring is None:
@@ -852,7 +839,8 @@ class RingPath:
         try:
             if key is None:
                 return self._decompress_start_cpu(ring, cts, outs, verify, tag, post, fallback)
-            return self._decompress_start_gpu(ring, self._gpu(key), cts, outs, verify, stream, tag, post, fallback, blocking)
+            return self._decompress_start_gpu(ring, self._gpu(key), cts, outs, verify, stream, req.ring_sm_budget or 0, tag,
+                                              post, fallback, blocking)
         except (DaemonUnavailableError, TzipDaemonError) as e:
             return _done_handle(fallback, e)
 
@@ -962,8 +950,7 @@ class RingPath:
         return self._ring_submit(ring, h, sq, n)
 
     def _decompress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", cts: list[CompressedTensor], outs: list, verify: bool,
-                              stream, tag: int, post, fallback, blocking: bool = False) -> _ring.Handle:
-        budget = self._ring_sm_budget() or 0
+                              stream, budget: int, tag: int, post, fallback, blocking: bool = False) -> _ring.Handle:
         n = len(cts)
         h = _ring.Handle(ring, n)
         with device_scope(g.index), stream_scope(stream):

@@ -99,7 +99,6 @@ descriptor those requests carry; :mod:`tzip._job` the job info, stream tags and 
 from __future__ import annotations
 
 import concurrent.futures
-import contextvars
 import ctypes
 import logging
 import os
@@ -119,8 +118,9 @@ from ._dlpack import byte_range, check_supported, copy_into_bytes, has_internal_
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
 from ._fallback import _compress_raw, _decompress_raw, _on_cpu
 from ._gpu_path import GPU_ARENA_KEEP_BYTES, GPU_SHARE_MIN_BYTES, GpuPath, _caller_streams, _Gpu, _stream_for
-from ._job import MAX_SM_BUDGET, STREAMS, _checked_sm_budget, _sm_budget, _stream_tag, _with_sm_budget, job_info, tagged
+from ._job import MAX_SM_BUDGET, STREAMS, _checked_sm_budget, _stream_tag, job_info, tagged
 from ._ring_one import RingOne
+from ._request import Request
 from ._ring_path import RING_ENTRIES, RING_SPIN_S, _done_handle, _raiser
 from ._spawn import (daemon_pid, daemon_running, default_ipc_path, default_socket_path, normalize_endpoint, pid_alive,
                      spawn_daemon)
@@ -483,20 +483,16 @@ class Client(RingOne, CpuPath, GpuPath):
                 self._next_attempt = 0.0  # try again on the next call
                 self._transport.reset()
 
-    def _call(self, op: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """One request of the current session (re-saying hello once if the daemon forgot the session)."""
+    def _call(self, op: str, body: dict[str, Any], timeout: float | None = None, req: Request | None = None) -> dict[str, Any]:
+        """One request of the current session (re-saying hello once if the daemon forgot the session). ``req``: the
+        compress or decompress call it serves, whose stream tag and SM budget go with it (protocol version 3)."""
         for attempt in range(2):
             if not self._ensure_session():
                 raise self._unavailable()
             sid = self._sid
             msg = {"op": op, "sid": sid, **body}
-            if self._version >= 3 and op in ("compress", "decompress"):
-                tag = _stream_tag.get()
-                if tag is not None:
-                    msg["stream"] = tag
-                budget = _sm_budget.get()
-                if budget is not None:
-                    msg["sm_budget"] = budget
+            if req is not None and self._version >= 3:
+                msg.update(req.wire_fields())
             try:
                 reply = self._transport.request(msg, self._daemon_alive, timeout if timeout is not None else self.request_timeout)
             except DaemonUnavailableError as e:
@@ -662,7 +658,7 @@ class Client(RingOne, CpuPath, GpuPath):
         single = isinstance(tensors, torch.Tensor)
         items = _resolved([tensors] if single else list(tensors))
         outs = self._compress_outs(items, out, single, codec)
-        return _with_sm_budget(budget, self._compress, items, single, codec, None, True, outs)
+        return self._compress(Request(items, single, outs, codec=codec, sm_budget=budget, stream=_stream_tag.get()))
 
     @staticmethod
     def frame_bound(t: torch.Tensor) -> int:
@@ -715,29 +711,29 @@ class Client(RingOne, CpuPath, GpuPath):
         single = isinstance(tensors, torch.Tensor)
         items = _resolved([tensors] if single else list(tensors))
         streams = _caller_streams(t for t in items if isinstance(t, torch.Tensor))
+        req = Request(items, single, codec=codec, sm_budget=budget, stream=_stream_tag.get(), streams=streams)
         try:
-            handle = _with_sm_budget(budget, self._compress_start_call, items, single, codec, streams)
+            handle = self._compress_start_call(req)
         except (ValueError, TypeError, TzipDaemonError) as e:
             return _done_handle(_raiser(e), None)
         if handle is not None:
             return handle
-        # the caller's stream tag (tagged()) goes with the call to the worker thread
-        return self._pool_handle(streams, _with_sm_budget, budget, self._compress, items, single, codec, streams, False)
+        return self._pool_handle(streams, self._compress_zmq, req)
 
-    def _compress_start_call(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None) -> _ring.Handle | None:
+    def _compress_start_call(self, req: Request) -> _ring.Handle | None:
         """Checks the call's arguments and submits it through the ring when it can (else None)."""
-        self._check_compress_args(items, codec)
+        self._check_compress_args(req.items, req.codec)
         if not self._ring_caps or self._sid is None:
             return None
-        h = self._compress_submit(items, single, codec, streams)
+        h = self._compress_submit(req)
         if h is not None and len(self._rings):
             for r in list(self._rings.values()):
                 r.watch()  # completions nobody waits for (concurrent.futures.wait) are reaped in the background
         return h
 
     def _pool_handle(self, streams: dict[int, Any] | None, fn, *args) -> _ring.Handle:
-        """``fn(*args)`` on the worker threads (in the caller's context: its stream tag) as a Handle."""
-        fut = self._pool().submit(contextvars.copy_context().run, fn, *args)
+        """``fn(*args)`` on the worker threads as a Handle (the request in ``args`` carries the call's context)."""
+        fut = self._pool().submit(fn, *args)
         h = _ring.Handle(on_wait=lambda s: _host_wait(h, streams, s))
         fut.add_done_callback(lambda f: _settle_from(h, f))
         return h
@@ -750,25 +746,34 @@ class Client(RingOne, CpuPath, GpuPath):
             if not (t.is_cpu or t.is_cuda):
                 _device(t)  # raises for the devices tzip does not serve (CPU and CUDA tensors pass)
 
-    def _compress(self, items: list, single: bool, codec: str | None, streams: dict[int, Any] | None, use_ring: bool = True,
-                  outs: list | None = None):
+    def _compress(self, req: Request):
+        """Serves the blocking call ``req`` by the first route that takes it, each asked once: the one-tensor ring
+        path (one CUDA tensor), the general ring path, else ZeroMQ (:meth:`_compress_zmq`). A ring route that took the
+        call and cannot finish it hands the same request to :meth:`_compress_zmq` itself."""
         self._check_pid()
-        self._check_compress_args(items, codec)
-        if use_ring and self._ring_caps and self._sid is not None:
-            if single and streams is None and items[0].is_cuda:
-                one = self._compress_one(items[0], codec, outs[0] if outs else None)
+        self._check_compress_args(req.items, req.codec)
+        if self._ring_caps and self._sid is not None:
+            if req.single and req.streams is None and req.items[0].is_cuda:
+                one = self._compress_one(req)
                 if one is not None:
                     return one
-            h = self._compress_submit(items, single, codec, streams, blocking=True, outs=outs)
+            h = self._compress_submit(req, blocking=True)
             if h is not None:
-                return _into_outs(self._wait_handle(h), outs, single)
+                return _into_outs(self._wait_handle(h), req.outs, req.single)
+        return self._compress_zmq(req)
+
+    def _compress_zmq(self, req: Request):
+        """The ZeroMQ route of ``req`` (its arguments checked): requests through the daemon (one retry after spawning
+        one), else raw frames made here (with a warning; DaemonUnavailableError when strict)."""
+        self._check_pid()
+        items, single, outs = req.items, req.single, req.outs
         out = None
         for attempt in range(2):
             try:
                 # The retry skips the reconnect back-off: it is the one extra attempt a spawning client makes.
                 if not self._ensure_session(force=attempt > 0):
                     raise self._unavailable()
-                out = self._compress_remote(items, codec, streams)
+                out = self._compress_remote(req)
                 break
             except DaemonUnavailableError:
                 # The daemon went away during the call: with spawn, start one and try once more.
@@ -780,9 +785,10 @@ class Client(RingOne, CpuPath, GpuPath):
                 out = [_compress_raw(t) for t in items]
         return _into_outs(out[0] if single else out, outs, single)
 
-    def _compress_remote(self, tensors: list[torch.Tensor], codec: str | None, streams: dict[int, Any] | None) -> list[CompressedTensor]:
-        """One request per batch of CPU tensors and per batch of each GPU's tensors (``codec`` None: each device's
+    def _compress_remote(self, req: Request) -> list[CompressedTensor]:
+        """One ZeroMQ request per batch of CPU tensors and per batch of each GPU's tensors (codec None: each device's
         default, :func:`tzip._codec_choice.codec_for`)."""
+        tensors, codec, streams = req.items, req.codec, req.streams
         groups: dict[int | None, list[int]] = {}
         for i, t in enumerate(tensors):
             groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
@@ -790,9 +796,9 @@ class Client(RingOne, CpuPath, GpuPath):
         for key, idx in groups.items():
             part = [tensors[i] for i in idx]
             if key is None:
-                done = self._compress_cpu(part, codec_for(codec, False))
+                done = self._compress_cpu(part, codec_for(codec, False), req)
             else:
-                done = self._compress_gpu(self._gpu(key), part, codec_for(codec, True), _stream_for(streams, key))
+                done = self._compress_gpu(self._gpu(key), part, codec_for(codec, True), _stream_for(streams, key), req)
             for i, ct in zip(idx, done):
                 out[i] = ct
         return out
@@ -820,7 +826,7 @@ class Client(RingOne, CpuPath, GpuPath):
         self._check_pid()
         budget = _checked_sm_budget(sm_budget)
         items, outs, single = self._decompress_args(cts, out)
-        return _with_sm_budget(budget, self._decompress, items, outs, single, verify, None)
+        return self._decompress(Request(items, single, outs, verify=verify, sm_budget=budget, stream=_stream_tag.get()))
 
     def decompress_async(self, cts, out=None, verify: bool = True, *, sm_budget: int | None = None) -> _ring.Handle:
         """:meth:`decompress` without waiting: returns a :class:`tzip._ring.Handle`, a concurrent.futures.Future of
@@ -840,21 +846,20 @@ class Client(RingOne, CpuPath, GpuPath):
         items, outs, single = self._decompress_args(cts, out)
         streams = _caller_streams([*(o for o in outs if isinstance(o, torch.Tensor)),
                                    *(ct.payload for ct in items if isinstance(ct, CompressedTensor))])
+        req = Request(items, single, outs, verify=verify, sm_budget=budget, stream=_stream_tag.get(), streams=streams)
         try:
-            handle = _with_sm_budget(budget, self._decompress_start_call, items, outs, single, verify, streams)
+            handle = self._decompress_start_call(req)
         except (ValueError, TypeError, TzipDaemonError) as e:
             return _done_handle(_raiser(e), None)
         if handle is not None:
             return handle
-        return self._pool_handle(streams, _with_sm_budget, budget, self._decompress, items, outs, single, verify, streams,
-                                 False)
+        return self._pool_handle(streams, self._decompress_zmq, req)
 
-    def _decompress_start_call(self, items: list, outs: list, single: bool, verify: bool,
-                               streams: dict[int, Any] | None) -> _ring.Handle | None:
-        self._check_decompress_args(items, outs)
-        if not self._ring_caps or self._sid is None or not self._ring_worth(items, outs):
+    def _decompress_start_call(self, req: Request) -> _ring.Handle | None:
+        self._check_decompress_args(req.items, req.outs)
+        if not self._ring_caps or self._sid is None or not self._ring_worth(req.items, req.outs):
             return None
-        h = self._decompress_submit(items, outs, single, verify, streams)
+        h = self._decompress_submit(req)
         if h is not None:
             for r in list(self._rings.values()):
                 r.watch()
@@ -872,18 +877,26 @@ class Client(RingOne, CpuPath, GpuPath):
         outs = _outs_per_item(out, len(items), single, "a tensor or None per compressed tensor", "compressed tensors")
         return items, outs, single
 
-    def _decompress(self, items: list, outs: list, single: bool, verify: bool, streams: dict[int, Any] | None,
-                    use_ring: bool = True):
+    def _decompress(self, req: Request):
+        """Serves the blocking call ``req`` as :meth:`_compress` does: the one-frame ring path, the general ring path,
+        else :meth:`_decompress_zmq`."""
         self._check_pid()
-        self._check_decompress_args(items, outs)
-        if use_ring and self._ring_caps and self._sid is not None and self._ring_worth(items, outs):
-            if single and streams is None:
-                one = self._decompress_one(items[0], outs[0], verify)
+        self._check_decompress_args(req.items, req.outs)
+        if self._ring_caps and self._sid is not None and self._ring_worth(req.items, req.outs):
+            if req.single and req.streams is None:
+                one = self._decompress_one(req)
                 if one is not None:
                     return one
-            h = self._decompress_submit(items, outs, single, verify, streams, blocking=True)
+            h = self._decompress_submit(req, blocking=True)
             if h is not None:
                 return self._wait_handle(h)
+        return self._decompress_zmq(req)
+
+    def _decompress_zmq(self, req: Request):
+        """The ZeroMQ route of ``req`` (its arguments checked): raw frames are decoded here where that needs no
+        daemon, the rest through the daemon (one retry after spawning one)."""
+        self._check_pid()
+        items, outs, single, verify = req.items, req.outs, req.single, req.verify
         results: list[torch.Tensor | None] = [None] * len(items)
         remote = []
         for i, (ct, o) in enumerate(zip(items, outs)):
@@ -897,7 +910,7 @@ class Client(RingOne, CpuPath, GpuPath):
                 try:
                     if not self._ensure_session(force=attempt > 0):
                         raise self._unavailable()
-                    self._decompress_remote(items, outs, remote, verify, streams, results)
+                    self._decompress_remote(req, remote, results)
                     break
                 except DaemonUnavailableError as e:
                     if attempt == 0 and self.spawn:
@@ -945,9 +958,10 @@ class Client(RingOne, CpuPath, GpuPath):
         if any_out:
             _check_outs_apart(items, outs)
 
-    def _decompress_remote(self, items: list[CompressedTensor], outs: list, idx: list[int], verify: bool,
-                           streams: dict[int, Any] | None, results: list) -> None:
-        """Fills ``results[i]`` for ``i`` in ``idx``: one request per batch of CPU destinations and per batch of each GPU's."""
+    def _decompress_remote(self, req: Request, idx: list[int], results: list) -> None:
+        """Fills ``results[i]`` for ``i`` in ``idx``: one ZeroMQ request per batch of CPU destinations and per batch
+        of each GPU's."""
+        items, outs, verify, streams = req.items, req.outs, req.verify, req.streams
         groups: dict[int | None, list[int]] = {}
         for i in idx:
             if results[i] is not None:
@@ -959,9 +973,9 @@ class Client(RingOne, CpuPath, GpuPath):
             cts = [items[i] for i in part]
             os_ = [outs[i] for i in part]
             if key is None:
-                done = self._decompress_cpu([_on_cpu(ct) for ct in cts], os_, verify)
+                done = self._decompress_cpu([_on_cpu(ct) for ct in cts], os_, verify, req)
             else:
-                done = self._decompress_gpu(self._gpu(key), cts, os_, verify, _stream_for(streams, key))
+                done = self._decompress_gpu(self._gpu(key), cts, os_, verify, _stream_for(streams, key), req)
             for i, t in zip(part, done):
                 results[i] = t
 
