@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import tzip.client as tz
 import tzip.distributed as tzd
+from tzip.distributed._call import _Call, _header_len
 from tzip.distributed import ReduceOp
 
 from dist_support import Pools, bits, run_without_daemon
@@ -281,7 +282,7 @@ def _calls_alive() -> int:
     for t in threading.enumerate():  # isend/irecv's worker threads hold their call until they return
         if t.name.startswith("tzip-p2p"):
             t.join(10)
-    return sum(1 for o in gc.get_objects() if isinstance(o, tzd._Call))
+    return sum(1 for o in gc.get_objects() if isinstance(o, _Call))
 
 
 def w_mismatches(rank, world):
@@ -352,7 +353,7 @@ def w_counters(rank, world):
     c = tzd.counters(reset=True)["all_reduce"]
     q, r = divmod(n, world)
     shard = q + (1 if rank < r else 0)
-    header = (tzd._header_len(world)) * 8
+    header = (_header_len(world)) * 8
     want_raw = (n - shard) * 4 + shard * 4 * (world - 1)
     want_sent = (n - shard) * 4 + shard * 4 * (world - 1) + header * (world - 1)
     assert (c.calls, c.bytes_raw, c.bytes_sent) == (1, want_raw, want_sent), (c, want_raw, want_sent)
@@ -419,6 +420,139 @@ def w_daemon_away(rank, world):
     return ours, strict, t.tolist()
 
 
+# --- all_reduce in pieces -------------------------------------------------------------------------------------------
+
+
+def reference_pieces(op: str, xs: list[torch.Tensor], per: int) -> torch.Tensor:
+    """:func:`reference` piece by piece (``per`` elements each, the last shorter), as all_reduce(piece_bytes=...)
+    reduces: each piece split into world-size shards."""
+    flats = [x.reshape(-1) for x in xs]
+    n = flats[0].numel()
+    if n == 0:
+        return reference(op, xs)
+    parts = [reference(op, [f[a : a + per] for f in flats]) for a in range(0, n, per)]
+    return torch.cat(parts).reshape(xs[0].shape)
+
+
+def same_but_nan_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, except that a NaN need only be a NaN: which operand's payload survives a NaN-propagating op is
+    the arithmetic's choice, and torch's vector lanes and scalar tail choose differently (the module docstring)."""
+    if not a.dtype.is_floating_point:
+        return same(a, b)
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and same(a[~nan], b[~nan])
+
+
+class CompressFailsLater:
+    """Fault injection: the process-wide client, except that all_reduce's codec thread (which encodes the pieces after
+    the first) fails after ``ok`` requests, as when the daemon has gone away mid-call."""
+
+    def __init__(self, ok: int):
+        from tzip._default import default_client
+
+        self.inner, self.ok = default_client(), ok
+
+    def compress(self, *args, **kwargs):
+        if threading.current_thread().name.startswith("tzip-pieces"):
+            if self.ok <= 0:
+                raise tz.DaemonUnavailableError("injected: the daemon went away")
+            self.ok -= 1
+        return self.inner.compress(*args, **kwargs)
+
+    def decompress(self, *args, **kwargs):
+        return self.inner.decompress(*args, **kwargs)
+
+
+def w_pieces(rank, world):
+    """all_reduce in pieces against the same pieces at codec="raw", the piecewise rank-order reference and (where no
+    complex product is involved) the one-piece result: pieces of one element, piece sizes that divide neither the
+    tensor nor the element size, pieces whose frames are raw (incompressible bits) beside compressed ones, and ranks
+    that send plain bytes beside ranks that compress."""
+    checked = 0
+    every = ("raw", "auto", "fast", "max")
+    cases = [(torch.bfloat16, (70001,), [2 * 4099, 1 << 16], every), (torch.float16, (3, 7), [2, 1001], every[:2]),
+             (torch.float32, (70001,), [4 * 9999 + 3, 1 << 17], every), (torch.float64, (5,), [8, 8 * 3], every[:2]),
+             (torch.int32, (3, 7), [4, 4 * 5], every[:2]), (torch.complex64, (37, 11), [8 * 7, 8 * 100], every[:2])]
+    for di, (dtype, shape, sizes, codecs) in enumerate(cases):
+        for op in ops_for(dtype):
+            xs = [data(r, shape, dtype, 500 + di) for r in range(world)]
+            whole = xs[rank].clone()
+            tzd.all_reduce(whole, op=OPS[op], codec="raw", piece_bytes=0)
+            for pb in sizes:
+                per = max(1, pb // dtype.itemsize)
+                want = reference_pieces(op, xs, per)
+                got = {}
+                for codec in codecs:
+                    t = xs[rank].clone()
+                    assert tzd.all_reduce(t, op=OPS[op], codec=codec, piece_bytes=pb) is t
+                    got[codec] = t
+                    assert same(t, want), (str(dtype), shape, op, pb, codec)
+                    checked += 1
+                if not (dtype.is_complex and op == "PRODUCT"):
+                    assert same_but_nan_bits(got["raw"], whole), (str(dtype), op, pb, "pieces vs one piece")
+    # incompressible halves (raw frames) beside compressible ones, non-contiguous, some ranks plain
+    for world_codec in (["auto"] * world, ["raw"] + ["auto"] * (world - 1)):
+        xs = []
+        for r in range(world):
+            g = torch.Generator().manual_seed(77 + r)
+            noise = torch.randint(-(1 << 31), (1 << 31) - 1, (50000,), generator=g, dtype=torch.int64).to(torch.int32)
+            x = torch.cat([noise.view(torch.float32), data(r, (50000,), torch.float32, 78)]).reshape(400, 250)
+            xs.append(x)
+        want = reference_pieces("SUM", xs, (1 << 16) // 4)
+        from tzip._default import default_client
+
+        # a piece of noise is stored raw (every chunk: no smaller when coded), a piece of the rest is coded
+        cts = default_client().compress([xs[rank].reshape(-1)[:16384], xs[rank].reshape(-1)[-16384:]])
+        assert cts[0].compressed_nbytes > 16384 * 4 > cts[1].compressed_nbytes, [c.compressed_nbytes for c in cts]
+        t = xs[rank].clone().t().contiguous().t()
+        tzd.all_reduce(t, codec=world_codec[rank], piece_bytes=1 << 16)
+        assert same(t, want), world_codec
+        checked += 1
+    # the CUDA tensors' default piece size (3 pieces here), with the default codec
+    x = data(rank, (3 * tzd.PIECE_BYTES // 4 + 5,), torch.float32, 79, special=False)
+    plain = x.clone()
+    dist.all_reduce(plain)
+    t = x.clone()
+    tzd.all_reduce(t, piece_bytes=tzd.PIECE_BYTES)
+    if world == 2:
+        assert same(t, plain)
+    assert same(t, reference("SUM", [data(r, x.shape, torch.float32, 79, special=False) for r in range(world)]))
+    return checked + 1
+
+
+def w_piece_errors(rank, world):
+    """Errors of a call in pieces: (type name, message, seconds) per case, the calls left alive without the garbage
+    collector, and whether the group is still in step after them."""
+    seen, left = {}, {}
+    last = world - 1
+
+    def case(name, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            seen[name] = (None, "", time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            seen[name] = (type(e).__name__, str(e), time.monotonic() - t0)
+        left[name] = _calls_alive()
+
+    x = torch.randn(20000)
+    gc.collect()
+    gc.disable()
+    case("different pieces", lambda: tzd.all_reduce(x.clone(), piece_bytes=4000 if rank == last else 8000))
+    case("bad piece_bytes", lambda: tzd.all_reduce(x.clone(), piece_bytes=-1 if rank == last else 8000))
+    case("bool piece_bytes", lambda: tzd.all_reduce(x.clone(), piece_bytes=True))
+    # the codec fails while a later piece is encoded (on the codec thread), or while piece 1's shards are decoded
+    case("encode fails at piece 3", lambda: tzd.all_reduce(x.clone(), piece_bytes=8000,
+                                                          client=CompressFailsLater(1) if rank == last else None))
+    case("decompress fails", lambda: tzd.all_reduce(x.clone(), piece_bytes=8000,
+                                                   client=DecompressFails() if rank == last else None))
+    gc.enable()
+    t = torch.full((3,), float(rank))
+    tzd.all_reduce(t, piece_bytes=4)
+    return seen, left, t.tolist()
+
+
+
 # --- tests ----------------------------------------------------------------------------------------------------------
 
 
@@ -433,6 +567,30 @@ def test_all_reduce_four_ranks_equals_raw_and_rank_order(pools):
 def test_all_reduce_fast_and_max_codecs_equal_raw(pools):
     pools(4).run(w_all_reduce_matrix, timeout=600, codecs=["fast", "max"], extras=False,
                  dtypes=["bfloat16", "float16", "float32", "float64"], shapes=[(1,), (37, 11), (70001,)])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_reduce_in_pieces_equals_raw_and_rank_order(pools, world):
+    assert pools(world).run(w_pieces, timeout=900)[0] > 50
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_reduce_in_pieces_errors(pools, world):
+    last = world - 1
+    for rank, (seen, left, after) in enumerate(pools(world).run(w_piece_errors, timeout=300)):
+        assert after == [float(sum(range(world)))] * 3
+        assert left == dict.fromkeys(left, 0), (rank, left)
+        for name, (got, msg, seconds) in seen.items():
+            assert seconds < 10, (rank, name, seconds)
+        assert seen["different pieces"][0] == "MismatchError" and "piece_bytes" in seen["different pieces"][1]
+        assert seen["bad piece_bytes"][0] == ("ValueError" if rank == last else "RuntimeError"), seen["bad piece_bytes"]
+        assert seen["bool piece_bytes"][0] == "ValueError"
+        enc = seen["encode fails at piece 3"]
+        assert enc[0] == ("DaemonUnavailableError" if rank == last else "RuntimeError"), enc
+        assert rank == last or ("while encoding piece 3 of 10" in enc[1] and "partly reduced" in enc[1]), enc
+        dec = seen["decompress fails"]
+        assert dec[0] == ("DaemonUnavailableError" if rank == last else "RuntimeError"), dec
+        assert rank == last or "between the exchange and the gather" in dec[1], dec
 
 
 def test_all_reduce_two_ranks_equals_dist_all_reduce(pools):
@@ -543,6 +701,18 @@ def w_cuda(rank, world):
                     got = tzd.recv(torch.empty(shape, dtype=dtype, device="cuda"), peer)
                     assert same(got, xs[peer])
                 checked += 1
+    # a CUDA tensor of several pieces (the default for CUDA tensors): the codec thread encodes on the caller's stream
+    x = data(rank, (5 * tzd.PIECE_BYTES // 2 + 7,), torch.bfloat16, 90, special=False)
+    plain = x.clone().cuda()
+    dist.all_reduce(plain)
+    for codec in ("auto", "raw", "fast"):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            t = x.cuda()
+            tzd.all_reduce(t, codec=codec)
+        side.synchronize()
+        assert same(t, plain), ("pieces", codec)
+        checked += 1
     return checked
 
 

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from .client import Client, tagged
-from .distributed import _all_reduce
+from .distributed._all_reduce import _all_reduce
 
 __all__ = ["LosslessState", "lossless_allreduce_hook"]
 

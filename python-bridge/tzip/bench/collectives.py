@@ -2,7 +2,7 @@
 
     python -m tzip.bench.collectives [--ranks 2] [--sizes 25,100] [--repeat 5] [--codec auto] [--socket PATH]
                                      [--device cpu|cuda] [--backend gloo|nccl] [--links 25,50,100]
-                                     [--codec-rates C,D] [--no-ddp] [--json]
+                                     [--codec-rates C,D] [--piece-mb MB] [--no-ddp] [--json]
 
 Measures, with ``--ranks`` processes in one process group on 127.0.0.1 (one intra-op thread each; gloo by default,
 ``--backend nccl`` with ``--device cuda`` and one GPU per rank). ``--device cuda`` puts every tensor on the GPU
@@ -10,12 +10,13 @@ Measures, with ``--ranks`` processes in one process group on 127.0.0.1 (one intr
 ends each timed call with ``torch.cuda.synchronize()``:
 
 * the time of one all-reduce (SUM) of a 25 MB and a 100 MB bucket of real gradients, bf16 and fp32: plain
-  ``dist.all_reduce``, ``tzip.distributed.all_reduce`` with ``codec="raw"`` (the same algorithm uncompressed) and
-  with ``--codec``; the bytes each rank sent (tzip's counters) and their ratio to the raw bytes. Median over
-  ``--repeat`` runs of rank 0's wall clock, the methods interleaved so that load changes hit them alike; every rank
-  reduces its own gradients of the same parameters. Each method's result (of the first, untimed round) is compared
-  bit for bit (integer views) on every rank: tzip raw and tzip ``--codec`` with each other, and with plain
-  ``dist.all_reduce`` (which only two ranks must match: with more, the backend's reduction order differs);
+  ``dist.all_reduce``, ``tzip.distributed.all_reduce`` with ``codec="raw"`` (the same algorithm uncompressed) and with
+  ``--codec``, each in pieces of ``--piece-mb`` (default: PIECE_BYTES) and in one piece (``piece_bytes=0``); the bytes
+  each rank sent (tzip's counters) and their ratio to the raw bytes. Median over ``--repeat`` runs of rank 0's wall
+  clock, the methods interleaved so that load changes hit them alike; every rank reduces its own gradients of the same
+  parameters. Each method's result (of the first, untimed round) is compared bit for bit (integer views) on every
+  rank: tzip raw and tzip ``--codec`` with each other, and with plain ``dist.all_reduce`` (which only two ranks must
+  match: with more, the backend's reduction order differs);
 * the codec's rates through the daemon on the same data, rank 0 alone (the others wait at a barrier): compress of
   the n-1 shards a rank sends and decompress of the n-1 shards it receives, GB/s of original bytes;
 * bytes on the wire per DDP step of the real model (all-MiniLM-L6-v2, fp32, real text, 4 sentence pairs of 32
@@ -52,6 +53,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .._dlpack import int_alias
+from ..distributed import PIECE_BYTES
+from ..distributed._call import _shards
 from .daemon import _daemon_socket
 
 MB = 1_000_000
@@ -193,10 +196,13 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
             for size in args.sizes:
                 numel = int(size * MB) // flat.element_size()
                 data = _window(flat, numel)
+                pb = None if args.piece_mb is None else int(args.piece_mb * MB)
                 methods = {
                     "plain": lambda x: dist.all_reduce(x),
-                    "raw": lambda x: tzd.all_reduce(x, codec="raw"),
-                    args.codec: lambda x, c=args.codec: tzd.all_reduce(x, codec=c),
+                    "raw": lambda x: tzd.all_reduce(x, codec="raw", piece_bytes=pb),
+                    args.codec: lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=pb),
+                    "raw/1": lambda x: tzd.all_reduce(x, codec="raw", piece_bytes=0),
+                    f"{args.codec}/1": lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=0),
                 }
                 times: dict[str, list[float]] = {m: [] for m in methods}
                 traffic = {}
@@ -221,10 +227,12 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
                         del x
                 identical = _all_ranks({"raw_vs_plain": _same_bits(first["raw"], first["plain"]),
                                         "codec_vs_raw": _same_bits(first[args.codec], first["raw"]),
-                                        "codec_vs_plain": _same_bits(first[args.codec], first["plain"])}, device)
+                                        "codec_vs_plain": _same_bits(first[args.codec], first["plain"]),
+                                        "pieces_vs_one": _same_bits(first[args.codec], first[f"{args.codec}/1"]) and
+                                        _same_bits(first["raw"], first["raw/1"])}, device)
                 del first
                 # the codec alone, on rank 0 with the others waiting: what one all-reduce asks of it
-                bounds = tzd._shards(numel, world)
+                bounds = _shards(numel, world)
                 shards = [data[a:b] for j, (a, b) in enumerate(bounds) if j != 0]
                 rates = None
                 if rank == 0:
@@ -291,15 +299,17 @@ def report(res: dict, args) -> str:
              f"{n} ranks, {res['backend']}, tensors on {res['device']}, one torch thread per rank; daemon: "
              f"{'connected' if res['daemon'] else 'AWAY (raw frames)'}",
              "", f"one all-reduce (SUM) of a bucket, rank 0's wall clock, median of {args.repeat} (seconds):"]
-    head = ["dtype", "MB", "plain dist.all_reduce", "tzip raw", f"tzip {c}", f"{c}/plain", "bytes sent/raw",
-            "codec compress GB/s", "decompress GB/s", "bit-identical"]
+    pieces = "default" if args.piece_mb is None else f"{args.piece_mb:g} MB"
+    lines[-1] += f" tzip in pieces of {pieces} (tzip.distributed.PIECE_BYTES = {PIECE_BYTES / MB:g} MB) and in one piece:"
+    head = ["dtype", "MB", "plain dist.all_reduce", "tzip raw", f"tzip {c}", "raw 1 piece", f"{c} 1 piece",
+            f"{c}/plain", "bytes sent/raw", "codec compress GB/s", "decompress GB/s", "bit-identical"]
     rows = []
     for r in res["results"]:
         s = r["seconds"]
         raw_b, sent_b = r["traffic"][c]
         rt = r["rates"]
         rows.append([r["dtype"], f"{r['mb']:g}", f"{s['plain']:.3f}", f"{s['raw']:.3f}", f"{s[c]:.3f}",
-                     f"{s[c] / s['plain']:.2f}x", f"{sent_b / raw_b:.4f}", f"{rt['compress_gbps']:.3f}",
+                     f"{s['raw/1']:.3f}", f"{s[c + '/1']:.3f}", f"{s[c] / s['plain']:.2f}x", f"{sent_b / raw_b:.4f}", f"{rt['compress_gbps']:.3f}",
                      f"{rt['decompress_gbps']:.3f}", _identity(r["identical"], "codec_vs_raw", n)])
     lines += _table(head, rows)
     if res["ddp"]:
@@ -329,7 +339,8 @@ def _identity(flags: dict[str, bool], compressed_vs_raw: str, ranks: int) -> str
     """"yes" when the compressed result equals the raw one and, on two ranks, plain PyTorch's too (the project's rule);
     else which comparison failed."""
     vs_plain = compressed_vs_raw.replace("_raw", "_plain")
-    bad = [k for k in (compressed_vs_raw, *([vs_plain, "raw_vs_plain"] if ranks == 2 else [])) if not flags[k]]
+    bad = [k for k in (compressed_vs_raw, *([vs_plain, "raw_vs_plain"] if ranks == 2 else []),
+                       *(["pieces_vs_one"] if "pieces_vs_one" in flags else [])) if not flags[k]]
     return "yes" if not bad else "NO (" + ", ".join(bad) + ")"
 
 
@@ -354,6 +365,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--links", default="25,50,100", help="link speeds of the projection, GB/s")
     ap.add_argument("--codec-rates", default=None, help="COMPRESS,DECOMPRESS GB/s for the projection instead of the "
                     "rates measured here (e.g. a GPU's)")
+    ap.add_argument("--piece-mb", type=float, default=None, help="tzip.distributed.all_reduce's piece_bytes in MB "
+                    "(default: its own, PIECE_BYTES); every row also runs in one piece (piece_bytes=0)")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step of the real model")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
