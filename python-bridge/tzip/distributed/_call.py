@@ -19,6 +19,7 @@ import torch.distributed as dist
 from .._codec_choice import check_codec
 from .._default import resolve_client
 from .._dlpack import int_alias
+from .._generated_constants import CODEC_IDS
 from ..client import Client, _stream_tag, tagged
 from ..compressed import CompressedTensor
 
@@ -85,9 +86,10 @@ _KINDS = {"send": 1, "recv": 2, "broadcast": 3, "all_gather": 4, "reduce_scatter
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
 _OK, _FAILED = 0, 1
 
-# Frame codecs on the wire; PLAIN is a tensor's own bytes (codec="raw": no frame, no daemon).
+# Frame codecs on the wire: the frame's codec id (docs/format.md) + 1, since 0 is PLAIN, a tensor's own bytes
+# (codec="raw": no frame, no daemon).
 _PLAIN = 0
-_CODEC_IDS = {"raw": 1, "fast": 2, "max": 3, "bytes": 4}
+_CODEC_IDS = {name: code + 1 for name, code in CODEC_IDS.items()}
 _CODEC_NAMES = {v: k for k, v in _CODEC_IDS.items()}
 
 # dtype codes: positions in this list (append only; both ranks run the same table).
