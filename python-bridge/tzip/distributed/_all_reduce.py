@@ -69,6 +69,8 @@ def _all_reduce(tensor: torch.Tensor, op, group, codec: str | None, client: Clie
 def _pieces(numel: int, itemsize: int, piece_bytes: int) -> list[tuple[int, int]]:
     """[start, end) element ranges of the pieces of a flat tensor: piece_bytes // itemsize elements each (at least
     one; 0: the whole tensor), the last one shorter; none for an empty tensor."""
+    if numel == 0:
+        return []
     per = numel if piece_bytes == 0 else max(1, piece_bytes // itemsize)
     return [(a, min(a + per, numel)) for a in range(0, numel, per)]
 
