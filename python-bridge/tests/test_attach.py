@@ -28,6 +28,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tzip
+import tzip._session
 import tzip.attaching
 import tzip.client
 from tzip.optim import OffloadedTensor
@@ -494,7 +495,7 @@ def test_job_codec_setting_applies_at_the_next_request(daemon, monkeypatch):
 def test_client_without_v3_sends_no_job_or_tags(daemon, monkeypatch):
     """An older daemon: a session of version 2 is sent no job and no stream tag, and a hello whose job the daemon
     refuses (an older daemon's schema has no such field) is said again without it."""
-    monkeypatch.setattr(tzip.client, "PROTOCOL_VERSIONS", [1, 2])
+    monkeypatch.setattr(tzip._session, "PROTOCOL_VERSIONS", [1, 2])
     name = f"v2-job-{os.getpid()}"
     with tzip.connect(daemon.socket, spawn=False) as c:
         assert c.protocol_version == 2
@@ -503,11 +504,11 @@ def test_client_without_v3_sends_no_job_or_tags(daemon, monkeypatch):
             x = torch.randn(2048)
             assert torch.equal(bits(c.decompress(c.compress(x))), bits(x))
         assert the_job(daemon.socket, name) is None  # never told
-    monkeypatch.setattr(tzip.client, "PROTOCOL_VERSIONS", [1, 2, 3])
-    real = tzip.client.job_info
-    monkeypatch.setattr(tzip.client, "job_info", lambda *a, **k: {**real(*a, **k), "unknown_field": 1})
+    monkeypatch.setattr(tzip._session, "PROTOCOL_VERSIONS", [1, 2, 3])
+    real = tzip._session.job_info
+    monkeypatch.setattr(tzip._session, "job_info", lambda *a, **k: {**real(*a, **k), "unknown_field": 1})
     with tzip.connect(daemon.socket, spawn=False, job=name) as c:
-        assert c.connected and c._job_refused_by == c._daemon_pid  # noqa: SLF001
+        assert c.connected and c._session.job_refused_by == c._session.daemon_pid  # noqa: SLF001
         x = torch.randn(100)
         assert torch.equal(bits(c.decompress(c.compress(x))), bits(x))
 

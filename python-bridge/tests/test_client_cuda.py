@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import tzip.client as tz
+import tzip._session
 from tzip import _cuda
 from tzip._dlpack import int_alias
 from tzip.compressed import CompressedTensor
@@ -105,13 +106,11 @@ def test_every_dtype_round_trips_bit_exact_on_the_gpu(client, sharing_client, dt
 def test_a_protocol_version_1_session_names_the_staging_buffer_in_full(shared_daemon, client, monkeypatch):
     """A client that speaks only version 1 (no handle tables) stages a batch with a full handle per region, and gets
     the same frames and tensors back as a version-2 client, which names the buffer once (docs/protocol.md)."""
-    import tzip.client as client_module
-
-    monkeypatch.setattr(client_module, "PROTOCOL_VERSIONS", [1])
+    monkeypatch.setattr(tzip._session, "PROTOCOL_VERSIONS", [1])
     old = tz.connect(shared_daemon.socket, spawn=False, strict=True)
     try:
-        old._call("heartbeat", {})
-        assert old._version == 1 and client._version >= 2  # the newest both speak (3 since jobs)
+        old._session.call("heartbeat", {})
+        assert old._session.version == 1 and client._session.version >= 2  # the newest both speak (3 since jobs)
         batch = [random_cuda(torch.bfloat16, (37 + i, 5), seed=i) for i in range(12)] + [random_cuda(torch.int8, (1000,), seed=99)]
         v1, v2 = old.compress(batch), client.compress(batch)
         for a, b in zip(v1, v2):

@@ -112,7 +112,7 @@ def test_a_cpu_tensor_without_a_codec_is_coded_auto(shared_daemon, ring_entries)
             assert got.payload.numpy().tobytes() == auto.payload.numpy().tobytes()
         operator = tz.connect(shared_daemon.socket, spawn=False, strict=True)
         try:
-            operator._call("set", {"job": job, "codec": "fast"})
+            operator._session.call("set", {"job": job, "codec": "fast"})
         finally:
             operator.close()
         # no heartbeat in between: the daemon applies the setting to the very next request, ZeroMQ or ring SQE

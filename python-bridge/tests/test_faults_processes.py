@@ -54,7 +54,7 @@ VICTIM = textwrap.dedent("""
     c = tz.connect(sock, spawn=False, strict=True, ring_entries=0)
     big = (torch.randn(16 << 20, generator=torch.Generator().manual_seed(1)) * 0.02).to(torch.bfloat16)  # 32 MiB
     ct = c.compress(big, codec="fast") if op == "decompress" else None
-    print("READY", c.shm_prefix, c._sid, flush=True)
+    print("READY", c.shm_prefix, c._session.sid, flush=True)
     while True:
         if op == "compress":
             c.compress(big, codec="max")
@@ -86,7 +86,7 @@ def test_client_killed_mid_request(daemon, op):
         assert wait_for(lambda: not shm_files(prefix), 15), shm_files(prefix)
         gone_after = time.monotonic() - killed_at
         s = wait_for(lambda: (lambda st: st if st["inflight"] == 0 else None)(stats(daemon.socket)), 30)
-        mine = stats(daemon.socket, survivor._sid)["session"]
+        mine = stats(daemon.socket, survivor._session.sid)["session"]
         assert s["sessions"] == 1 and s["mapped"] == mine["mapped"], (s, mine)  # nothing of the victim's is mapped
         assert s["sessions_ended"].get("disconnect", 0) + s["sessions_ended"].get("lease", 0) >= 1
         assert gone_after < 2.0 + 5.0  # within its lease (2 s) and the orphan checks

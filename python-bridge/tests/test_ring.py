@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file
 
 import tzip.client as tz
+import tzip._session
 from tzip import _ring
 from tzip._dlpack import int_alias
 from tzip._errors import DaemonUnavailableError, TzipDaemonError
@@ -79,13 +80,13 @@ def embedding() -> torch.Tensor:
 def record_zmq(c: tz.Client) -> list[str]:
     """The ops of every ZeroMQ message ``c`` sends from now on (the real transport still sends them)."""
     ops: list[str] = []
-    request = c._transport.request
+    request = c._session.transport.request
 
     def spy(msg, *args, **kwargs):
         ops.append(msg["op"])
         return request(msg, *args, **kwargs)
 
-    c._transport.request = spy
+    c._session.transport.request = spy
     return ops
 
 
@@ -460,7 +461,7 @@ def test_a_frame_of_more_than_six_dimensions_goes_through_zeromq(clients):
 
 
 def test_a_daemon_without_the_ring_is_spoken_to_over_zeromq(daemon, monkeypatch):
-    monkeypatch.setattr(tz, "PROTOCOL_VERSIONS", [1, 2, 3])
+    monkeypatch.setattr(tzip._session, "PROTOCOL_VERSIONS", [1, 2, 3])
     c = tz.connect(daemon.socket, spawn=False, strict=True)
     try:
         assert c.protocol_version == 3 and c.ring_info["offered"] is None

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import tzip
+import tzip._session
 import tzip.client as client_module
 
 from tzip import _ring
@@ -27,13 +28,13 @@ def weights_bf16() -> list[torch.Tensor]:
 def record_requests(c) -> list[dict]:
     """Every message the client sends from now on (the real transport still sends them)."""
     sent: list[dict] = []
-    request = c._transport.request
+    request = c._session.transport.request
 
     def spy(msg, *args, **kwargs):
         sent.append(dict(msg))
         return request(msg, *args, **kwargs)
 
-    c._transport.request = spy
+    c._session.transport.request = spy
     return sent
 
 
@@ -101,7 +102,7 @@ def test_a_call_the_ring_cannot_take_keeps_its_budget_and_stream_tag(daemon):  #
 
 def test_an_older_daemon_is_sent_no_budget(daemon, monkeypatch):  # noqa: F811
     """A version-2 session would be refused (TZIP_PROTOCOL) for a field it does not have: the client leaves it out."""
-    monkeypatch.setattr(client_module, "PROTOCOL_VERSIONS", [1, 2])
+    monkeypatch.setattr(tzip._session, "PROTOCOL_VERSIONS", [1, 2])
     c = tzip.connect(daemon.socket, spawn=False, strict=True)
     try:
         t = weights_bf16()[0]

@@ -81,7 +81,7 @@ class CpuPath:
             return (0 if it.zero_copy else _align(it.nbytes)) + _align(it.capacity)
 
         results: list[CompressedTensor] = []
-        for batch in split_batches(items, stage_of, self._limits):
+        for batch in split_batches(items, stage_of, self._session.limits):
             with self._arena.lease(max(1, sum(stage_of(it) for it in batch))) as seg:
                 off = 0
                 entries = []
@@ -96,7 +96,7 @@ class CpuPath:
                     off += _align(it.capacity)
                     entries.append({"tensor": tensor_desc(_device(it.tensor), it.dl, it.wshape, data),
                                     "out": shm_data(seg.name, it.out_off, it.capacity)})
-                reply = self._call("compress", {"codec": codec, "tensors": entries}, req=req)
+                reply = self._session.call("compress", {"codec": codec, "tensors": entries}, req=req)
                 for it, fr in zip(batch, reply["frames"]):
                     n = int(fr["bytes"])
                     payload = torch.empty(n, dtype=torch.uint8)
@@ -137,7 +137,7 @@ class CpuPath:
             return (0 if d.frame_zc else _align(d.frame.numel())) + (0 if d.dest else _align(d.ct.nbytes))
 
         results: list[torch.Tensor] = []
-        for batch in split_batches(plans, stage_of, self._limits):  # type: ignore[arg-type]
+        for batch in split_batches(plans, stage_of, self._session.limits):  # type: ignore[arg-type]
             with self._arena.lease(max(1, sum(stage_of(d) for d in batch))) as seg:
                 off = 0
                 entries = []
@@ -157,7 +157,7 @@ class CpuPath:
                         d.out_off = off
                         off += _align(d.ct.nbytes)
                     entries.append({"frame": fh, "out": tensor_desc({"type": DL_CPU, "id": 0}, d.dl, d.wshape, oh)})
-                reply = self._call("decompress", {"frames": entries, "verify": verify}, req=req)
+                reply = self._session.call("decompress", {"frames": entries, "verify": verify}, req=req)
                 for d, info in zip(batch, reply["tensors"]):
                     if int(info["nbytes"]) != d.ct.nbytes:
                         raise TzipDaemonError("TZIP_CORRUPT", f"the frame holds {info['nbytes']} bytes, the CompressedTensor says {d.ct.nbytes}")

@@ -109,7 +109,7 @@ class GpuPath:
 
     def _daemon_ordinal(self, g: "_Gpu") -> int | None:
         """The daemon's ordinal of ``g`` (hello's ``daemon.gpus[].index``, matched by UUID), or None."""
-        for d in self._daemon.get("gpus") or []:
+        for d in self._session.daemon.get("gpus") or []:
             if isinstance(d, dict) and _normalize_uuid(d.get("uuid", "")) == g.norm and isinstance(d.get("index"), int):
                 return int(d["index"])
         return None
@@ -146,7 +146,7 @@ class GpuPath:
         """Whether the daemon's hello lists ``g`` (and no request found it unreachable since)."""
         if g.norm in self._gpu_unreachable:
             return False
-        info = self._daemon
+        info = self._session.daemon
         if g.reach is not None and g.reach[0] is info:
             return g.reach[1]
         ok = any(_normalize_uuid(d.get("uuid", "")) == g.norm for d in (info.get("gpus") or []) if isinstance(d, dict))
@@ -154,9 +154,9 @@ class GpuPath:
         return ok
 
     def _gpu_reason(self, g: _Gpu) -> str:
-        if not self._daemon.get("gpu"):
-            return f"the daemon has no GPU ({self._daemon.get('gpu_reason', 'no reason given')})"
-        seen = ", ".join(str(d.get("uuid")) for d in (self._daemon.get("gpus") or []) if isinstance(d, dict))
+        if not self._session.daemon.get("gpu"):
+            return f"the daemon has no GPU ({self._session.daemon.get('gpu_reason', 'no reason given')})"
+        seen = ", ".join(str(d.get("uuid")) for d in (self._session.daemon.get("gpus") or []) if isinstance(d, dict))
         return f"the daemon does not see {g.uuid} (it sees {seen or 'none'})"
 
     def _warn_gpu_fallback(self, g: _Gpu, reason: str) -> None:
@@ -215,7 +215,7 @@ class GpuPath:
                 sh.release()
 
         try:
-            reply = self._call(op, body, req=req)
+            reply = self._session.call(op, body, req=req)
         except TzipDaemonError as e:
             settle()  # an answer
             if e.code == "TZIP_NO_DEVICE":
@@ -223,7 +223,7 @@ class GpuPath:
                 raise _NoDevice(e.detail) from None
             raise
         except BaseException as e:
-            if isinstance(e, DaemonUnavailableError) and not self._daemon_alive():
+            if isinstance(e, DaemonUnavailableError) and not self._session.alive():
                 settle()  # the daemon process is gone, and its CUDA context with it
             else:
                 # No answer (a timeout): the daemon may still use the memory. PyTorch's counters stay held, so the
@@ -263,7 +263,7 @@ class GpuPath:
                     return (0 if it.share is not None else _align(it.nbytes)) + _align(it.capacity)
 
                 done: list[CompressedTensor] = []
-                for batch in split_batches(items, stage_of, self._limits, _BYTES_PER_GPU_ITEM):
+                for batch in split_batches(items, stage_of, self._session.limits, _BYTES_PER_GPU_ITEM):
                     done.extend(self._compress_gpu_batch(g, batch, codec, stream, sum(stage_of(it) for it in batch), req))
         except _NoDevice as e:
             return self._compress_gpu_fallback(g, tensors, str(e))
@@ -276,7 +276,7 @@ class GpuPath:
         from ._cuda import StagingRegions, gpu_bytes_of, gpu_copy_many, regions_of
 
         with self._staging(g, stage, stream) as buf:
-            arena = StagingRegions(buf.share, g.uuid, g.index, self._version >= 2)
+            arena = StagingRegions(buf.share, g.uuid, g.index, self._session.version >= 2)
             off = 0
             entries = []
             staged: list[tuple[int, int]] = []  # arena regions the staged tensors are copied into
@@ -337,7 +337,7 @@ class GpuPath:
                 def stage_of(d: _GpuFrame) -> int:
                     return (0 if d.fshare is not None else _align(d.frame.numel())) + (0 if d.dshare is not None else _align(d.ct.nbytes))
 
-                for batch in split_batches(plans, stage_of, self._limits, _BYTES_PER_GPU_ITEM):
+                for batch in split_batches(plans, stage_of, self._session.limits, _BYTES_PER_GPU_ITEM):
                     self._decompress_gpu_batch(g, batch, verify, stream, sum(stage_of(d) for d in batch), results, req)
         except _NoDevice as e:
             return self._decompress_gpu_via_cpu(g, cts, outs, verify, str(e), req)
@@ -370,7 +370,7 @@ class GpuPath:
         from ._cuda import StagingRegions, gpu_copy_from_bytes, gpu_copy_many, regions_of
 
         with self._staging(g, stage, stream) as buf:
-            arena = StagingRegions(buf.share, g.uuid, g.index, self._version >= 2)
+            arena = StagingRegions(buf.share, g.uuid, g.index, self._session.version >= 2)
             off = 0
             entries = []
             shares = []
@@ -460,11 +460,11 @@ class GpuPath:
                 keys = ring.segments.clear()
                 segments += len(keys)
                 self._release_region_keys(ring, keys)
-        if self._sid is None:
+        if self._session.sid is None:
             return 0
         if segments:
             self._flush_ring_releases()
         if not handles:
             return segments
-        reply = self._call("release", {"handles": handles}, timeout=10.0)
+        reply = self._session.call("release", {"handles": handles}, timeout=10.0)
         return int(reply.get("released", 0)) + segments

@@ -63,7 +63,7 @@ class RingOne(RingPath):
         stands (open and serving), or None."""
         index = t.get_device()
         ring = self._rings.get(index)
-        if ring is None or ring.sid != self._sid or not ring.usable:
+        if ring is None or ring.sid != self._session.sid or not ring.usable:
             return None
         g = self._gpus.get(index)
         budget = req.ring_sm_budget

@@ -197,15 +197,15 @@ class RingPath:
         None when the daemon offers no ring, this machine cannot use one, or opening it failed (the requests then go
         through ZeroMQ; why is in :attr:`ring_info`)."""
         ring = self._rings.get(key)
-        if ring is not None and ring.usable and ring.sid == self._sid:
+        if ring is not None and ring.usable and ring.sid == self._session.sid:
             return ring
         self._close_retired()
-        if self._ring_caps is None or self._sid is None or key in self._ring_refused or self.ring_entries <= 0:
+        if self._ring_caps is None or self._session.sid is None or key in self._ring_refused or self.ring_entries <= 0:
             return None
         with self._ring_lock:
             ring = self._rings.get(key)
             if ring is not None:
-                if ring.usable and ring.sid == self._sid:
+                if ring.usable and ring.sid == self._session.sid:
                     return ring
                 # It stopped serving (closed, broken, or the daemon went away): ZeroMQ for the rest of this session.
                 del self._rings[key]
@@ -225,9 +225,9 @@ class RingPath:
         entries = 1 << max(3, entries.bit_length() - 1)  # a power of two, at least 8
         self._ring_counter += 1
         name = f"{self.shm_prefix}ring-{self._ring_counter}"
-        sid = self._sid
+        sid = self._session.sid
         try:
-            ring = _ring.Ring(name, entries, self._daemon_alive, spin_s=self.ring_spin_s,
+            ring = _ring.Ring(name, entries, self._session.alive, spin_s=self.ring_spin_s,
                               max_batch=int(caps.get("max_batch", 1024)))
         except OSError as e:
             self._ring_refused[key] = f"cannot make the ring file: {e}"
@@ -259,7 +259,7 @@ class RingPath:
                     # record just before it (an event's wait uses its state when queued).
                     ring.order_event = torch.cuda.Event()  # type: ignore[attr-defined]
                 body["device"] = cuda_device(ordinal)
-            reply = self._call("ring_open", body, timeout=self.connect_timeout)
+            reply = self._session.call("ring_open", body, timeout=self.connect_timeout)
         except Exception as e:  # noqa: BLE001 - any refusal: ZeroMQ instead
             ring.close()
             if isinstance(e, DaemonUnavailableError):
@@ -268,7 +268,7 @@ class RingPath:
             _log.info("tzip: no submission ring for %s (%s); requests go through ZeroMQ", "CPU tensors" if key is None else f"cuda:{key}", e)
             return None
         ring.id = int(reply["ring"])
-        ring.sid = self._sid if self._sid is not None else sid
+        ring.sid = self._session.sid if self._session.sid is not None else sid
         ring.device = key
         self._rings[key] = ring
         return ring
@@ -283,7 +283,7 @@ class RingPath:
             if r is None and k not in missing:
                 missing[k] = spec
         if missing:
-            reply = self._call("ring_register", {"ring": ring.id, "regions": list(missing.values())})
+            reply = self._session.call("ring_register", {"ring": ring.id, "regions": list(missing.values())})
             regs = reply.get("regions") or []
             if len(regs) != len(missing):
                 raise TzipDaemonError("TZIP_PROTOCOL", f"ring_register answered {len(regs)} regions for {len(missing)}")
@@ -316,10 +316,10 @@ class RingPath:
         for ring, rid in todo:
             by_ring.setdefault(id(ring), (ring, []))[1].append(rid)
         for ring, ids in by_ring.values():
-            if ring.sid != self._sid or not ring.usable or self._sid is None:
+            if ring.sid != self._session.sid or not ring.usable or self._session.sid is None:
                 continue  # that session's rings are gone with it
             try:
-                self._call("ring_release", {"ring": ring.id, "regions": ids}, timeout=timeout)
+                self._session.call("ring_release", {"ring": ring.id, "regions": ids}, timeout=timeout)
             except (DaemonUnavailableError, TzipDaemonError):
                 pass
 
@@ -347,9 +347,9 @@ class RingPath:
         with self._ring_lock:
             rings, self._retired = self._retired, []
         for r in rings:
-            if r.id is not None and r.sid is not None and r.sid == self._sid and not self._closing:
+            if r.id is not None and r.sid is not None and r.sid == self._session.sid and not self._session.closing:
                 try:
-                    self._call("ring_close", {"ring": r.id}, timeout=2.0)
+                    self._session.call("ring_close", {"ring": r.id}, timeout=2.0)
                 except (DaemonUnavailableError, TzipDaemonError):
                     pass
             r.close()
@@ -359,7 +359,7 @@ class RingPath:
         """Starters of the ring requests of ``req`` (one per CPU batch and per GPU), or None when the ring cannot
         carry all of them (no ring offered, an item it cannot describe): then the whole call goes through ZeroMQ."""
         items, codec, streams = req.items, req.codec, req.streams
-        if self._ring_caps is None or self._sid is None or (codec is not None and codec not in _ring.CODEC_CODES) or not items:
+        if self._ring_caps is None or self._session.sid is None or (codec is not None and codec not in _ring.CODEC_CODES) or not items:
             return None
         groups: dict[int | None, list[int]] = {}
         for i, t in enumerate(items):  # (is_cuda: the checks of the call let only CPU and CUDA tensors through)
@@ -784,7 +784,7 @@ class RingPath:
         order once the daemon is done, as before; new results, which the caller cannot touch before ``result()``,
         are written in place either way)."""
         items, outs, single = req.items, req.outs, req.single
-        if self._ring_caps is None or self._sid is None or not items:
+        if self._ring_caps is None or self._session.sid is None or not items:
             return None
         groups: dict[int | None, list[int]] = {}
         stages: dict[int | None, int] = {}

@@ -105,7 +105,6 @@ import os
 import secrets
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -122,16 +121,17 @@ from ._job import MAX_SM_BUDGET, STREAMS, _checked_sm_budget, _stream_tag, job_i
 from ._ring_one import RingOne
 from ._request import Request
 from ._ring_path import RING_ENTRIES, RING_SPIN_S, _done_handle, _raiser
-from ._spawn import (daemon_pid, daemon_running, default_ipc_path, default_socket_path, normalize_endpoint, pid_alive,
-                     spawn_daemon)
+from ._session import PROTOCOL_VERSIONS, RETRY_INTERVAL_S, Session
+from ._spawn import default_ipc_path, default_socket_path, normalize_endpoint
 from ._transport import Transport
 from ._wire import MAX_STAGE_BYTES, _device, layout
 from .compressed import CompressedTensor, check_layout
 
 # Names other modules and tests import from here (tzip.client is where they were defined, and where tests patch
-# PROTOCOL_VERSIONS, job_info and copy_into_bytes: the code reading those stays in this module).
-_REEXPORTED = (DEDICATED_MIN_BYTES, MAX_SM_BUDGET, MAX_STAGE_BYTES, RING_ENTRIES, RING_SPIN_S, _device, _stream_tag,
-               DaemonSpawnError, OutOfMemoryError)
+# copy_into_bytes: the code reading it stays in this module; PROTOCOL_VERSIONS and job_info are read, and patched, in
+# tzip._session).
+_REEXPORTED = (DEDICATED_MIN_BYTES, MAX_SM_BUDGET, MAX_STAGE_BYTES, RING_ENTRIES, RING_SPIN_S, RETRY_INTERVAL_S, _device,
+               _stream_tag, DaemonSpawnError, OutOfMemoryError)
 
 __all__ = [
     "Client",
@@ -151,13 +151,6 @@ __all__ = [
 
 _log = logging.getLogger("tzip")
 
-#: Protocol versions this client speaks (3: job info, stream tags, the job's settings in replies; 4: the submission
-#: ring, docs/ring.md).
-PROTOCOL_VERSIONS = [1, 2, 3, 4]
-
-
-#: Seconds between reconnection attempts while the daemon is away.
-RETRY_INTERVAL_S = 1.0
 
 
 def _settle_from(h: _ring.Handle, f: concurrent.futures.Future) -> None:
@@ -216,39 +209,21 @@ class Client(RingOne, CpuPath, GpuPath):
         self.socket_path = normalize_endpoint(os.fspath(socket)) if socket else default_socket_path()
         self._tcp = self.socket_path.startswith("tcp://")
         curve = _curve_keys(curve_dir) if self._tcp else None
-        self.spawn = spawn and not self._tcp
         self.strict = strict
         self.name = (name or f"python pid {os.getpid()}")[:200]
-        self.connect_timeout = connect_timeout
-        self.request_timeout = request_timeout
         self._pid = os.getpid()
         self.shm_prefix = f"tzip-{self._pid}-{secrets.token_hex(8)}-"
-        self._transport = Transport(self.socket_path, curve)
+        self._session = Session(self.socket_path, Transport(self.socket_path, curve), tcp=self._tcp,
+                                spawn=spawn and not self._tcp,
+                                name=self.name, pid=self._pid, shm_prefix=self.shm_prefix,
+                                connect_timeout=connect_timeout, request_timeout=request_timeout, job=job,
+                                on_session=self._on_session)
         self._arena = _shm.Arena(self.shm_prefix, self._queue_release, on_full=self._make_room)
         self._results = _shm.ResultPool(self._arena, result_pool_keep_bytes)
-        self._lock = threading.RLock()
-        self._sid: str | None = None
-        self._daemon: dict[str, Any] = {}
-        self._daemon_pid: int | None = None
-        self._socket_ino: int | None = None
-        self._limits: dict[str, Any] = {}
-        self._version = 1  # the protocol version of the session (hello)
-        # Protocol version 3. The job's name (None: job_info's default) and whether its integrations are on: True
-        # after tzip.attach(), False after tzip.detach(), None before either (then hello carries a job only when one
-        # was named: job=, $TZIP_JOB). Sent again with every new session (a restarted daemon knows nothing).
-        self._job_name = job
-        self._attached: bool | None = None
-        self._job_devices: dict[torch.device, None] = {}
-        self._job_refused_by: int | None = None  # the daemon pid whose hello refused the job field (older daemon)
-        self._settings: dict[str, Any] = {"codec": None, "sm_budget": None}
-        self._heartbeat_s = 3.0
-        self._next_attempt = 0.0
-        self._last_error: Exception | None = None
-        self._warned = False
+        self._lock = self._session.lock  # the client's lazily made parts (executor, GPU state) share it
         self._pending_release: list[str] = []
         self._release_lock = threading.RLock()  # finalizers (garbage collection) take it too
         self._closed = False
-        self._closing = False  # close() runs: no heartbeat, no new session
         self._wake = threading.Event()
         self._workers = workers
         self.gpu_share_min_bytes = int(gpu_share_min_bytes)
@@ -271,28 +246,55 @@ class Client(RingOne, CpuPath, GpuPath):
         self._ring_counter = 0
         self._ring_releases: list[tuple[_ring.Ring, int]] = []
         self._retired: list[_ring.Ring] = []
-        if not self._ensure_session(force=True):
+        if not self._session.ensure(force=True):
             if strict:
-                err = self._unavailable()
+                err = self._session.unavailable()
                 self.close()
                 raise err
-            self._warn_fallback()
+            self._session.warn_fallback()
 
     # --- connection ---------------------------------------------------------------------------
     @property
+    def spawn(self) -> bool:
+        """Whether a call starts a daemon when none serves (never for a tcp:// endpoint)."""
+        return self._session.spawn
+
+    @spawn.setter
+    def spawn(self, value: bool) -> None:
+        self._session.spawn = bool(value) and not self._tcp
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds a hello (and the ring and job requests) may take."""
+        return self._session.connect_timeout
+
+    @connect_timeout.setter
+    def connect_timeout(self, value: float) -> None:
+        self._session.connect_timeout = value
+
+    @property
+    def request_timeout(self) -> float | None:
+        """Seconds a request may take (None: until it ends or the daemon goes away)."""
+        return self._session.request_timeout
+
+    @request_timeout.setter
+    def request_timeout(self, value: float | None) -> None:
+        self._session.request_timeout = value
+
+    @property
     def connected(self) -> bool:
         """Whether a session with a daemon is open (False while falling back)."""
-        return self._sid is not None
+        return self._session.sid is not None
 
     @property
     def daemon_info(self) -> dict[str, Any]:
         """What the daemon said about itself at hello (pid, version, format_version, gpu, ...)."""
-        return dict(self._daemon)
+        return dict(self._session.daemon)
 
     @property
     def protocol_version(self) -> int:
         """The protocol version of the current (or last) session: 1 to 4."""
-        return self._version
+        return self._session.version
 
     @property
     def ring_info(self) -> dict[str, Any]:
@@ -314,18 +316,18 @@ class Client(RingOne, CpuPath, GpuPath):
         the daemon's default). The daemon applies them to every request of this session; ``codec == "off"`` also
         tells the integrations to send their data plain (:meth:`job_codec`). A request or heartbeat (every few
         seconds) brings a change; both are None with an older daemon or while it is away."""
-        return dict(self._settings)
+        return dict(self._session.settings)
 
     def job_codec(self, codec: str) -> str:
         """The codec an integration should use in place of ``codec`` under the job's settings: "raw" (plain data)
         when the job's codec is "off", else ``codec`` (a "fast", "max" or "auto" setting is applied by the daemon
         to every request it receives)."""
-        return "raw" if self._settings.get("codec") == "off" else codec
+        return "raw" if self._session.settings.get("codec") == "off" else codec
 
     @property
     def job(self) -> dict[str, Any]:
         """The job info this client sends the daemon (:func:`job_info`) and ``attached``."""
-        return {**job_info(self._job_name, self._job_devices), "attached": bool(self._attached)}
+        return self._session.job()
 
     def set_job(self, attached: bool, name: str | None = None, devices: Iterable[torch.device] = ()) -> dict[str, Any]:
         """Tells the daemon this process's job and whether its integrations are on (``tzip.attach()``: True,
@@ -337,186 +339,29 @@ class Client(RingOne, CpuPath, GpuPath):
         which is sent nothing). Raises TzipDaemonError when the daemon refuses the job (an invalid name).
         A daemon away is not an error (the job is sent once it is back)."""
         self._check_pid()
-        with self._lock:
-            if name:
-                self._job_name = str(name)[:200]
-            for d in devices:
-                self._job_devices[torch.device(d)] = None
-            self._attached = bool(attached)
-            if self._sid is None or self._version < 3:
-                return self.settings
-        try:
-            self._send_job()
-        except DaemonUnavailableError:
-            pass  # sent with the next session
+        self._session.set_job(attached, name, devices)
         return self.settings
 
-    def _send_job(self) -> None:
-        info = job_info(self._job_name, self._job_devices)
-        self._call("job", {"job": info, "attached": bool(self._attached)}, timeout=self.connect_timeout)
-
-    def _hello_job(self) -> dict[str, Any] | None:
-        """The ``job`` of the hello: when attached or named (see ``_attached``), and not refused by this daemon."""
-        if self._attached is False or (self._attached is None and not (self._job_name or os.environ.get("TZIP_JOB"))):
-            return None
-        if self._job_refused_by is not None and self._job_refused_by == self._daemon_pid:
-            return None
-        return job_info(self._job_name, self._job_devices)
+    def _on_session(self, reply: dict[str, Any], version: int) -> None:
+        """A new session (Session's hello, under its lock, before its id is published): what the last session had
+        mapped is gone, its rings with it; the new one's ring capability (protocol version 4) comes from ``reply``."""
+        with self._release_lock:
+            self._pending_release.clear()  # the new session has mapped nothing yet
+            self._gpu_handles.clear()  # a new session has opened none of them
+        self._gpu_unreachable.clear()
+        self._gpu_warned.clear()
+        self._retire_rings()  # the last session's rings (the daemon closed them with it)
+        caps = reply.get("ring") if version >= 4 else None
+        self._ring_caps = dict(caps) if isinstance(caps, dict) else None
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="tzip-heartbeat", daemon=True)
+            self._heartbeat.start()
 
     def _check_pid(self) -> None:
         if os.getpid() != self._pid:
             raise RuntimeError("a tzip Client cannot be used after fork(); call tzip.connect() in the child")
         if self._closed:
             raise RuntimeError("this tzip Client is closed")
-
-    def _daemon_alive(self) -> bool:
-        if self._tcp:
-            return True  # no pid file or socket file to look at: requests time out instead
-        pid = self._daemon_pid
-        if pid is not None and not pid_alive(pid):
-            return False
-        try:
-            return os.stat(self.socket_path).st_ino == self._socket_ino
-        except OSError:
-            return False
-
-    def _unavailable(self) -> DaemonUnavailableError:
-        if isinstance(self._last_error, DaemonUnavailableError):
-            return self._last_error
-        return DaemonUnavailableError(f"no tzip daemon serves {self.socket_path}" +
-                                      (f" ({self._last_error})" if self._last_error else ""))
-
-    def _ensure_session(self, force: bool = False) -> bool:
-        """Opens a session when there is none (starting a daemon when ``spawn``); False when the daemon is away."""
-        if self._sid is not None:
-            return True
-        if self._closing:
-            return False  # no new session once close() began (the heartbeat thread may be in a call)
-        with self._lock:
-            if self._sid is not None:
-                return True
-            now = time.monotonic()
-            if not force and now < self._next_attempt:
-                return False
-            try:
-                if self.spawn:
-                    spawn_daemon(self.socket_path)
-                elif not self._tcp and not daemon_running(self.socket_path):
-                    raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path} (start one with `tzip serve`, or connect with spawn=True)")
-                self._hello()
-            except DaemonUnavailableError as e:
-                self._last_error = e
-                self._next_attempt = time.monotonic() + RETRY_INTERVAL_S
-                return False
-            if self._warned:
-                _log.info("tzip: reconnected to the daemon at %s", self.socket_path)
-            self._warned = False
-            self._last_error = None
-            return True
-
-    def _hello(self) -> None:
-        pid = ino = None
-        if not self._tcp:
-            pid = daemon_pid(self.socket_path)
-            try:
-                ino = os.stat(self.socket_path).st_ino
-            except OSError:
-                raise DaemonUnavailableError(f"no tzip daemon serves {self.socket_path}") from None
-        self._daemon_pid, self._socket_ino = pid, ino
-        self._transport.reset()
-        msg = {"op": "hello", "versions": PROTOCOL_VERSIONS, "pid": self._pid, "shm_prefix": self.shm_prefix, "name": self.name}
-        job = self._hello_job()
-        if job is not None:
-            msg["job"] = job
-        reply = self._transport.request(msg, self._daemon_alive, timeout=self.connect_timeout)
-        if not reply.get("ok") and job is not None and (reply.get("error") or {}).get("code") == "TZIP_PROTOCOL":
-            # A daemon older than protocol version 3 refuses the field (its schema knows no "job"): hello again
-            # without it; the job is then never sent to this daemon.
-            self._job_refused_by = pid
-            del msg["job"]
-            job = None
-            reply = self._transport.request(msg, self._daemon_alive, timeout=self.connect_timeout)
-        if not reply.get("ok"):
-            err = reply.get("error") or {}
-            if err.get("code") == "TZIP_BUSY":  # shutting down, or full: as good as away
-                raise DaemonUnavailableError(f"the tzip daemon at {self.socket_path} does not take clients now: {err.get('message')}")
-            raise TzipDaemonError(str(err.get("code")), str(err.get("message")))
-        self._daemon = dict(reply.get("daemon") or {})
-        self._version = int(reply.get("version", 1))
-        self._limits = dict(reply.get("limits") or {})
-        self._heartbeat_s = max(0.05, int(reply.get("heartbeat_ms", 3000)) / 1000)
-        # Liveness is judged by the lock file's pid (as seen from this pid namespace), when it was alive at hello.
-        self._daemon_pid = pid
-        with self._release_lock:
-            self._pending_release.clear()  # the new session has mapped nothing yet
-        self._gpu_unreachable.clear()
-        self._gpu_warned.clear()
-        with self._release_lock:
-            self._gpu_handles.clear()  # a new session has opened none of them
-        self._settings = {"codec": None, "sm_budget": None}  # a new session: the daemon's say from its replies
-        self._note_settings(reply)
-        self._retire_rings()  # the last session's rings (the daemon closed them with it)
-        caps = reply.get("ring") if self._version >= 4 else None
-        self._ring_caps = dict(caps) if isinstance(caps, dict) else None
-        self._sid = str(reply["sid"])
-        if self._version >= 3 and self._attached is not None and job is None:
-            # attached (or detached) before this session, e.g. the daemon restarted: it hears it again
-            try:
-                self._send_job()
-            except (DaemonUnavailableError, TzipDaemonError) as e:
-                _log.warning("tzip: the daemon at %s did not take this job's info: %s", self.socket_path, e)
-        if self._heartbeat is None:
-            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="tzip-heartbeat", daemon=True)
-            self._heartbeat.start()
-
-    def _note_settings(self, reply: dict[str, Any]) -> None:
-        """Keeps the job's settings a protocol version 3 reply carries."""
-        got = reply.get("settings")
-        if isinstance(got, dict):
-            self._settings = {"codec": got.get("codec"), "sm_budget": got.get("sm_budget")}
-
-    def _mark_down(self, sid: str | None, err: Exception) -> None:
-        with self._lock:
-            if self._sid == sid:
-                self._sid = None
-                self._last_error = err
-                self._next_attempt = 0.0  # try again on the next call
-                self._transport.reset()
-
-    def _call(self, op: str, body: dict[str, Any], timeout: float | None = None, req: Request | None = None) -> dict[str, Any]:
-        """One request of the current session (re-saying hello once if the daemon forgot the session). ``req``: the
-        compress or decompress call it serves, whose stream tag and SM budget go with it (protocol version 3)."""
-        for attempt in range(2):
-            if not self._ensure_session():
-                raise self._unavailable()
-            sid = self._sid
-            msg = {"op": op, "sid": sid, **body}
-            if req is not None and self._version >= 3:
-                msg.update(req.wire_fields())
-            try:
-                reply = self._transport.request(msg, self._daemon_alive, timeout if timeout is not None else self.request_timeout)
-            except DaemonUnavailableError as e:
-                self._mark_down(sid, e)
-                raise
-            if reply.get("ok"):
-                self._note_settings(reply)
-                return reply
-            err = reply.get("error") or {}
-            code = str(err.get("code"))
-            if code == "TZIP_SESSION" and attempt == 0 and not self._closing:
-                with self._lock:
-                    if self._sid == sid:
-                        self._sid = None
-                continue
-            raise TzipDaemonError(code, str(err.get("message")), err.get("index"), err.get("need"))
-        raise AssertionError("unreachable")
-
-    def _warn_fallback(self) -> None:
-        if self._warned:
-            return
-        self._warned = True
-        warnings.warn(f"tzip: the daemon is not available ({self._unavailable()}); compress() stores tensors "
-                      "uncompressed (codec 'raw') until it is back", RuntimeWarning, stacklevel=3)
 
     def _queue_release(self, name: str) -> None:
         with self._release_lock:
@@ -538,23 +383,23 @@ class Client(RingOne, CpuPath, GpuPath):
         self._results.drop_idle()
         with self._release_lock:
             names, self._pending_release = self._pending_release, []
-        if self._sid is None:
+        if self._session.sid is None:
             return
         self._flush_ring_releases(timeout=5.0)  # the rings' mappings of removed files hold their pages too
         try:
-            self._call("release", {"names": names, "reclaim": True}, timeout=5.0)
+            self._session.call("release", {"names": names, "reclaim": True}, timeout=5.0)
         except (DaemonUnavailableError, TzipDaemonError):
             pass
 
     def _heartbeat_loop(self) -> None:
         while not self._closed:
-            self._wake.wait(self._heartbeat_s)
+            self._wake.wait(self._session.heartbeat_s)
             self._wake.clear()
-            if self._closed or self._closing or os.getpid() != self._pid:
+            if self._closed or self._session.closing or os.getpid() != self._pid:
                 return
             self._results.trim()  # idle result segments go after 30 s, connected or not
             self._close_retired()
-            if self._sid is None:
+            if self._session.sid is None:
                 continue
             for ring in list(self._rings.values()):
                 if ring.device is not None:
@@ -566,9 +411,9 @@ class Client(RingOne, CpuPath, GpuPath):
                 names, self._pending_release = self._pending_release, []
             try:
                 if names:
-                    self._call("release", {"names": names}, timeout=10.0)
+                    self._session.call("release", {"names": names}, timeout=10.0)
                 else:
-                    self._call("heartbeat", {}, timeout=10.0)
+                    self._session.call("heartbeat", {}, timeout=10.0)
             except (DaemonUnavailableError, TzipDaemonError):
                 pass
             except Exception:  # pragma: no cover - never let the heartbeat thread die
@@ -579,19 +424,19 @@ class Client(RingOne, CpuPath, GpuPath):
         """Round-trip time of an empty request (heartbeat), seconds."""
         self._check_pid()
         t = time.perf_counter()
-        self._call("heartbeat", {})
+        self._session.call("heartbeat", {})
         return time.perf_counter() - t
 
     def stats(self) -> dict[str, Any]:
         """The daemon's counters (and this session's, under ``session``)."""
         self._check_pid()
-        return self._call("stats", {})
+        return self._session.call("stats", {})
 
     def shutdown_daemon(self) -> None:
         """Asks the daemon to stop (it finishes the requests in flight first)."""
         self._check_pid()
-        self._call("shutdown", {})
-        self._mark_down(self._sid, DaemonUnavailableError("the daemon was shut down"))
+        self._session.call("shutdown", {})
+        self._session.mark_down(self._session.sid, DaemonUnavailableError("the daemon was shut down"))
 
     # --- shared-memory tensors ----------------------------------------------------------------
     def empty(self, shape: Sequence[int] | torch.Size, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -723,7 +568,7 @@ class Client(RingOne, CpuPath, GpuPath):
     def _compress_start_call(self, req: Request) -> _ring.Handle | None:
         """Checks the call's arguments and submits it through the ring when it can (else None)."""
         self._check_compress_args(req.items, req.codec)
-        if not self._ring_caps or self._sid is None:
+        if not self._ring_caps or self._session.sid is None:
             return None
         h = self._compress_submit(req)
         if h is not None and len(self._rings):
@@ -752,7 +597,7 @@ class Client(RingOne, CpuPath, GpuPath):
         call and cannot finish it hands the same request to :meth:`_compress_zmq` itself."""
         self._check_pid()
         self._check_compress_args(req.items, req.codec)
-        if self._ring_caps and self._sid is not None:
+        if self._ring_caps and self._session.sid is not None:
             if req.single and req.streams is None and req.items[0].is_cuda:
                 one = self._compress_one(req)
                 if one is not None:
@@ -771,8 +616,8 @@ class Client(RingOne, CpuPath, GpuPath):
         for attempt in range(2):
             try:
                 # The retry skips the reconnect back-off: it is the one extra attempt a spawning client makes.
-                if not self._ensure_session(force=attempt > 0):
-                    raise self._unavailable()
+                if not self._session.ensure(force=attempt > 0):
+                    raise self._session.unavailable()
                 out = self._compress_remote(req)
                 break
             except DaemonUnavailableError:
@@ -781,7 +626,7 @@ class Client(RingOne, CpuPath, GpuPath):
                     continue
                 if self.strict:
                     raise
-                self._warn_fallback()
+                self._session.warn_fallback()
                 out = [_compress_raw(t) for t in items]
         return _into_outs(out[0] if single else out, outs, single)
 
@@ -857,7 +702,7 @@ class Client(RingOne, CpuPath, GpuPath):
 
     def _decompress_start_call(self, req: Request) -> _ring.Handle | None:
         self._check_decompress_args(req.items, req.outs)
-        if not self._ring_caps or self._sid is None or not self._ring_worth(req.items, req.outs):
+        if not self._ring_caps or self._session.sid is None or not self._ring_worth(req.items, req.outs):
             return None
         h = self._decompress_submit(req)
         if h is not None:
@@ -882,7 +727,7 @@ class Client(RingOne, CpuPath, GpuPath):
         else :meth:`_decompress_zmq`."""
         self._check_pid()
         self._check_decompress_args(req.items, req.outs)
-        if self._ring_caps and self._sid is not None and self._ring_worth(req.items, req.outs):
+        if self._ring_caps and self._session.sid is not None and self._ring_worth(req.items, req.outs):
             if req.single and req.streams is None:
                 one = self._decompress_one(req)
                 if one is not None:
@@ -908,8 +753,8 @@ class Client(RingOne, CpuPath, GpuPath):
         if remote:
             for attempt in range(2):
                 try:
-                    if not self._ensure_session(force=attempt > 0):
-                        raise self._unavailable()
+                    if not self._session.ensure(force=attempt > 0):
+                        raise self._session.unavailable()
                     self._decompress_remote(req, remote, results)
                     break
                 except DaemonUnavailableError as e:
@@ -1002,20 +847,20 @@ class Client(RingOne, CpuPath, GpuPath):
                 if hs:
                     r.watch()  # the background reaper completes them while this thread waits
             concurrent.futures.wait([h for _, hs in in_flight for h in hs], timeout=self.request_timeout)
-        self._closing = True  # the heartbeat thread sends nothing more and opens no session after the goodbye
+        self._session.closing = True  # the heartbeat thread sends nothing more and opens no session after the goodbye
         self._wake.set()
         with self._ring_lock:
             rings = list(self._rings.values())
             self._rings.clear()
-        if self._sid is not None:
+        if self._session.sid is not None:
             for ring in rings:
-                if ring.sid == self._sid and ring.state != "dead":
+                if ring.sid == self._session.sid and ring.state != "dead":
                     try:
-                        self._call("ring_close", {"ring": ring.id}, timeout=2.0)
+                        self._session.call("ring_close", {"ring": ring.id}, timeout=2.0)
                     except (DaemonUnavailableError, TzipDaemonError):
                         pass
             try:
-                self._call("release", {"end": True}, timeout=2.0)
+                self._session.call("release", {"end": True}, timeout=2.0)
             except (DaemonUnavailableError, TzipDaemonError):
                 pass
         for ring in rings:
@@ -1023,11 +868,11 @@ class Client(RingOne, CpuPath, GpuPath):
         self._close_retired()
         # A request of the heartbeat thread still waiting gives up within one poll; only then are the sockets closed
         # (closing a socket another thread waits on aborts the process inside libzmq).
-        self._transport.interrupt()
+        self._session.transport.interrupt()
         if self._heartbeat is not None:
             self._heartbeat.join()
         self._closed = True
-        self._sid = None
+        self._session.sid = None
         self._wake.set()
         self._arena.close()
         self._results.close()
@@ -1037,7 +882,7 @@ class Client(RingOne, CpuPath, GpuPath):
             g.daemon_events.clear()
         if self._shares is not None:
             self._shares.clear()
-        self._transport.close()
+        self._session.transport.close()
 
     def __enter__(self) -> "Client":
         return self

@@ -477,7 +477,7 @@ def run_cuda(socket: str | None, n: int, repeat: int, ring_spin_s: float | None 
         result["input"] = source
         bucket = bucket_h.cuda()
         params = [p.cuda() for p in params_h]
-        result["empty_request"] = _timed(lambda: client._call("heartbeat", {}), n)
+        result["empty_request"] = _timed(lambda: client._session.call("heartbeat", {}), n)
         one = torch.ones(1, dtype=torch.bfloat16, device="cuda")
         ct_one = client.compress(one)
         result["compress_1_element"] = _timed_cuda(lambda: client.compress(one), n)
@@ -610,7 +610,7 @@ def run(socket: str | None, n: int, repeat: int) -> dict:
         result["input"] = source
         result["transport_floor"] = _transport_floor(n)
         result["socketpair"] = _socketpair_pingpong(n)
-        result["empty_request"] = _timed(lambda: client._call("heartbeat", {}), n)
+        result["empty_request"] = _timed(lambda: client._session.call("heartbeat", {}), n)
         one = torch.ones(1, dtype=torch.bfloat16)
         ct_one = client.compress(one)
         result["compress_1_element"] = _timed(lambda: client.compress(one), n)
