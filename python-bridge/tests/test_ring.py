@@ -223,9 +223,9 @@ def test_the_segment_table_knows_an_allocation_by_base_and_buffer_id():
 
 
 def test_a_gpu_sqes_src_and_dst_are_in_place_or_staged_in_order():
-    """tzip._ring_path._placed: an SQE's src and dst are where the caller's memory is, or the next aligned bytes of the
+    """tzip._ring_gpu._placed: an SQE's src and dst are where the caller's memory is, or the next aligned bytes of the
     staging buffer, src before dst, each rounded up to the regions' alignment."""
-    from tzip._ring_path import _placed
+    from tzip._ring_gpu import _placed
     from tzip._wire import _ALIGN
 
     a = _ALIGN
@@ -786,10 +786,10 @@ def test_gpu_handles_finished_by_the_background_reaper(gpu_client):
 def count_copies(monkeypatch) -> dict[str, int]:
     """Counts the client's GPU copies from now on: {"raw": single-range copies (copy_raw), "many": gpu_copy_many
     calls} of the general ring path and the one-tensor path."""
-    from tzip import _ring_one, _ring_path
+    from tzip import _ring_gpu, _ring_one
 
     copies = {"raw": 0, "many": 0}
-    raw, many = _ring_path.copy_raw, _ring_path.gpu_copy_many
+    raw, many = _ring_gpu.copy_raw, _ring_gpu.gpu_copy_many
 
     def count_raw(*a):
         copies["raw"] += 1
@@ -799,9 +799,9 @@ def count_copies(monkeypatch) -> dict[str, int]:
         copies["many"] += 1
         return many(*a)
 
-    monkeypatch.setattr(_ring_path, "copy_raw", count_raw)
+    monkeypatch.setattr(_ring_gpu, "copy_raw", count_raw)
     monkeypatch.setattr(_ring_one, "copy_raw", count_raw)
-    monkeypatch.setattr(_ring_path, "gpu_copy_many", count_many)
+    monkeypatch.setattr(_ring_gpu, "gpu_copy_many", count_many)
     return copies
 
 
@@ -885,7 +885,7 @@ def test_a_segment_freed_and_made_again_at_its_address_is_registered_anew(gpu_cl
 @needs_cuda
 def test_gpu_ordering_when_the_submitting_stream_changes(shared_daemon):
     """The ring's produced word is written by the one stream that has submitted so far, and through the ring's own
-    stream once a second one submits (tzip._ring_path._gpu_submit): a fresh client submits from stream A, then from B
+    stream once a second one submits (tzip._ring_gpu.RingGpu._gpu_submit): a fresh client submits from stream A, then from B
     and A in turn, each right after a kernel that writes the input on that stream; every round trip bit-exact."""
     c = tz.connect(shared_daemon.socket, spawn=False, strict=True)
     try:

@@ -8,7 +8,7 @@ and asynchronous ordering: it reads the tensor and writes the result where they 
 SQE and waits for its completion on the calling thread.
 
 Where a compress's frame goes: into ``out=`` when the caller gives one (no copy); else into a payload of the frame
-bound, returned as a view of its frame bytes for tensors of at most :data:`tzip._ring_path.IN_PAYLOAD_MAX_BYTES` (a
+bound, returned as a view of its frame bytes for tensors of at most :data:`tzip._ring_gpu.IN_PAYLOAD_MAX_BYTES` (a
 few KiB of slack), and for larger ones copied into a payload of its exact size on the caller's stream (as the general
 path copies it out of staging), so a CompressedTensor holds no more memory than its frame.
 
@@ -29,8 +29,9 @@ from ._codec_choice import codec_for
 from ._cuda import copy_raw, current_stream, device_scope, plain, stream_scope
 from ._errors import DaemonUnavailableError, TzipDaemonError
 from ._request import Request
-from ._ring_path import (_OP_COMPRESS, _OP_DECOMPRESS, _PACK, _SQE_BYTES, _WHOLE_BYTE_DTYPES, _ZERO8,
-                         IN_PAYLOAD_MAX_BYTES, RingPath, _ct, _region_gone)
+from ._ring_gpu import IN_PAYLOAD_MAX_BYTES, _region_gone
+from ._ring_path import _WHOLE_BYTE_DTYPES, RingPath
+from ._sqe import _OP_COMPRESS, _OP_DECOMPRESS, _PACK, _SQE_BYTES, _ZERO8, _ct
 from ._wire import MAX_STAGE_BYTES, _align, _sqe_layout
 from .compressed import CompressedTensor
 
