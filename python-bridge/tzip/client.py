@@ -111,12 +111,13 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from . import _ring, _shm
-from ._codec_choice import CODECS, check_codec, codec_for
-from ._cpu_path import DEDICATED_MIN_BYTES, RESULT_POOL_KEEP_BYTES, CpuPath
-from ._dlpack import byte_range, check_supported, copy_into_bytes, has_internal_overlap
+from ._call_args import (_check_outs_apart, _into_outs, _outs_per_item, _resolved, check_compress_args,
+                         check_decompress_args)
+from ._codec_choice import CODECS
+from ._cpu_path import DEDICATED_MIN_BYTES, RESULT_POOL_KEEP_BYTES
+from ._dlpack import copy_into_bytes
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
-from ._fallback import _compress_raw, _decompress_raw, _on_cpu
-from ._gpu_path import GPU_ARENA_KEEP_BYTES, GPU_SHARE_MIN_BYTES, GpuPath, _caller_streams, _Gpu, _stream_for
+from ._gpu_path import GPU_ARENA_KEEP_BYTES, GPU_SHARE_MIN_BYTES, _caller_streams, _Gpu
 from ._job import MAX_SM_BUDGET, STREAMS, _checked_sm_budget, _stream_tag, job_info, tagged
 from ._ring_one import RingOne
 from ._request import Request
@@ -125,7 +126,8 @@ from ._session import PROTOCOL_VERSIONS, RETRY_INTERVAL_S, Session
 from ._spawn import default_ipc_path, default_socket_path, normalize_endpoint
 from ._transport import Transport
 from ._wire import MAX_STAGE_BYTES, _device, layout
-from .compressed import CompressedTensor, check_layout
+from ._zmq_path import ZmqPath
+from .compressed import CompressedTensor
 
 # Names other modules and tests import from here (tzip.client is where they were defined, and where tests patch
 # copy_into_bytes: the code reading it stays in this module; PROTOCOL_VERSIONS and job_info are read, and patched, in
@@ -191,12 +193,13 @@ def _curve_keys(curve_dir: str | None) -> tuple[bytes, bytes, bytes]:
                                      f"first, or pass curve_dir=): {e}") from None
 
 
-class Client(RingOne, CpuPath, GpuPath):
+class Client(RingOne, ZmqPath):
     """A connection to the tzip daemon (see the module docstring). Use :func:`connect` to make one.
 
-    The request paths are its parts (:class:`tzip._ring_path.RingPath` with the lean single-tensor GPU calls of
-    :class:`tzip._ring_one.RingOne`, :class:`tzip._cpu_path.CpuPath`,
-    :class:`tzip._gpu_path.GpuPath`): they use the session and the state this class makes in ``__init__``."""
+    The session with the daemon is a :class:`tzip._session.Session` of its own; the request routes are its parts
+    (:class:`tzip._ring_path.RingPath` with the lean single-tensor GPU calls of :class:`tzip._ring_one.RingOne`, and
+    :class:`tzip._zmq_path.ZmqPath` over :class:`tzip._cpu_path.CpuPath` and :class:`tzip._gpu_path.GpuPath`): they
+    use the session and the state this class makes in ``__init__``."""
 
     def __init__(self, socket: str | None = None, spawn: bool = True, strict: bool = False, *, name: str | None = None,
                  connect_timeout: float = 10.0, request_timeout: float | None = None, workers: int = 4,
@@ -516,7 +519,7 @@ class Client(RingOne, CpuPath, GpuPath):
         """``out=`` of a compress as one entry per item (None: no out at all), checked (see :meth:`compress`)."""
         if out is None:
             return None
-        self._check_compress_args(items, codec)  # (the inputs first: their errors are the call's first)
+        check_compress_args(items, codec)  # (the inputs first: their errors are the call's first)
         outs = _outs_per_item(out, len(items), single, "a uint8 tensor or None per tensor", "tensors")
         for i, (t, o) in enumerate(zip(items, outs)):
             if o is None:
@@ -567,7 +570,7 @@ class Client(RingOne, CpuPath, GpuPath):
 
     def _compress_start_call(self, req: Request) -> _ring.Handle | None:
         """Checks the call's arguments and submits it through the ring when it can (else None)."""
-        self._check_compress_args(req.items, req.codec)
+        check_compress_args(req.items, req.codec)
         if not self._ring_caps or self._session.sid is None:
             return None
         h = self._compress_submit(req)
@@ -583,20 +586,12 @@ class Client(RingOne, CpuPath, GpuPath):
         fut.add_done_callback(lambda f: _settle_from(h, f))
         return h
 
-    @staticmethod
-    def _check_compress_args(items: list, codec: str | None) -> None:
-        check_codec(codec)
-        for t in items:
-            check_supported(t)
-            if not (t.is_cpu or t.is_cuda):
-                _device(t)  # raises for the devices tzip does not serve (CPU and CUDA tensors pass)
-
     def _compress(self, req: Request):
         """Serves the blocking call ``req`` by the first route that takes it, each asked once: the one-tensor ring
         path (one CUDA tensor), the general ring path, else ZeroMQ (:meth:`_compress_zmq`). A ring route that took the
         call and cannot finish it hands the same request to :meth:`_compress_zmq` itself."""
         self._check_pid()
-        self._check_compress_args(req.items, req.codec)
+        check_compress_args(req.items, req.codec)
         if self._ring_caps and self._session.sid is not None:
             if req.single and req.streams is None and req.items[0].is_cuda:
                 one = self._compress_one(req)
@@ -606,47 +601,6 @@ class Client(RingOne, CpuPath, GpuPath):
             if h is not None:
                 return _into_outs(self._wait_handle(h), req.outs, req.single)
         return self._compress_zmq(req)
-
-    def _compress_zmq(self, req: Request):
-        """The ZeroMQ route of ``req`` (its arguments checked): requests through the daemon (one retry after spawning
-        one), else raw frames made here (with a warning; DaemonUnavailableError when strict)."""
-        self._check_pid()
-        items, single, outs = req.items, req.single, req.outs
-        out = None
-        for attempt in range(2):
-            try:
-                # The retry skips the reconnect back-off: it is the one extra attempt a spawning client makes.
-                if not self._session.ensure(force=attempt > 0):
-                    raise self._session.unavailable()
-                out = self._compress_remote(req)
-                break
-            except DaemonUnavailableError:
-                # The daemon went away during the call: with spawn, start one and try once more.
-                if attempt == 0 and self.spawn:
-                    continue
-                if self.strict:
-                    raise
-                self._session.warn_fallback()
-                out = [_compress_raw(t) for t in items]
-        return _into_outs(out[0] if single else out, outs, single)
-
-    def _compress_remote(self, req: Request) -> list[CompressedTensor]:
-        """One ZeroMQ request per batch of CPU tensors and per batch of each GPU's tensors (codec None: each device's
-        default, :func:`tzip._codec_choice.codec_for`)."""
-        tensors, codec, streams = req.items, req.codec, req.streams
-        groups: dict[int | None, list[int]] = {}
-        for i, t in enumerate(tensors):
-            groups.setdefault(None if t.device.type == "cpu" else (t.device.index or 0), []).append(i)
-        out: list[CompressedTensor] = [None] * len(tensors)  # type: ignore[list-item]
-        for key, idx in groups.items():
-            part = [tensors[i] for i in idx]
-            if key is None:
-                done = self._compress_cpu(part, codec_for(codec, False), req)
-            else:
-                done = self._compress_gpu(self._gpu(key), part, codec_for(codec, True), _stream_for(streams, key), req)
-            for i, ct in zip(idx, done):
-                out[i] = ct
-        return out
 
     # --- decompress ---------------------------------------------------------------------------
     def decompress(self, cts: CompressedTensor | Iterable[CompressedTensor], out=None, verify: bool = True, *,
@@ -701,7 +655,7 @@ class Client(RingOne, CpuPath, GpuPath):
         return self._pool_handle(streams, self._decompress_zmq, req)
 
     def _decompress_start_call(self, req: Request) -> _ring.Handle | None:
-        self._check_decompress_args(req.items, req.outs)
+        check_decompress_args(req.items, req.outs)
         if not self._ring_caps or self._session.sid is None or not self._ring_worth(req.items, req.outs):
             return None
         h = self._decompress_submit(req)
@@ -726,7 +680,7 @@ class Client(RingOne, CpuPath, GpuPath):
         """Serves the blocking call ``req`` as :meth:`_compress` does: the one-frame ring path, the general ring path,
         else :meth:`_decompress_zmq`."""
         self._check_pid()
-        self._check_decompress_args(req.items, req.outs)
+        check_decompress_args(req.items, req.outs)
         if self._ring_caps and self._session.sid is not None and self._ring_worth(req.items, req.outs):
             if req.single and req.streams is None:
                 one = self._decompress_one(req)
@@ -736,93 +690,6 @@ class Client(RingOne, CpuPath, GpuPath):
             if h is not None:
                 return self._wait_handle(h)
         return self._decompress_zmq(req)
-
-    def _decompress_zmq(self, req: Request):
-        """The ZeroMQ route of ``req`` (its arguments checked): raw frames are decoded here where that needs no
-        daemon, the rest through the daemon (one retry after spawning one)."""
-        self._check_pid()
-        items, outs, single, verify = req.items, req.outs, req.single, req.verify
-        results: list[torch.Tensor | None] = [None] * len(items)
-        remote = []
-        for i, (ct, o) in enumerate(zip(items, outs)):
-            target = o.device if o is not None else ct.payload.device
-            if ct.codec == "raw" and (target.type == "cpu" or not self.connected or not self._gpu_reachable(self._gpu(target.index or 0))):
-                results[i] = _decompress_raw(ct, o, verify)
-            else:
-                remote.append(i)
-        if remote:
-            for attempt in range(2):
-                try:
-                    if not self._session.ensure(force=attempt > 0):
-                        raise self._session.unavailable()
-                    self._decompress_remote(req, remote, results)
-                    break
-                except DaemonUnavailableError as e:
-                    if attempt == 0 and self.spawn:
-                        continue  # the daemon went away during the call: start one and try once more
-                    for i in remote:
-                        if results[i] is None and items[i].codec == "raw":
-                            results[i] = _decompress_raw(items[i], outs[i], verify)
-                    rest = [i for i in remote if results[i] is None]
-                    if rest:
-                        raise DaemonUnavailableError(f"cannot decompress codec {items[rest[0]].codec!r} frames: {e}") from None
-                    break
-        return results[0] if single else results
-
-    @staticmethod
-    def _check_decompress_args(items: list, outs: list) -> None:
-        any_out = False
-        for ct, o in zip(items, outs):
-            if not isinstance(ct, CompressedTensor):
-                raise TypeError(f"expected CompressedTensor, got {type(ct).__name__}")
-            if o is not None:
-                check_supported(o)
-                _device(o)
-                if o.is_conj() or o.is_neg():
-                    raise ValueError("out is a lazy conjugate or negative view (its bytes are not its values): "
-                                     "decompress into a plain tensor, then conj() or neg() it")
-                if o.dtype != ct.dtype or tuple(o.shape) != tuple(ct.shape):
-                    raise ValueError(f"out is {o.dtype} {tuple(o.shape)}, the compressed tensor {ct.dtype} {tuple(ct.shape)}")
-                holds = layout(o.dtype, tuple(o.shape)).nbytes
-                if holds != ct.nbytes:
-                    # (a CompressedTensor made by hand: the daemon would write its nbytes into out's memory)
-                    raise ValueError(f"the compressed tensor says {ct.nbytes} bytes, out ({o.dtype} {tuple(o.shape)}) "
-                                     f"holds {holds}")
-                if has_internal_overlap(o):
-                    raise ValueError(f"out (strides {o.stride()}, shape {tuple(o.shape)}) has elements that share memory "
-                                     "(e.g. made by expand): it cannot hold the decompressed values; pass a tensor whose "
-                                     "elements are distinct, such as out.contiguous() or torch.empty_like(out)")
-                any_out = True
-            if not ct.payload.is_cpu:
-                _device(ct.payload)
-            else:
-                # A CompressedTensor made by hand with another dtype or shape than its frame's: the ZeroMQ path refuses
-                # it daemon-side, the ring decodes by byte count only. A CPU frame's header is checked here (a few
-                # microseconds); a GPU frame's would cost a device-to-host copy per call.
-                check_layout(ct)
-        if any_out:
-            _check_outs_apart(items, outs)
-
-    def _decompress_remote(self, req: Request, idx: list[int], results: list) -> None:
-        """Fills ``results[i]`` for ``i`` in ``idx``: one ZeroMQ request per batch of CPU destinations and per batch
-        of each GPU's."""
-        items, outs, verify, streams = req.items, req.outs, req.verify, req.streams
-        groups: dict[int | None, list[int]] = {}
-        for i in idx:
-            if results[i] is not None:
-                continue
-            o = outs[i]
-            target = o.device if o is not None else items[i].payload.device
-            groups.setdefault(None if target.type == "cpu" else (target.index or 0), []).append(i)
-        for key, part in groups.items():
-            cts = [items[i] for i in part]
-            os_ = [outs[i] for i in part]
-            if key is None:
-                done = self._decompress_cpu([_on_cpu(ct) for ct in cts], os_, verify, req)
-            else:
-                done = self._decompress_gpu(self._gpu(key), cts, os_, verify, _stream_for(streams, key), req)
-            for i, t in zip(part, done):
-                results[i] = t
 
     # --- lifetime -------------------------------------------------------------------------------
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -893,73 +760,6 @@ class Client(RingOne, CpuPath, GpuPath):
     def __repr__(self) -> str:
         state = "connected" if self.connected else "not connected (fallback)" if not self.strict else "not connected"
         return f"<tzip Client {self.socket_path} {state}>"
-
-
-def _outs_per_item(out, n: int, single: bool, entry: str, items: str) -> list:
-    """``out=`` of a call on ``n`` items as one entry per item: ``[out]`` for a single item; for a batch, the list
-    given (TypeError for one tensor, ValueError for another length). ``entry``/``items`` name them in the errors."""
-    if single:
-        return [out]
-    if isinstance(out, torch.Tensor):
-        raise TypeError(f"out= of a batch is a list ({entry}), not one tensor")
-    outs = list(out)
-    if len(outs) != n:
-        raise ValueError(f"out has {len(outs)} entries for {n} {items}")
-    return outs
-
-
-def _resolved(items: list) -> list:
-    """``items`` with PyTorch's lazy conjugate and negative views resolved into copies: their bytes are not their
-    values (a bit of the view says to flip a sign when reading), and the daemon reads bytes. Other items as they are."""
-    if not any(isinstance(t, torch.Tensor) and (t.is_conj() or t.is_neg()) for t in items):
-        return items
-    return [t.resolve_conj().resolve_neg() if isinstance(t, torch.Tensor) else t for t in items]
-
-
-def _into_outs(result, outs: list | None, single: bool):
-    """``result`` of a compress (a CompressedTensor or a list) with each frame in its ``outs`` entry: the payload
-    becomes ``out[:frame bytes]``, copied there (in the current stream's order for CUDA tensors) unless the daemon
-    wrote it there already."""
-    if outs is None:
-        return result
-    for ct, o in zip([result] if single else result, outs):
-        if o is None:
-            continue
-        p = ct.payload
-        m = p.numel()
-        if p.data_ptr() != o.data_ptr() or p.device != o.device:
-            o[:m].copy_(p)
-        ct.payload = o[:m]
-    return result
-
-
-def _check_outs_apart(items: list, outs: list, source: str = "frame") -> None:
-    """ValueError when a destination of a decompress (compress) shares memory with another destination or with a
-    frame (tensor) of the call: the values written into one would overwrite the other's. ``items``:
-    CompressedTensors, or the tensors a compress reads. As PyTorch's out= checks (at::assert_no_partial_overlap), only
-    outs whose elements fill their memory range are compared (contiguous ones, transposed ones); the elements of
-    others may interleave without sharing bytes, which a range cannot tell. A source counts as its whole range (a
-    strided input with an out between its elements is refused too)."""
-    spans = []
-    for i, (item, o) in enumerate(zip(items, outs)):
-        src = item.payload if isinstance(item, CompressedTensor) else item
-        for t, what in ((o, f"out {i}"), (src, f"{source} {i}")):
-            if t is not None and t.numel():
-                lo, hi = byte_range(t)
-                if t is not o or hi - lo == t.numel() * t.element_size():  # an out: only when dense
-                    spans.append((str(t.device), lo, hi, t is o, what))
-    spans.sort()
-    furthest: dict[tuple[str, bool], tuple] = {}  # (device, is an out) -> the span reaching furthest so far
-    for span in spans:
-        device, lo, hi, is_out, what = span
-        # An out may share no byte with anything; frames may share bytes with each other (both are only read).
-        for other in ((device, True), (device, False)) if is_out else ((device, True),):
-            f = furthest.get(other)
-            if f is not None and lo < f[2]:
-                raise ValueError(f"{what} shares memory with {f[4]}: every destination must lie apart from the other "
-                                 f"destinations and from the {source}s of the call")
-        if (device, is_out) not in furthest or hi > furthest[(device, is_out)][2]:
-            furthest[(device, is_out)] = span
 
 
 def connect(socket: str | None = None, spawn: bool = True, strict: bool = False, **kwargs) -> Client:
