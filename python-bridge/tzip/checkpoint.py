@@ -66,19 +66,9 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from ._container import (
-    ContainerError,
-    ContainerReader,
-    Entry,
-    TensorItem,
-    atomic_file,
-    byte_view,
-    decode_entries,
-    reinterpret,
-    safetensors_layout,
-    torch_dtype_of,
-    write_tensors,
-)
+from ._container import (ContainerReader, TensorItem, atomic_file, byte_view, decode_entries, reinterpret,
+                         safetensors_layout, torch_dtype_of, write_tensors)
+from ._safetensors_header import ContainerError, Entry
 from ._dlpack import int_alias
 from .attaching import checkpoint_codec
 from .client import Client, tagged

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from . import _native
-from ._container import (ContainerError, ContainerReader, ContainerWriter, atomic_file, parse_header_length,
-                         reinterpret, torch_dtype_of)
+from ._container import ContainerReader, ContainerWriter, atomic_file, reinterpret, torch_dtype_of
+from ._safetensors_header import ContainerError, parse_header_length
 
 __all__ = ["compress_file", "load_file", "load_folder", "folder_shards"]
 

@@ -53,16 +53,9 @@ from typing import Any
 import torch
 import xxhash
 
-from ._container import (
-    ContainerError,
-    ContainerReader,
-    TensorItem,
-    decode_entries,
-    reinterpret,
-    safetensors_layout,
-    torch_dtype_of,
-    write_tensors,
-)
+from ._container import (ContainerReader, TensorItem, decode_entries, reinterpret, safetensors_layout, torch_dtype_of,
+                         write_tensors)
+from ._safetensors_header import ContainerError
 from ._dlpack import check_supported
 from .attaching import checkpoint_codec
 from .client import Client, tagged
