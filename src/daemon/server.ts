@@ -22,6 +22,7 @@ import { PROTOCOL_VERSIONS, type DaemonLimits } from './limits.js';
 import { DaemonLock } from './lock.js';
 import { daemonUsesMps, mpsPipeDirectory, sharesMps } from './mps.js';
 import type { RequestEvent, RequestObserver } from './observer.js';
+import { wireJob } from './job-wire.js';
 import { handleCompress } from './op-compress.js';
 import { handleDecompress } from './op-decompress.js';
 import { parseRequest } from './parse-request.js';
@@ -618,7 +619,7 @@ export class Daemon {
     const gpus = gpuMemory();
     const mps = daemonUsesMps(gpus.length > 0);
     return {
-      jobs: this.jobs.all(now).map((job) => this.wireJob(job, mps)),
+      jobs: this.jobs.all(now).map((job) => wireJob(this.jobs, job, mps)),
       daemon: {
         pid: process.pid,
         version: this.version,
@@ -630,56 +631,6 @@ export class Daemon {
         mps,
         gpus: gpus.map((g) => ({ uuid: g.uuid, name: g.name, memory_used_bytes: g.memoryUsedBytes, memory_total_bytes: g.memoryTotalBytes })),
         rates: { compress_gbps: this.rates.compress.perSecond(now) / 1e9, decompress_gbps: this.rates.decompress.perSecond(now) / 1e9 },
-      },
-    };
-  }
-
-  private wireJob(job: Job, daemonMps: boolean | null): object {
-    const streams: Record<string, unknown> = {};
-    let original = 0;
-    let coded = 0;
-    let seconds = 0;
-    let requests = 0;
-    let errors = 0;
-    for (const name of STREAMS) {
-      const s = job.streams[name];
-      const dir = (d: typeof s.compress) => ({ requests: d.requests, items: d.items, bytes_in: d.bytesIn, bytes_out: d.bytesOut, seconds: d.seconds });
-      streams[name] = { compress: dir(s.compress), decompress: dir(s.decompress), errors: s.errors };
-      original += s.compress.bytesIn + s.decompress.bytesOut;
-      coded += s.compress.bytesOut + s.decompress.bytesIn;
-      seconds += s.compress.seconds + s.decompress.seconds;
-      requests += s.compress.requests + s.decompress.requests;
-      errors += s.errors;
-    }
-    const ranks = [...job.ranks].sort((a, b) => a - b);
-    const attachedAt = job.attachedAt;
-    return {
-      name: job.name,
-      user: this.jobs.userOf(job),
-      state: job.sessions.size > 0 ? 'running' : 'ended',
-      ended_at_ms: job.endedAt,
-      pids: [...job.pids],
-      sessions: job.sessions.size,
-      devices: [...job.devices],
-      ...(ranks.length === 1 ? { rank: ranks[0] } : {}),
-      ranks,
-      world_size: job.worldSize,
-      attached: attachedAt !== null,
-      attached_at_ms: attachedAt,
-      mps: job.mps,
-      shares_mps: sharesMps(job.mps, daemonMps),
-      settings: wireSettings(this.jobs.effective(job)),
-      overrides: wireSettings(job.settings),
-      streams,
-      totals: {
-        requests,
-        errors,
-        bytes_in: original,
-        bytes_out: coded,
-        // Compressed over original, as tzip writes ratios everywhere (the CLI, CompressedTensor.ratio): lower is better.
-        ratio: original > 0 ? coded / original : null,
-        seconds,
-        gbps: seconds > 0 ? original / seconds / 1e9 : null,
       },
     };
   }
