@@ -285,12 +285,9 @@ def _calls_alive() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, _Call))
 
 
-def w_mismatches(rank, world):
-    """Each case: what this rank raised (type name, message, seconds), or None; and the calls each case left alive
-    with the garbage collector off (a reference cycle keeps its call, and so its process group, until a collection:
-    destroy_process_group() then could not free the group and processes died with SIGABRT at exit)."""
-    seen = {}
-    left = {}
+def _recorder(seen: dict, left: dict):
+    """``case(name, fn)``: runs fn and records in ``seen[name]`` what it raised (type name, message, seconds; None when
+    nothing) and in ``left[name]`` the calls it left alive (:func:`_calls_alive`)."""
 
     def case(name, fn):
         t0 = time.monotonic()
@@ -300,6 +297,17 @@ def w_mismatches(rank, world):
         except Exception as e:  # noqa: BLE001 - reported to the test
             seen[name] = (type(e).__name__, str(e), time.monotonic() - t0)
         left[name] = _calls_alive()
+
+    return case
+
+
+def w_mismatches(rank, world):
+    """Each case: what this rank raised (type name, message, seconds), or None; and the calls each case left alive
+    with the garbage collector off (a reference cycle keeps its call, and so its process group, until a collection:
+    destroy_process_group() then could not free the group and processes died with SIGABRT at exit)."""
+    seen = {}
+    left = {}
+    case = _recorder(seen, left)
 
     def p2p(sent, into):  # even ranks send to the next odd one
         if rank % 2 == 0:
@@ -525,15 +533,7 @@ def w_piece_errors(rank, world):
     collector, and whether the group is still in step after them."""
     seen, left = {}, {}
     last = world - 1
-
-    def case(name, fn):
-        t0 = time.monotonic()
-        try:
-            fn()
-            seen[name] = (None, "", time.monotonic() - t0)
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            seen[name] = (type(e).__name__, str(e), time.monotonic() - t0)
-        left[name] = _calls_alive()
+    case = _recorder(seen, left)
 
     x = torch.randn(20000)
     gc.collect()
