@@ -11,12 +11,12 @@ ends each timed call with ``torch.cuda.synchronize()``:
 
 * the time of one all-reduce (SUM) of a 25 MB and a 100 MB bucket of real gradients, bf16 and fp32: plain
   ``dist.all_reduce``, ``tzip.distributed.all_reduce`` with ``codec="raw"`` (the same algorithm uncompressed) and with
-  ``--codec``, each in pieces of ``--piece-mb`` (default: PIECE_BYTES) and in one piece (``piece_bytes=0``); the bytes
-  each rank sent (tzip's counters) and their ratio to the raw bytes. Median over ``--repeat`` runs of rank 0's wall
-  clock, the methods interleaved so that load changes hit them alike; every rank reduces its own gradients of the same
-  parameters. Each method's result (of the first, untimed round) is compared bit for bit (integer views) on every
-  rank: tzip raw and tzip ``--codec`` with each other, and with plain ``dist.all_reduce`` (which only two ranks must
-  match: with more, the backend's reduction order differs);
+  ``--codec``, each in pieces of ``--piece-mb`` (default: all_reduce's own) and, where that is more than one, in one
+  piece (``piece_bytes=0``); the bytes each rank sent (tzip's counters) and their ratio to the raw bytes. Median over
+  ``--repeat`` runs of rank 0's wall clock, the methods interleaved so that load changes hit them alike; every rank
+  reduces its own gradients of the same parameters. Each method's result (of the first, untimed round) is compared bit
+  for bit (integer views) on every rank: tzip raw and tzip ``--codec`` with each other, and with plain
+  ``dist.all_reduce`` (which only two ranks must match: with more, the backend's reduction order differs);
 * the codec's rates through the daemon on the same data, rank 0 alone (the others wait at a barrier): compress of
   the n-1 shards a rank sends and decompress of the n-1 shards it receives, GB/s of original bytes;
 * bytes on the wire per DDP step of the real model (all-MiniLM-L6-v2, fp32, real text, 4 sentence pairs of 32
@@ -48,6 +48,7 @@ import tempfile
 import time
 from statistics import median
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -106,6 +107,26 @@ def _all_ranks(flags: dict[str, bool], device: torch.device) -> dict[str, bool]:
     t = torch.tensor([int(flags[k]) for k in keys], dtype=torch.int32, device=device if nccl else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return {k: bool(v) for k, v in zip(keys, t.tolist())}
+
+
+#: --data: scripts/gpu-data.sh's samples of the same gradients (6 blocks of 32768 values across the network).
+_SAMPLES = {"bfloat16": "minilm-grads-bf16.BF16.bin", "float32": "minilm-grads-f32.F32.bin"}
+
+
+def _sample_gradients(data_dir: str, dtype: str, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s gradients from the samples in ``data_dir`` (:data:`_SAMPLES`, raw little-endian): the file's
+    values rolled by ``rank * 4099`` elements, so that the ranks' buckets differ as data-parallel ranks' do (a bucket
+    is then these values tiled, :func:`_window`). FileNotFoundError when the file is missing."""
+    raw = np.fromfile(os.path.join(data_dir, _SAMPLES[dtype]), dtype=np.uint8)
+    return torch.from_numpy(raw).view(getattr(torch, dtype)).roll(rank * 4099)
+
+
+def _in_pieces(piece_bytes: int | None, device: torch.device, nbytes: int) -> bool:
+    """Whether tzip.distributed.all_reduce(piece_bytes=...) splits a bucket of ``nbytes`` on ``device`` into more
+    than one piece (None: its default, PIECE_BYTES for CUDA tensors and one piece for CPU tensors)."""
+    if piece_bytes is None:
+        piece_bytes = PIECE_BYTES if device.type == "cuda" else 0
+    return 0 < piece_bytes < nbytes
 
 
 def _window(flat: torch.Tensor, numel: int) -> torch.Tensor:
@@ -189,10 +210,10 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
         from .._default import default_client
 
         client = default_client()
-        grads = _rank_gradients(rank, world).to(device)
+        grads = None if args.data else _rank_gradients(rank, world).to(device)
         results = []
         for dtype in ("bfloat16", "float32"):
-            flat = grads.to(getattr(torch, dtype))
+            flat = _sample_gradients(args.data, dtype, rank).to(device) if args.data else grads.to(getattr(torch, dtype))
             for size in args.sizes:
                 numel = int(size * MB) // flat.element_size()
                 data = _window(flat, numel)
@@ -201,9 +222,10 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
                     "plain": lambda x: dist.all_reduce(x),
                     "raw": lambda x: tzd.all_reduce(x, codec="raw", piece_bytes=pb),
                     args.codec: lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=pb),
-                    "raw/1": lambda x: tzd.all_reduce(x, codec="raw", piece_bytes=0),
-                    f"{args.codec}/1": lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=0),
                 }
+                if _in_pieces(pb, device, numel * data.element_size()):  # and in one piece, to compare
+                    methods["raw/1"] = lambda x: tzd.all_reduce(x, codec="raw", piece_bytes=0)
+                    methods[f"{args.codec}/1"] = lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=0)
                 times: dict[str, list[float]] = {m: [] for m in methods}
                 traffic = {}
                 first: dict[str, torch.Tensor] = {}
@@ -225,11 +247,13 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
                         if c is not None:
                             traffic[m] = (c.bytes_raw, c.bytes_sent)
                         del x
-                identical = _all_ranks({"raw_vs_plain": _same_bits(first["raw"], first["plain"]),
-                                        "codec_vs_raw": _same_bits(first[args.codec], first["raw"]),
-                                        "codec_vs_plain": _same_bits(first[args.codec], first["plain"]),
-                                        "pieces_vs_one": _same_bits(first[args.codec], first[f"{args.codec}/1"]) and
-                                        _same_bits(first["raw"], first["raw/1"])}, device)
+                flags = {"raw_vs_plain": _same_bits(first["raw"], first["plain"]),
+                         "codec_vs_raw": _same_bits(first[args.codec], first["raw"]),
+                         "codec_vs_plain": _same_bits(first[args.codec], first["plain"])}
+                if "raw/1" in first:
+                    flags["pieces_vs_one"] = (_same_bits(first[args.codec], first[f"{args.codec}/1"])
+                                              and _same_bits(first["raw"], first["raw/1"]))
+                identical = _all_ranks(flags, device)
                 del first
                 # the codec alone, on rank 0 with the others waiting: what one all-reduce asks of it
                 bounds = _shards(numel, world)
@@ -285,9 +309,14 @@ def run(args) -> dict:
             got = json.load(f)
     for r in got["results"]:
         r["codec"] = args.codec
-    source = ("real gradients of all-MiniLM-L6-v2 (22.6 M values), each rank's from one backward pass on its own "
-              "4 sentence pairs of the model card (tzip.demo_data's objective), in DDP's bucket order (last layer "
-              "first); a bucket is their first values, tiled past 22.6 M (fp32 100 MB)")
+    if args.data:
+        source = (f"scripts/gpu-data.sh's samples of all-MiniLM-L6-v2's gradients in {args.data} "
+                  f"({', '.join(_SAMPLES.values())}: 6 blocks of 32768 values each, from one backward pass), rolled by "
+                  "4099 values per rank and tiled to the bucket")
+    else:
+        source = ("real gradients of all-MiniLM-L6-v2 (22.6 M values), each rank's from one backward pass on its own "
+                  "4 sentence pairs of the model card (tzip.demo_data's objective), in DDP's bucket order (last layer "
+                  "first); a bucket is their first values, tiled past 22.6 M (fp32 100 MB)")
     return {"machine": _machine(), "data": source, "command": " ".join([sys.executable, "-m", __spec__.name if __spec__ else __name__, *sys.argv[1:]]),
             "ranks": args.ranks, "backend": f"{args.backend} (127.0.0.1)", "device": args.device, "codec": args.codec,
             **got}
@@ -299,8 +328,9 @@ def report(res: dict, args) -> str:
              f"{n} ranks, {res['backend']}, tensors on {res['device']}, one torch thread per rank; daemon: "
              f"{'connected' if res['daemon'] else 'AWAY (raw frames)'}",
              "", f"one all-reduce (SUM) of a bucket, rank 0's wall clock, median of {args.repeat} (seconds):"]
-    pieces = "default" if args.piece_mb is None else f"{args.piece_mb:g} MB"
-    lines[-1] += f" tzip in pieces of {pieces} (tzip.distributed.PIECE_BYTES = {PIECE_BYTES / MB:g} MB) and in one piece:"
+    pieces = ("all_reduce's default (PIECE_BYTES = " f"{PIECE_BYTES / MB:g} MB for CUDA tensors, one piece on the CPU)"
+              if args.piece_mb is None else f"{args.piece_mb:g} MB")
+    lines[-1] += f" tzip in pieces of {pieces}, and in one piece where that differs:"
     head = ["dtype", "MB", "plain dist.all_reduce", "tzip raw", f"tzip {c}", "raw 1 piece", f"{c} 1 piece",
             f"{c}/plain", "bytes sent/raw", "codec compress GB/s", "decompress GB/s", "bit-identical"]
     rows = []
@@ -308,8 +338,9 @@ def report(res: dict, args) -> str:
         s = r["seconds"]
         raw_b, sent_b = r["traffic"][c]
         rt = r["rates"]
+        one = lambda m: f"{s[m]:.3f}" if m in s else "(same)"  # noqa: E731 - one piece is the default there
         rows.append([r["dtype"], f"{r['mb']:g}", f"{s['plain']:.3f}", f"{s['raw']:.3f}", f"{s[c]:.3f}",
-                     f"{s['raw/1']:.3f}", f"{s[c + '/1']:.3f}", f"{s[c] / s['plain']:.2f}x", f"{sent_b / raw_b:.4f}", f"{rt['compress_gbps']:.3f}",
+                     one("raw/1"), one(c + "/1"), f"{s[c] / s['plain']:.2f}x", f"{sent_b / raw_b:.4f}", f"{rt['compress_gbps']:.3f}",
                      f"{rt['decompress_gbps']:.3f}", _identity(r["identical"], "codec_vs_raw", n)])
     lines += _table(head, rows)
     if res["ddp"]:
@@ -366,10 +397,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--codec-rates", default=None, help="COMPRESS,DECOMPRESS GB/s for the projection instead of the "
                     "rates measured here (e.g. a GPU's)")
     ap.add_argument("--piece-mb", type=float, default=None, help="tzip.distributed.all_reduce's piece_bytes in MB "
-                    "(default: its own, PIECE_BYTES); every row also runs in one piece (piece_bytes=0)")
+                    "(default: its own: PIECE_BYTES for CUDA tensors, one piece on the CPU); a row in pieces also runs "
+                    "in one piece (piece_bytes=0)")
+    ap.add_argument("--data", default=None, help="a folder of scripts/gpu-data.sh (data/gpu): its gradient samples, "
+                    "tiled, instead of a backward pass of the model (no model package needed; implies --no-ddp)")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step of the real model")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.data:
+        args.no_ddp = True  # the DDP step trains the model itself
     if args.backend == "nccl" and args.device != "cuda":
         ap.error("--backend nccl needs --device cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
