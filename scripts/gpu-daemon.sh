@@ -14,12 +14,7 @@
 # Environment: OUT (log folder), SKIP_BENCH=1, RANKS (default 2).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-PY=python3
-[ -x .venv/bin/python ] && PY=.venv/bin/python
-export PYTHONPATH=$PWD/python-bridge${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+source scripts/gpu-python-env.sh  # OUT, PY, PYTHONPATH; the GPU in $OUT/gpu.txt
 
 files=(test_client_cuda test_ring_one test_ring test_sm_budget test_staging_copies test_faults_gpu test_client_hostile
        test_security_limits test_distributed test_ddp test_fsdp test_optim test_saving test_checkpoint test_attach test_load)

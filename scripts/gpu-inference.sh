@@ -12,13 +12,8 @@
 #   2. python -m tzip.bench.inference (table last)                                   -> bench.log, bench.json
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-PY=python3
-[ -x .venv/bin/python ] && PY=.venv/bin/python
-export PYTHONPATH=$PWD/python-bridge${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source scripts/gpu-python-env.sh  # OUT, PY, PYTHONPATH; the GPU in $OUT/gpu.txt
 export TZIP_LIBRARY=${TZIP_LIBRARY:-$PWD/build/Release/libtzip.so}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
 "$PY" -m pytest -q -rs -p no:cacheprovider python-bridge/tests/test_native.py python-bridge/tests/test_inference.py python-bridge/tests/test_files.py \
   2>&1 | tee "$OUT/tests.log"
 tests=${PIPESTATUS[0]}
