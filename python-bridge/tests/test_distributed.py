@@ -593,6 +593,26 @@ def test_all_reduce_in_pieces_errors(pools, world):
         assert rank == last or "between the exchange and the gather" in dec[1], dec
 
 
+def test_pieces_cover_the_tensor_once_in_order():
+    from tzip.distributed._all_reduce import _checked_piece_bytes, _pieces
+
+    assert _pieces(0, 4, 0) == [] and _pieces(0, 4, 8) == []
+    assert _pieces(10, 4, 0) == [(0, 10)]  # one piece
+    assert _pieces(10, 4, 3) == [(k, k + 1) for k in range(10)]  # less than an element: one element each
+    assert _pieces(10, 4, 12) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert _pieces(10, 4, 1 << 20) == [(0, 10)]
+    for numel in (1, 7, 1000, 4099):
+        for pb in (1, 8, 100, 4096):
+            got = _pieces(numel, 2, pb)
+            assert got[0][0] == 0 and got[-1][1] == numel and all(a[1] == b[0] for a, b in zip(got, got[1:]))
+    assert _checked_piece_bytes(None, torch.device("cpu")) == 0
+    assert _checked_piece_bytes(None, torch.device("cuda", 0)) == tzd.PIECE_BYTES
+    assert _checked_piece_bytes(5, torch.device("cpu")) == 5
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="piece_bytes"):
+            _checked_piece_bytes(bad, torch.device("cpu"))
+
+
 def test_all_reduce_two_ranks_equals_dist_all_reduce(pools):
     n = pools(2).run(w_all_reduce_vs_dist, timeout=600)
     assert n[0] > 200
