@@ -308,8 +308,7 @@ class _AllReduce:
             if back is not None:
                 self.finish(*back)
                 back = None
-            if work is not None:
-                work.wait()
+            self.wait(work)
             got = call.attempt(lambda: self.reduce_and_encode(k, parts, codecs))
             acc, red = got if got is not None else (None, None)
             if self.all_plain:
@@ -338,8 +337,7 @@ class _AllReduce:
         """Piece k's end: every other rank's reduced shard decoded into the tensor, ours copied in when the reduction
         left it elsewhere."""
         call, me = self.call, self.call.me
-        if work is not None:
-            work.wait()
+        self.wait(work)
         bounds = self.shards(k)
         others = [r for r in range(call.n) if r != me]
         call.decode([_Wire(f, c) for f, c in zip(frames, codecs)],
@@ -349,6 +347,13 @@ class _AllReduce:
         own = self.flat[a:b]
         if acc is not own:
             _copy_bits(own, acc)
+
+    def wait(self, work) -> None:
+        """Waits for a collective of :attr:`pending` (None: none was needed) and forgets it, and with it the buffers it
+        holds: a call of many pieces keeps only the pieces in flight."""
+        if work is not None:
+            work.wait()
+            self.pending.remove(work)
 
     def drain(self) -> None:
         """Waits for what the call left in flight (all of it when an error leaves the call: every rank posted the same
