@@ -26,8 +26,10 @@ ends each timed call with ``torch.cuda.synchronize()``:
 * a PROJECTION, not a measurement, of the all-reduce time per rank at ``--links`` GB/s: plain ring
   ``2 (n-1)/n S / B``; tzip ``(n-1)/n S / Rc + S/n / Rc + 2 (n-1)/n S / Rd + 2 (n-1)/n ratio S / B`` (compress the
   outgoing shards, then the reduced one; decompress the incoming and the gathered ones; the compressed bytes over
-  the link; no overlap; the adds, the same in both, left out), with the codec rates Rc and Rd measured here, or
-  given with ``--codec-rates`` (e.g. GPU rates measured elsewhere: then labelled as given).
+  the link; no overlap; the adds, the same in both, left out), and the same in P pieces of ``--piece-mb`` (default
+  PIECE_BYTES) with codec and link overlapped: ``max(C, L) + (C + L) / P`` (C: the codec terms, L: the link term),
+  with the codec rates Rc and Rd measured here, or given with ``--codec-rates`` (e.g. GPU rates measured elsewhere:
+  then labelled as given).
 
 Gradients: every rank computes its own, as data-parallel ranks do: one backward pass of the real model (tzip.demo_data's
 objective, dropout off, 128 tokens) on its own 4 sentence pairs of the model card; all parameters' gradients flat in
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import sys
@@ -285,14 +288,20 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
         dist.destroy_process_group()
 
 
-def project(r: dict, n: int, link_gbps: float, rates: tuple[float, float]) -> tuple[float, float]:
-    """(plain, tzip) seconds per rank at a link of ``link_gbps`` GB/s (see the module docstring's formula)."""
+def project(r: dict, n: int, link_gbps: float, rates: tuple[float, float], pieces: int = 1) -> tuple[float, float]:
+    """(plain, tzip) seconds per rank at a link of ``link_gbps`` GB/s (see the module docstring's formula). With
+    ``pieces`` > 1, tzip's codec work (C, the codec terms of the formula) and link time (L, its last term) overlap as
+    in a pipeline of that many equal pieces: ``max(C, L) + (C + L) / pieces`` (the slower resource paced by the
+    pieces, plus one piece's way through both to fill and drain it)."""
     s, b = r["bytes"], link_gbps * 1e9
     rc, rd = rates[0] * 1e9, rates[1] * 1e9
     ratio = r["traffic"][r["codec"]][1] / r["traffic"][r["codec"]][0]
     plain = 2 * (n - 1) / n * s / b
-    tzip = (n - 1) / n * s / rc + s / n / rc + 2 * (n - 1) / n * s / rd + 2 * (n - 1) / n * ratio * s / b
-    return plain, tzip
+    codec = (n - 1) / n * s / rc + s / n / rc + 2 * (n - 1) / n * s / rd
+    link = 2 * (n - 1) / n * ratio * s / b
+    if pieces > 1:
+        return plain, max(codec, link) + (codec + link) / pieces
+    return plain, codec + link
 
 
 def run(args) -> dict:
@@ -353,15 +362,20 @@ def report(res: dict, args) -> str:
                   f"{_identity(dd['identical'], 'hook_vs_raw', n)}"]
     given = args.codec_rates is not None
     label = "given with --codec-rates (not measured here)" if given else "measured here (CPU, through the daemon)"
-    lines += ["", f"PROJECTION (a model, not a measurement): all-reduce seconds per rank at a link of B GB/s, codec rates "
+    lines += ["", f"PROJECTION (a model, not a measurement): all-reduce milliseconds per rank at a link of B GB/s, codec rates "
               f"{label}, no overlap of codec and link:"]
-    head = ["dtype", "MB", "codec GB/s (c/d)", *[f"plain @{b:g}" for b in args.links], *[f"tzip @{b:g}" for b in args.links]]
+    piece_mb = args.piece_mb if args.piece_mb else PIECE_BYTES / MB
+    lines[-1] = lines[-1][:-1] + f"; and in pieces of {piece_mb:g} MB overlapping codec and link, max(C, L) + (C + L) / pieces:"
+    head = ["dtype", "MB", "codec GB/s (c/d)", *[f"plain @{b:g}" for b in args.links], *[f"tzip @{b:g}" for b in args.links],
+            *[f"pieces @{b:g}" for b in args.links]]
     rows = []
     for r in res["results"]:
         rates = tuple(args.codec_rates) if given else (r["rates"]["compress_gbps"], r["rates"]["decompress_gbps"])
+        pieces = max(1, math.ceil(r["bytes"] / (piece_mb * MB)))
         pts = [project(r, n, b, rates) for b in args.links]
-        rows.append([r["dtype"], f"{r['mb']:g}", f"{rates[0]:.3g}/{rates[1]:.3g}", *[f"{p[0]:.4f}" for p in pts],
-                     *[f"{p[1]:.4f}" for p in pts]])
+        over = [project(r, n, b, rates, pieces)[1] for b in args.links]
+        rows.append([r["dtype"], f"{r['mb']:g}", f"{rates[0]:.3g}/{rates[1]:.3g}", *[f"{p[0] * 1e3:.2f}" for p in pts],
+                     *[f"{p[1] * 1e3:.2f}" for p in pts], *[f"{t * 1e3:.2f}" for t in over]])
     lines += _table(head, rows)
     return "\n".join(lines)
 
