@@ -58,6 +58,7 @@ import torch.multiprocessing as mp
 
 from .._dlpack import int_alias
 from ..distributed import PIECE_BYTES
+from ..distributed._all_reduce import _checked_piece_bytes
 from ..distributed._call import _shards
 from .daemon import _daemon_socket
 
@@ -127,8 +128,7 @@ def _sample_gradients(data_dir: str, dtype: str, rank: int) -> torch.Tensor:
 def _in_pieces(piece_bytes: int | None, device: torch.device, nbytes: int) -> bool:
     """Whether tzip.distributed.all_reduce(piece_bytes=...) splits a bucket of ``nbytes`` on ``device`` into more
     than one piece (None: its default, PIECE_BYTES for CUDA tensors and one piece for CPU tensors)."""
-    if piece_bytes is None:
-        piece_bytes = PIECE_BYTES if device.type == "cuda" else 0
+    piece_bytes = _checked_piece_bytes(piece_bytes, device)
     return 0 < piece_bytes < nbytes
 
 
@@ -364,14 +364,16 @@ def report(res: dict, args) -> str:
     label = "given with --codec-rates (not measured here)" if given else "measured here (CPU, through the daemon)"
     lines += ["", f"PROJECTION (a model, not a measurement): all-reduce milliseconds per rank at a link of B GB/s, codec rates "
               f"{label}, no overlap of codec and link:"]
-    piece_mb = args.piece_mb if args.piece_mb else PIECE_BYTES / MB
-    lines[-1] = lines[-1][:-1] + f"; and in pieces of {piece_mb:g} MB overlapping codec and link, max(C, L) + (C + L) / pieces:"
+    # the model is of CUDA buckets: their piece size (--piece-mb 0: one piece)
+    piece_bytes = _checked_piece_bytes(None if args.piece_mb is None else int(args.piece_mb * MB), torch.device("cuda"))
+    lines[-1] = lines[-1][:-1] + (f"; and in pieces of {piece_bytes / MB:g} MB overlapping codec and link, "
+                                  "max(C, L) + (C + L) / pieces:")
     head = ["dtype", "MB", "codec GB/s (c/d)", *[f"plain @{b:g}" for b in args.links], *[f"tzip @{b:g}" for b in args.links],
             *[f"pieces @{b:g}" for b in args.links]]
     rows = []
     for r in res["results"]:
         rates = tuple(args.codec_rates) if given else (r["rates"]["compress_gbps"], r["rates"]["decompress_gbps"])
-        pieces = max(1, math.ceil(r["bytes"] / (piece_mb * MB)))
+        pieces = math.ceil(r["bytes"] / piece_bytes) if piece_bytes else 1
         pts = [project(r, n, b, rates) for b in args.links]
         over = [project(r, n, b, rates, pieces)[1] for b in args.links]
         rows.append([r["dtype"], f"{r['mb']:g}", f"{rates[0]:.3g}/{rates[1]:.3g}", *[f"{p[0] * 1e3:.2f}" for p in pts],

@@ -221,13 +221,16 @@ class _AllReduce:
         call, n, me = self.call, self.call.n, self.call.me
         if self.all_plain:
             call.raise_own()  # plain bytes, no daemon: a local failure (memory); the others are left to time out
-            item = self.flat.element_size()
-            row = [(b - a) * item for a, b in self.shards(k)]
-            return [row] * n, [_PLAIN] * n
+            return [self.plain_sizes(k)] * n, [_PLAIN] * n
         mine = [x for w in sent for x in (w.data.numel(), w.codec)] if sent is not None else [0] * (2 * n)
         rows = self.gather_row(mine + [call.status])
         self.check_rows(rows, f"while encoding piece {k + 1} of {len(self.pieces)}")
         return [r[0:2 * n:2] for r in rows], [r[2 * me + 1] for r in rows]
+
+    def plain_sizes(self, k: int) -> list[int]:
+        """Bytes of each of piece k's n shards: the size of every frame of it when all ranks send plain bytes."""
+        item = self.flat.element_size()
+        return [(b - a) * item for a, b in self.shards(k)]
 
     def gather_row(self, row: list[int]) -> list[list[int]]:
         """Every rank's ``row`` (int64 values, one small all_gather)."""
@@ -254,8 +257,7 @@ class _AllReduce:
         else:
             send_buf = torch.cat([w.data for w in sent])
         work, parts = _start_exchange(call, sizes, send_buf)
-        if work is not None:
-            self.pending.append(work)
+        self.track(work)
         a, b = self.shards(k)[call.me]
         call.traffic.bytes_raw += ((self.pieces[k][1] - self.pieces[k][0]) - (b - a)) * self.flat.element_size()
         return work, parts
@@ -301,6 +303,8 @@ class _AllReduce:
                 sent, sizes, codecs = sent0, sizes0, codecs0
             else:
                 sent = self.take_encoded(nxt)
+                # the future may hold this piece's encode error, which sizes() raises: kept here, this frame (in the
+                # error's traceback) would hold the future and the error a cycle (_Call.raise_own)
                 nxt = None
                 sizes, codecs = self.sizes(k, sent)
                 nxt = self.start_encode(k + 1)
@@ -313,8 +317,7 @@ class _AllReduce:
             acc, red = got if got is not None else (None, None)
             if self.all_plain:
                 call.raise_own()
-                item = self.flat.element_size()
-                gsizes = [(e - s) * item for s, e in self.shards(k)]
+                gsizes = self.plain_sizes(k)
                 gcodecs = [_PLAIN] * n
             else:
                 # the sizes are known once every rank has reduced: one small gather, which also carries a failure
@@ -325,8 +328,7 @@ class _AllReduce:
                 gsizes = [x[0] for x in rows]
                 gcodecs = [x[1] for x in rows]
             gwork, frames = _start_gather(call, red, gsizes)
-            if gwork is not None:
-                self.pending.append(gwork)
+            self.track(gwork)
             a, b = self.shards(k)[me]
             call.traffic.bytes_raw += (b - a) * self.flat.element_size() * (n - 1)
             back = (k, gwork, [frames[r] for r in others], [gcodecs[r] for r in others], acc)
@@ -347,6 +349,11 @@ class _AllReduce:
         own = self.flat[a:b]
         if acc is not own:
             _copy_bits(own, acc)
+
+    def track(self, work) -> None:
+        """Keeps a collective just started (None: none was needed) in :attr:`pending` until :meth:`wait`."""
+        if work is not None:
+            self.pending.append(work)
 
     def wait(self, work) -> None:
         """Waits for a collective of :attr:`pending` (None: none was needed) and forgets it, and with it the buffers it
