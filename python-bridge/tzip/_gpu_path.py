@@ -459,11 +459,11 @@ class GpuPath:
             if ring.device is not None:
                 keys = ring.segments.clear()
                 segments += len(keys)
-                self._release_region_keys(ring, keys)
+                self._rings.release_keys(ring, keys)
         if self._session.sid is None:
             return 0
         if segments:
-            self._flush_ring_releases()
+            self._rings.flush_releases()
         if not handles:
             return segments
         reply = self._session.call("release", {"handles": handles}, timeout=10.0)

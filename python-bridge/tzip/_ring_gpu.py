@@ -18,10 +18,11 @@ from ._cuda import (copy_raw, current_stream, device_scope, gpu_bytes_of, gpu_co
 from ._cuda_segments import segment_key
 from ._dlpack import from_bytes
 from ._errors import TzipDaemonError
-from ._gpu_path import _Gpu
-from ._memops import allocation_of, ipc_handle, wait_value64, write_value64
+from ._gpu_path import _Gpu, _NoDevice
+from ._memops import (allocation_of, available, host_register, host_unregister, ipc_handle, wait_value64,
+                      write_value64)
 from ._sqe import _A, _LINK, _OP_COMPRESS, _OP_DECOMPRESS, _PACK, _SQE_BYTES, _U64, _ZERO8, _ct, _u8_of
-from ._wire import _align, cuda_region
+from ._wire import _align, cuda_device, cuda_region
 from .compressed import CompressedTensor
 
 _log = logging.getLogger("tzip")
@@ -85,13 +86,13 @@ class RingGpu:
 
     def _ring_gpu_buffer(self, ring: _ring.Ring, g: "_Gpu", buf) -> _ring.Region:
         """The region of the whole staging buffer ``buf`` on ``ring`` (registered once per buffer)."""
-        with self._release_lock:
+        with self._rings.region_lock:
             known = ring.regions.get(("gpubuf", buf))
         if known is not None:
             return known
         ordinal = self._daemon_ordinal(g)
         spec = cuda_region(ordinal, buf.share.handle, buf.share.offset, buf.size)
-        return self._ring_regions(ring, [(("gpubuf", buf), spec)])[0]
+        return self._rings.regions(ring, [(("gpubuf", buf), spec)])[0]
 
     def _caller_places(self, ring: _ring.Ring, g: "_Gpu", ranges: list) -> list:
         """Where the daemon finds caller memory in place (tzip._cuda_segments): per ``(address, bytes)`` of memory of
@@ -127,7 +128,7 @@ class RingGpu:
             try:
                 specs = [(segment_key(a.base, a.buffer_id),
                           cuda_region(ordinal, _IPC_HANDLE_HEAD + ipc_handle(a.base, g.index), 0, a.size)) for a in missing]
-                self._ring_regions(ring, specs)
+                self._rings.regions(ring, specs)
             except TzipDaemonError as e:
                 # (DaemonUnavailableError goes up: the call falls back to ZeroMQ, which notices it too)
                 for a in missing:
@@ -138,10 +139,10 @@ class RingGpu:
                 for a in missing:
                     drop.extend(table.add(a.base, a.buffer_id))
                 if drop:
-                    self._release_region_keys(ring, drop)
+                    self._rings.release_keys(ring, drop)
         regions = ring.regions
         out: list = []
-        with self._release_lock:
+        with self._rings.region_lock:
             for r, a in zip(ranges, found):
                 reg = None if a is None else regions.get(segment_key(a.base, a.buffer_id))
                 out.append(None if reg is None else (reg.id, reg.generation, r[0] - a.base))
@@ -162,16 +163,34 @@ class RingGpu:
 
         keys = ring.segments.sweep(allocation_at)
         if keys:
-            self._release_region_keys(ring, keys)
+            self._rings.release_keys(ring, keys)
 
-    def _release_region_keys(self, ring: _ring.Ring, keys: list) -> None:
-        """Queues the ``ring_release`` of the regions cached under ``keys`` on ``ring`` (sent by the heartbeat, or by
-        :meth:`_flush_ring_releases`)."""
-        with self._release_lock:
-            for k in keys:
-                r = ring.regions.pop(k, None)
-                if r is not None:
-                    self._ring_releases.append((ring, r.id))
+    def _open_gpu_ring(self, ring: _ring.Ring, index: int) -> str:
+        """Readies the new ring file ``ring`` for the tensors of cuda:``index`` (:class:`tzip._rings.Rings` calls it
+        before ``ring_open``) and returns the daemon's name of that GPU. The GPU ordering words (produced, done) live
+        in the ring's header page: our GPU writes and waits on them there (:meth:`_gpu_submit`). Raises _NoDevice
+        when the daemon does not serve this GPU or the driver cannot map host memory for the GPU."""
+        g = self._gpu(index)
+        ordinal = self._daemon_ordinal(g)
+        if ordinal is None:
+            raise _NoDevice(self._gpu_reason(g))
+        why = available()
+        if why is not None:
+            raise _NoDevice(why)
+        with torch.cuda.device(index):
+            dptr = host_register(ring.base, _ring.HEADER_BYTES)
+        ring.before_unmap.append(lambda base=ring.base: host_unregister(base))
+        ring.produced_dptr = dptr + _ring.OFF_PRODUCED  # type: ignore[attr-defined]
+        ring.done_dptr = dptr + _ring.OFF_DONE  # type: ignore[attr-defined]
+        ring.seq = 0  # type: ignore[attr-defined]  # the last produced / signal value used
+        ring.gpu_lock = threading.Lock()  # type: ignore[attr-defined]
+        ring.order_stream = torch.cuda.Stream(device=g.device)  # type: ignore[attr-defined]  # see _gpu_submit
+        ring.home_stream = None  # type: ignore[attr-defined]  # the one stream that submitted so far (_gpu_submit)
+        with torch.cuda.device(index):
+            # One event for every submission: recorded and waited for under gpu_lock, so each wait takes the record
+            # just before it (an event's wait uses its state when queued).
+            ring.order_event = torch.cuda.Event()  # type: ignore[attr-defined]
+        return cuda_device(ordinal)
 
     def _gpu_submit(self, ring: _ring.Ring, g: "_Gpu", stream, h: _ring.Handle, sq: bytearray, n: int, vbox: list) -> _ring.Handle:
         """Submits a GPU batch (``n`` SQEs packed in ``sq`` for ``h``, whose finishing step and GPU wait are set)

@@ -1,9 +1,8 @@
-"""The client's requests through the submission ring (protocol version 4, docs/ring.md; :mod:`tzip._ring`): the
-session's rings (opened on first use, one for CPU tensors and one per GPU; put aside with their session), the
-regions registered on them (``ring_register`` / ``ring_release``), the SQEs of a call (one LINKed batch per call and
-device) and the :class:`tzip._ring.Handle` of the call, whose finishing step copies the results out and falls back
-to the ZeroMQ path when the ring could not take or finish the request. :class:`RingPath` is a part of
-:class:`tzip.client.Client` (it uses the Client's session, arenas and GPU state); its GPU requests are
+"""The client's requests through the submission ring (protocol version 4, docs/ring.md; :mod:`tzip._ring`): the SQEs
+of a call (one LINKed batch per call and device) on the session's rings (:class:`tzip._rings.Rings`, which also
+registers the regions they name), and the :class:`tzip._ring.Handle` of the call, whose finishing step copies the
+results out and falls back to the ZeroMQ path when the ring could not take or finish the request. :class:`RingPath`
+is a part of :class:`tzip.client.Client` (it uses the Client's session, arenas and GPU state); its GPU requests are
 :class:`tzip._ring_gpu.RingGpu`'s."""
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
 
 import torch
 
@@ -23,11 +21,11 @@ from ._codec_choice import codec_for
 from ._cpu_path import DEDICATED_MIN_BYTES
 from ._dlpack import copy_from_bytes, from_bytes
 from ._errors import DaemonUnavailableError, TzipDaemonError
-from ._gpu_path import _NoDevice, _stream_for
+from ._gpu_path import _stream_for
 from ._request import Request
 from ._ring_gpu import RingGpu
 from ._sqe import _A, _LINK, _OP_COMPRESS, _OP_DECOMPRESS, _PACK, _SQE_BYTES, _ZERO8, _ct
-from ._wire import MAX_STAGE_BYTES, _sqe_layout, cuda_device, shm_region
+from ._wire import MAX_STAGE_BYTES, _sqe_layout
 from .compressed import CompressedTensor
 
 _log = logging.getLogger("tzip")
@@ -118,175 +116,12 @@ def _gather(parts: list[tuple[list[int], _ring.Handle]], n: int, single: bool) -
 class RingPath(RingGpu):
     """Compress and decompress through the session's submission rings."""
 
-    # --- the session's rings and their regions ------------------------------------------------------------------
-    def _ring(self, key: int | None) -> _ring.Ring | None:
-        """This session's ring for CPU tensors (``key`` None) or for the tensors of cuda:``key``, opened on first use;
-        None when the daemon offers no ring, this machine cannot use one, or opening it failed (the requests then go
-        through ZeroMQ; why is in :attr:`ring_info`)."""
-        ring = self._rings.get(key)
-        if ring is not None and ring.usable and ring.sid == self._session.sid:
-            return ring
-        self._close_retired()
-        if self._ring_caps is None or self._session.sid is None or key in self._ring_refused or self.ring_entries <= 0:
-            return None
-        with self._ring_lock:
-            ring = self._rings.get(key)
-            if ring is not None:
-                if ring.usable and ring.sid == self._session.sid:
-                    return ring
-                # It stopped serving (closed, broken, or the daemon went away): ZeroMQ for the rest of this session.
-                del self._rings[key]
-                self._ring_refused[key] = f"ring {ring.name} stopped serving ({ring.state})"
-                self._retired.append(ring)
-                return None
-            why = _ring.supported()
-            if why is not None:
-                self._ring_refused[key] = why
-                return None
-            return self._open_ring(key)
-
-    def _open_ring(self, key: int | None) -> _ring.Ring | None:
-        """(Ring lock held) ``ring_open`` of a new ring file; None (and the reason noted) when it cannot be opened."""
-        caps = self._ring_caps or {}
-        entries = min(self.ring_entries, int(caps.get("entries_max", 4096)))
-        entries = 1 << max(3, entries.bit_length() - 1)  # a power of two, at least 8
-        self._ring_counter += 1
-        name = f"{self.shm_prefix}ring-{self._ring_counter}"
-        sid = self._session.sid
-        try:
-            ring = _ring.Ring(name, entries, self._session.alive, spin_s=self.ring_spin_s,
-                              max_batch=int(caps.get("max_batch", 1024)))
-        except OSError as e:
-            self._ring_refused[key] = f"cannot make the ring file: {e}"
-            return None
-        body: dict[str, Any] = {"name": name, "entries": entries}
-        try:
-            if key is not None:
-                g = self._gpu(key)
-                ordinal = self._daemon_ordinal(g)
-                if ordinal is None:
-                    raise _NoDevice(self._gpu_reason(g))
-                from ._memops import available, host_register, host_unregister
-
-                why = available()
-                if why is not None:
-                    raise _NoDevice(why)
-                # The GPU ordering words (produced, done) live in the header page: our GPU writes and waits on it there.
-                with torch.cuda.device(key):
-                    dptr = host_register(ring.base, _ring.HEADER_BYTES)
-                ring.before_unmap.append(lambda base=ring.base: host_unregister(base))
-                ring.produced_dptr = dptr + _ring.OFF_PRODUCED  # type: ignore[attr-defined]
-                ring.done_dptr = dptr + _ring.OFF_DONE  # type: ignore[attr-defined]
-                ring.seq = 0  # type: ignore[attr-defined]  # the last produced / signal value used
-                ring.gpu_lock = threading.Lock()  # type: ignore[attr-defined]
-                ring.order_stream = torch.cuda.Stream(device=g.device)  # type: ignore[attr-defined]  # see _gpu_submit
-                ring.home_stream = None  # type: ignore[attr-defined]  # the one stream that submitted so far (_gpu_submit)
-                with torch.cuda.device(key):
-                    # One event for every submission: recorded and waited for under gpu_lock, so each wait takes the
-                    # record just before it (an event's wait uses its state when queued).
-                    ring.order_event = torch.cuda.Event()  # type: ignore[attr-defined]
-                body["device"] = cuda_device(ordinal)
-            reply = self._session.call("ring_open", body, timeout=self.connect_timeout)
-        except Exception as e:  # noqa: BLE001 - any refusal: ZeroMQ instead
-            ring.close()
-            if isinstance(e, DaemonUnavailableError):
-                raise
-            self._ring_refused[key] = f"ring_open: {e}"
-            _log.info("tzip: no submission ring for %s (%s); requests go through ZeroMQ", "CPU tensors" if key is None else f"cuda:{key}", e)
-            return None
-        ring.id = int(reply["ring"])
-        ring.sid = self._session.sid if self._session.sid is not None else sid
-        ring.device = key
-        self._rings[key] = ring
-        return ring
-
-    def _ring_regions(self, ring: _ring.Ring, wanted: list[tuple[Any, dict[str, Any]]]) -> list[_ring.Region]:
-        """The regions of ``wanted`` ((cache key, ``ring_register`` region) pairs) on ``ring``: cached ones as they
-        are, the others registered in one ``ring_register``. Raises TzipDaemonError / DaemonUnavailableError."""
-        with self._release_lock:
-            got = [ring.regions.get(k) for k, _ in wanted]
-        missing: dict[Any, dict[str, Any]] = {}
-        for (k, spec), r in zip(wanted, got):
-            if r is None and k not in missing:
-                missing[k] = spec
-        if missing:
-            reply = self._session.call("ring_register", {"ring": ring.id, "regions": list(missing.values())})
-            regs = reply.get("regions") or []
-            if len(regs) != len(missing):
-                raise TzipDaemonError("TZIP_PROTOCOL", f"ring_register answered {len(regs)} regions for {len(missing)}")
-            with self._release_lock:
-                for k, r in zip(missing, regs):
-                    region = _ring.Region(r["id"], r["generation"], r["bytes"])
-                    if k in ring.regions:  # another thread registered it meanwhile: ours goes again
-                        self._ring_releases.append((ring, region.id))
-                    else:
-                        ring.regions[k] = region
-                got = [ring.regions[k] for k, _ in wanted]
-        return got  # type: ignore[return-value]
-
-    def _ring_shm(self, ring: _ring.Ring, names: list[str]) -> dict[str, _ring.Region]:
-        """The regions of the session's shared-memory files ``names`` (whole files) on ``ring`` (the cached ones looked
-        up here; the others registered by :meth:`_ring_regions`)."""
-        cached = ring.regions
-        with self._release_lock:
-            got = {n: cached.get(("shm", n)) for n in names}
-        missing = [n for n, r in got.items() if r is None]
-        if missing:
-            got.update(zip(missing, self._ring_regions(ring, [(("shm", n), shm_region(n)) for n in missing])))
-        return got
-
-    def _flush_ring_releases(self, timeout: float = 10.0) -> None:
-        """Sends the queued ``ring_release``s (regions of dropped segments and staging buffers), one per ring."""
-        with self._release_lock:
-            todo, self._ring_releases = self._ring_releases, []
-        by_ring: dict[int, tuple[_ring.Ring, list[int]]] = {}
-        for ring, rid in todo:
-            by_ring.setdefault(id(ring), (ring, []))[1].append(rid)
-        for ring, ids in by_ring.values():
-            if ring.sid != self._session.sid or not ring.usable or self._session.sid is None:
-                continue  # that session's rings are gone with it
-            try:
-                self._session.call("ring_release", {"ring": ring.id, "regions": ids}, timeout=timeout)
-            except (DaemonUnavailableError, TzipDaemonError):
-                pass
-
-    def _gpu_buffer_regions(self, ring: _ring.Ring) -> None:
-        """Queues the release of regions of staging buffers the GPU arena dropped (their memory went back to PyTorch)."""
-        with self._release_lock:
-            for k in [k for k in ring.regions if k[0] == "gpubuf" and k[1].u8 is None]:
-                self._ring_releases.append((ring, ring.regions.pop(k).id))
-
-    def _retire_rings(self) -> None:
-        """A new session: the rings of the last one are put aside (closed later, outside any lock: closing one fails
-        its pending requests, whose fallback may itself call the daemon)."""
-        with self._ring_lock:
-            self._retired.extend(self._rings.values())
-            self._rings.clear()
-            self._ring_refused.clear()
-        with self._release_lock:
-            self._ring_releases.clear()
-
-    def _close_retired(self) -> None:
-        """Closes the rings put aside: a ring of the current session that stopped serving (broken) is closed in the
-        daemon too (``ring_close``: it holds the ring's regions until then), then here (the file goes)."""
-        if not self._retired:
-            return
-        with self._ring_lock:
-            rings, self._retired = self._retired, []
-        for r in rings:
-            if r.id is not None and r.sid is not None and r.sid == self._session.sid and not self._session.closing:
-                try:
-                    self._session.call("ring_close", {"ring": r.id}, timeout=2.0)
-                except (DaemonUnavailableError, TzipDaemonError):
-                    pass
-            r.close()
-
     # --- compress -----------------------------------------------------------------------------------------------
     def _compress_ring_plan(self, req: Request):
         """Starters of the ring requests of ``req`` (one per CPU batch and per GPU), or None when the ring cannot
         carry all of them (no ring offered, an item it cannot describe): then the whole call goes through ZeroMQ."""
         items, codec, streams = req.items, req.codec, req.streams
-        if self._ring_caps is None or self._session.sid is None or (codec is not None and codec not in _ring.CODEC_CODES) or not items:
+        if not self._rings.usable or (codec is not None and codec not in _ring.CODEC_CODES) or not items:
             return None
         groups: dict[int | None, list[int]] = {}
         for i, t in enumerate(items):  # (is_cuda: the checks of the call let only CPU and CUDA tensors through)
@@ -310,7 +145,7 @@ class RingPath(RingGpu):
                 starters.append((idx, key, planned, (_stream_for(streams, key), budget)))
         try:
             for _, key, _, _ in starters:
-                if self._ring(key) is None:
+                if self._rings.ring(key) is None:
                     return None
         except DaemonUnavailableError:
             return None  # the ZeroMQ path notices it too, and retries (spawn) or falls back
@@ -390,7 +225,7 @@ class RingPath(RingGpu):
             part = req.part(range(len(req.items)), None if key is None else {key: extra[0]})
             return post(self._compress_zmq(dataclasses.replace(part, outs=None)))
 
-        ring = self._ring(key)
+        ring = self._rings.ring(key)
         if ring is None:
             return _done_handle(fallback, None)
         try:
@@ -408,7 +243,7 @@ class RingPath(RingGpu):
         seg = self._arena.take(max(1, stage))
         try:
             files = [p[4][0] for p in plan if p[4] is not None]
-            regions = self._ring_shm(ring, list(dict.fromkeys([seg.name, *files])) if files else [seg.name])
+            regions = self._rings.shm(ring, list(dict.fromkeys([seg.name, *files])) if files else [seg.name])
             here = regions[seg.name]
             hid, hgen = here.id, here.generation
             ccode = _ring.CODEC_CODES[codec]
@@ -472,7 +307,7 @@ class RingPath(RingGpu):
         order once the daemon is done, as before; new results, which the caller cannot touch before ``result()``,
         are written in place either way)."""
         items, outs, single = req.items, req.outs, req.single
-        if self._ring_caps is None or self._session.sid is None or not items:
+        if not self._rings.usable or not items:
             return None
         groups: dict[int | None, list[int]] = {}
         stages: dict[int | None, int] = {}
@@ -499,7 +334,7 @@ class RingPath(RingGpu):
                 return None
         try:
             for key in groups:
-                if self._ring(key) is None:
+                if self._rings.ring(key) is None:
                     return None
         except DaemonUnavailableError:
             return None
@@ -521,7 +356,7 @@ class RingPath(RingGpu):
             part = req.part(range(len(cts)), None if key is None else {key: stream})
             return post(self._decompress_zmq(part))
 
-        ring = self._ring(key)
+        ring = self._rings.ring(key)
         if ring is None:
             return _done_handle(fallback, None)
         try:
@@ -564,7 +399,7 @@ class RingPath(RingGpu):
         seg = self._arena.take(max(1, stage))
         try:
             files = [p[5][0] for p in plans if p[5]] + [p[6][0] for p in plans if p[6]]
-            regions = self._ring_shm(ring, list(dict.fromkeys([seg.name, *files])) if files else [seg.name])
+            regions = self._rings.shm(ring, list(dict.fromkeys([seg.name, *files])) if files else [seg.name])
             here = regions[seg.name]
             hid, hgen = here.id, here.generation
             flags = _LINK | (_ring.F_VERIFY if verify else 0)

@@ -118,10 +118,12 @@ from ._cpu_path import DEDICATED_MIN_BYTES, RESULT_POOL_KEEP_BYTES
 from ._dlpack import copy_into_bytes
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
 from ._gpu_path import GPU_ARENA_KEEP_BYTES, GPU_SHARE_MIN_BYTES, _caller_streams, _Gpu
+from ._heartbeat import Heartbeat
 from ._job import MAX_SM_BUDGET, STREAMS, _checked_sm_budget, _stream_tag, job_info, tagged
 from ._ring_one import RingOne
 from ._request import Request
 from ._ring_path import RING_ENTRIES, RING_SPIN_S, _done_handle, _raiser
+from ._rings import Rings
 from ._session import PROTOCOL_VERSIONS, RETRY_INTERVAL_S, Session
 from ._spawn import default_ipc_path, default_socket_path, normalize_endpoint
 from ._transport import Transport
@@ -221,13 +223,19 @@ class Client(RingOne, ZmqPath):
                                 name=self.name, pid=self._pid, shm_prefix=self.shm_prefix,
                                 connect_timeout=connect_timeout, request_timeout=request_timeout, job=job,
                                 on_session=self._on_session)
-        self._arena = _shm.Arena(self.shm_prefix, self._queue_release, on_full=self._make_room)
-        self._results = _shm.ResultPool(self._arena, result_pool_keep_bytes)
         self._lock = self._session.lock  # the client's lazily made parts (executor, GPU state) share it
-        self._pending_release: list[str] = []
         self._release_lock = threading.RLock()  # finalizers (garbage collection) take it too
+        # Protocol version 4 (docs/ring.md): this session's submission rings, opened on first use.
+        self._rings = Rings(self._session, self.shm_prefix, ring_entries, ring_spin_s, self._release_lock,
+                            self._open_gpu_ring)
+        # (the heartbeat is made below: the arena's callbacks look it up when they run)
+        self._arena = _shm.Arena(self.shm_prefix, lambda name: self._heartbeat.queue_release(name),
+                                 on_full=lambda: self._heartbeat.make_room())
+        self._results = _shm.ResultPool(self._arena, result_pool_keep_bytes)
+        self._heartbeat = Heartbeat(self._session, self._rings, self._arena, self._results, self._release_lock,
+                                    self._sweep_segments)
+        self._wake = self._heartbeat.wake
         self._closed = False
-        self._wake = threading.Event()
         self._workers = workers
         self.gpu_share_min_bytes = int(gpu_share_min_bytes)
         self.gpu_arena_keep_bytes = int(gpu_arena_keep_bytes)
@@ -237,18 +245,6 @@ class Client(RingOne, ZmqPath):
         self._gpu_unreachable: set[str] = set()
         self._gpu_warned: set[str] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._heartbeat: threading.Thread | None = None
-        # Protocol version 4 (docs/ring.md): hello's `ring` capability, this session's rings by what they serve (None:
-        # CPU tensors, else the CUDA index), what could not be opened, and region releases for the heartbeat to send.
-        self.ring_entries = int(ring_entries)
-        self.ring_spin_s = float(ring_spin_s)
-        self._ring_caps: dict[str, Any] | None = None
-        self._rings: dict[int | None, _ring.Ring] = {}
-        self._ring_refused: dict[int | None, str] = {}
-        self._ring_lock = threading.RLock()
-        self._ring_counter = 0
-        self._ring_releases: list[tuple[_ring.Ring, int]] = []
-        self._retired: list[_ring.Ring] = []
         if not self._session.ensure(force=True):
             if strict:
                 err = self._session.unavailable()
@@ -305,12 +301,7 @@ class Client(RingOne, ZmqPath):
         capability, or None: requests go through ZeroMQ), ``rings`` (what each open ring serves: ``"cpu"`` or
         ``"cuda:N"`` -> its daemon id, state, entries and registered regions) and ``refused`` (why a ring could not be
         opened, by what it would serve)."""
-        with self._ring_lock:
-            rings = {("cpu" if k is None else f"cuda:{k}"): {"id": r.id, "state": r.state, "entries": r.entries,
-                                                              "regions": len(r.regions), "file": r.name}
-                     for k, r in self._rings.items()}
-            refused = {("cpu" if k is None else f"cuda:{k}"): why for k, why in self._ring_refused.items()}
-        return {"offered": None if self._ring_caps is None else dict(self._ring_caps), "rings": rings, "refused": refused}
+        return self._rings.info()
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -349,78 +340,20 @@ class Client(RingOne, ZmqPath):
         """A new session (Session's hello, under its lock, before its id is published): what the last session had
         mapped is gone, its rings with it; the new one's ring capability (protocol version 4) comes from ``reply``."""
         with self._release_lock:
-            self._pending_release.clear()  # the new session has mapped nothing yet
+            self._heartbeat.new_session()  # the new session has mapped nothing yet
             self._gpu_handles.clear()  # a new session has opened none of them
         self._gpu_unreachable.clear()
         self._gpu_warned.clear()
-        self._retire_rings()  # the last session's rings (the daemon closed them with it)
         caps = reply.get("ring") if version >= 4 else None
-        self._ring_caps = dict(caps) if isinstance(caps, dict) else None
-        if self._heartbeat is None:
-            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="tzip-heartbeat", daemon=True)
-            self._heartbeat.start()
+        # the last session's rings are put aside (the daemon closed them with it)
+        self._rings.new_session(dict(caps) if isinstance(caps, dict) else None)
+        self._heartbeat.start()
 
     def _check_pid(self) -> None:
         if os.getpid() != self._pid:
             raise RuntimeError("a tzip Client cannot be used after fork(); call tzip.connect() in the child")
         if self._closed:
             raise RuntimeError("this tzip Client is closed")
-
-    def _queue_release(self, name: str) -> None:
-        with self._release_lock:
-            if self._closed:
-                return
-            self._pending_release.append(name)
-            for ring in list(self._rings.values()):  # a file a ring maps stays mapped (pinned) until ring_release
-                r = ring.regions.pop(("shm", name), None)
-                if r is not None:
-                    self._ring_releases.append((ring, r.id))
-            many = len(self._pending_release) >= 64
-        if many:
-            self._wake.set()
-
-    def _make_room(self) -> None:
-        """/dev/shm is full: closes the idle segments (staging arena, result pool) and has the daemon unmap the removed
-        files now (``release`` with ``reclaim``), so that their pages are freed."""
-        self._arena.close()
-        self._results.drop_idle()
-        with self._release_lock:
-            names, self._pending_release = self._pending_release, []
-        if self._session.sid is None:
-            return
-        self._flush_ring_releases(timeout=5.0)  # the rings' mappings of removed files hold their pages too
-        try:
-            self._session.call("release", {"names": names, "reclaim": True}, timeout=5.0)
-        except (DaemonUnavailableError, TzipDaemonError):
-            pass
-
-    def _heartbeat_loop(self) -> None:
-        while not self._closed:
-            self._wake.wait(self._session.heartbeat_s)
-            self._wake.clear()
-            if self._closed or self._session.closing or os.getpid() != self._pid:
-                return
-            self._results.trim()  # idle result segments go after 30 s, connected or not
-            self._close_retired()
-            if self._session.sid is None:
-                continue
-            for ring in list(self._rings.values()):
-                if ring.device is not None:
-                    self._gpu_buffer_regions(ring)
-                    if len(ring.segments):
-                        self._sweep_segments(ring)
-            self._flush_ring_releases()
-            with self._release_lock:
-                names, self._pending_release = self._pending_release, []
-            try:
-                if names:
-                    self._session.call("release", {"names": names}, timeout=10.0)
-                else:
-                    self._session.call("heartbeat", {}, timeout=10.0)
-            except (DaemonUnavailableError, TzipDaemonError):
-                pass
-            except Exception:  # pragma: no cover - never let the heartbeat thread die
-                pass
 
     # --- daemon requests ----------------------------------------------------------------------
     def ping(self) -> float:
@@ -571,7 +504,7 @@ class Client(RingOne, ZmqPath):
     def _compress_start_call(self, req: Request) -> _ring.Handle | None:
         """Checks the call's arguments and submits it through the ring when it can (else None)."""
         check_compress_args(req.items, req.codec)
-        if not self._ring_caps or self._session.sid is None:
+        if not self._rings.usable:
             return None
         h = self._compress_submit(req)
         if h is not None and len(self._rings):
@@ -592,7 +525,7 @@ class Client(RingOne, ZmqPath):
         call and cannot finish it hands the same request to :meth:`_compress_zmq` itself."""
         self._check_pid()
         check_compress_args(req.items, req.codec)
-        if self._ring_caps and self._session.sid is not None:
+        if self._rings.usable:
             if req.single and req.streams is None and req.items[0].is_cuda:
                 one = self._compress_one(req)
                 if one is not None:
@@ -656,7 +589,7 @@ class Client(RingOne, ZmqPath):
 
     def _decompress_start_call(self, req: Request) -> _ring.Handle | None:
         check_decompress_args(req.items, req.outs)
-        if not self._ring_caps or self._session.sid is None or not self._ring_worth(req.items, req.outs):
+        if not self._rings.usable or not self._ring_worth(req.items, req.outs):
             return None
         h = self._decompress_submit(req)
         if h is not None:
@@ -681,7 +614,7 @@ class Client(RingOne, ZmqPath):
         else :meth:`_decompress_zmq`."""
         self._check_pid()
         check_decompress_args(req.items, req.outs)
-        if self._ring_caps and self._session.sid is not None and self._ring_worth(req.items, req.outs):
+        if self._rings.usable and self._ring_worth(req.items, req.outs):
             if req.single and req.streams is None:
                 one = self._decompress_one(req)
                 if one is not None:
@@ -707,40 +640,24 @@ class Client(RingOne, ZmqPath):
             return
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        with self._ring_lock:
-            in_flight = [(r, r.pending_handles()) for r in self._rings.values()]
-        if any(hs for _, hs in in_flight):
-            for r, hs in in_flight:
-                if hs:
-                    r.watch()  # the background reaper completes them while this thread waits
-            concurrent.futures.wait([h for _, hs in in_flight for h in hs], timeout=self.request_timeout)
+        self._rings.wait_in_flight(self.request_timeout)
         self._session.closing = True  # the heartbeat thread sends nothing more and opens no session after the goodbye
         self._wake.set()
-        with self._ring_lock:
-            rings = list(self._rings.values())
-            self._rings.clear()
+        rings = self._rings.close_in_daemon()
         if self._session.sid is not None:
-            for ring in rings:
-                if ring.sid == self._session.sid and ring.state != "dead":
-                    try:
-                        self._session.call("ring_close", {"ring": ring.id}, timeout=2.0)
-                    except (DaemonUnavailableError, TzipDaemonError):
-                        pass
             try:
                 self._session.call("release", {"end": True}, timeout=2.0)
             except (DaemonUnavailableError, TzipDaemonError):
                 pass
         for ring in rings:
             ring.close()  # the daemon unmapped it (ring_close, or the session's end): the file goes
-        self._close_retired()
+        self._rings.close_retired()
         # A request of the heartbeat thread still waiting gives up within one poll; only then are the sockets closed
         # (closing a socket another thread waits on aborts the process inside libzmq).
         self._session.transport.interrupt()
-        if self._heartbeat is not None:
-            self._heartbeat.join()
+        self._heartbeat.stop()
         self._closed = True
         self._session.sid = None
-        self._wake.set()
         self._arena.close()
         self._results.close()
         for g in self._gpus.values():
