@@ -80,9 +80,9 @@ from ._default import resolve_client
 from ._dlpack import int_alias
 from ._codec_choice import check_codec
 from .client import Client, tagged
-from .compressed import CompressedTensor
-from ._offload_state import (_SLAB_GRAIN, OffloadedTensor, _align, _check_plain_parameters, _Chunk, _dense_permutation,
-                             _HostSlab, _is_wrapper, _local, _storage_key)
+from ._offload_copies import OffloadCopies
+from ._offload_state import (OffloadedTensor, _align, _check_plain_parameters, _Chunk, _dense_permutation, _is_wrapper,
+                             _local, _storage_key)
 
 __all__ = ["CompressedOffload", "OffloadedTensor", "AttachedOffload", "DEFAULT_CHUNK_BYTES", "DEFAULT_MIN_BYTES"]
 
@@ -213,8 +213,7 @@ class CompressedOffload(torch.optim.Optimizer):
         # During a step: the flat buffers of the restore, each with {(id(state dict), key): (state dict, placeholder,
         # view)}, the views it put into the state.
         self._flats: dict[tuple[int, int], tuple[_Chunk, torch.Tensor, dict]] = {}
-        self._slabs: dict[int, list[_HostSlab | None]] = {}  # per GPU index: one slab per chunk position
-        self._copy_streams: dict[int, torch.cuda.Stream] = {}
+        self._copies = OffloadCopies(self.client)  # a GPU state's pinned host slabs and copy streams
         self._timings = {"restore_s": 0.0, "offload_s": 0.0}
         self._offload()
 
@@ -308,7 +307,7 @@ class CompressedOffload(torch.optim.Optimizer):
         if isinstance(state, dict) and any(isinstance(v, OffloadedTensor) for d in state.values() if isinstance(d, dict)
                                            for v in d.values()):
             state_dict["state"] = self._materialize(state, clone=False)
-        self._settle_copies()
+        self._copies.settle()
         self._chunks = []
         self._flats = {}
         self.optimizer.load_state_dict(state_dict)
@@ -335,7 +334,7 @@ class CompressedOffload(torch.optim.Optimizer):
             codecs[c.ct.codec] = codecs.get(c.ct.codec, 0) + 1  # type: ignore[union-attr]
             if c.device.type == "cpu":
                 cpu_frames += c.ct.compressed_nbytes  # type: ignore[union-attr]
-        slabs = [s for lst in self._slabs.values() for s in lst if s is not None]
+        slabs = self._copies.held()
         pinned = sum(s.capacity for s in slabs if s.pinned)
         resident = sum(_local(v).numel() * v.element_size() for d in self.state.values() for v in d.values()
                        if isinstance(v, torch.Tensor))  # (a DTensor: this rank's shard)
@@ -471,66 +470,10 @@ class CompressedOffload(torch.optim.Optimizer):
                 else:
                     gpu.setdefault(chunk.device.index or 0, []).append((chunk, items, flat))
             for index, planned in gpu.items():
-                self._offload_gpu(index, planned, codec)
+                self._copies.offload(index, planned, codec, self._flat, self._place)
         # Kept after a failure (strict, daemon away): the views still in the state are then offloaded next time.
         self._flats = {}
         self._timings["offload_s"] = time.perf_counter() - t0
-
-    def _copy_stream(self, index: int) -> torch.cuda.Stream:
-        s = self._copy_streams.get(index)
-        if s is None:
-            s = self._copy_streams[index] = torch.cuda.Stream(device=index)
-        return s
-
-    def _slab(self, index: int, k: int, need: int) -> _HostSlab:
-        slabs = self._slabs.setdefault(index, [])
-        while len(slabs) <= k:
-            slabs.append(None)
-        s = slabs[k]
-        if s is None or s.capacity < need or s.capacity > need + need // 2 + _SLAB_GRAIN:
-            if s is not None:
-                s.release()  # waits for the copies that use it
-            cap = need + need // 8
-            s = slabs[k] = _HostSlab((cap + _SLAB_GRAIN - 1) // _SLAB_GRAIN * _SLAB_GRAIN)
-        return s
-
-    def _offload_gpu(self, index: int, planned: list, codec: str | None) -> None:
-        """Per chunk: the daemon encodes the flat buffer on the GPU (in the current stream's order), then the frame is
-        copied into the chunk's pinned slab on the side stream while the next chunk is encoded. Returns when the
-        copies are done."""
-        with torch.cuda.device(index):
-            compute = torch.cuda.current_stream(index)
-            side = self._copy_stream(index)
-            in_flight: list[tuple[torch.cuda.Event, CompressedTensor]] = []  # GPU frames until copied
-            done_with: torch.cuda.Event | None = None
-            try:
-                for k, (chunk, items, flat) in enumerate(planned):
-                    while in_flight and in_flight[0][0].query():
-                        in_flight.pop(0)  # copied: the frame's GPU memory goes back to the caching allocator
-                    flat = flat if flat is not None else self._flat(chunk, items)
-                    gpu_ct = self.client.compress(flat, codec=codec)
-                    n = gpu_ct.compressed_nbytes
-                    slab = self._slab(index, k, n)
-                    side.wait_stream(compute)  # the frame is ready in the compute stream's order
-                    with torch.cuda.stream(side):
-                        slab.u8[:n].copy_(gpu_ct.payload, non_blocking=True)
-                    done_with = side.record_event()
-                    slab.holder["event"] = done_with
-                    in_flight.append((done_with, gpu_ct))
-                    chunk.ct = CompressedTensor(slab.u8[:n], gpu_ct.dtype, gpu_ct.shape, gpu_ct.codec, gpu_ct.nbytes)
-                    chunk.slab = slab
-                    del gpu_ct
-                    self._place(chunk, items, flat)
-                    del flat
-            finally:
-                if done_with is not None:
-                    done_with.synchronize()
-                in_flight.clear()
-            slabs = self._slabs.get(index, [])
-            for s in slabs[len(planned):]:
-                if s is not None:
-                    s.release()
-            del slabs[len(planned):]
 
     # --- restore ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -549,7 +492,7 @@ class CompressedOffload(torch.optim.Optimizer):
                 if c.device.type != "cpu":
                     gpu.setdefault(c.device.index or 0, []).append(c)
             for index, cs in gpu.items():
-                flats.extend(self._restore_gpu(index, cs))
+                flats.extend(self._copies.restore(index, cs))
         for c, flat in flats:
             placed = {}
             for st, key, ph in c.entries:
@@ -560,53 +503,12 @@ class CompressedOffload(torch.optim.Optimizer):
         self._chunks = []
         self._timings["restore_s"] = time.perf_counter() - t0
 
-    def _restore_gpu(self, index: int, chunks: list[_Chunk]) -> list[tuple[_Chunk, torch.Tensor]]:
-        """Per chunk: its frame copied host to device on the side stream (the next chunk's copy runs while the
-        daemon decodes this one on the GPU), then one decompress request in the compute stream's order."""
-        out: list[tuple[_Chunk, torch.Tensor]] = []
-        device = torch.device("cuda", index)
-        with torch.cuda.device(index):
-            compute = torch.cuda.current_stream(index)
-            side = self._copy_stream(index)
-
-            def upload(c: _Chunk) -> tuple[CompressedTensor, torch.cuda.Event]:
-                ct = c.ct
-                buf = torch.empty(ct.compressed_nbytes, dtype=torch.uint8, device=device)  # compute stream's memory
-                side.wait_stream(compute)  # earlier users of that memory are done before the copy writes it
-                with torch.cuda.stream(side):
-                    buf.copy_(ct.payload, non_blocking=True)
-                ev = side.record_event()
-                c.slab.holder["event"] = ev  # type: ignore[union-attr]
-                return CompressedTensor(buf, ct.dtype, ct.shape, ct.codec, ct.nbytes), ev
-
-            try:
-                nxt = upload(chunks[0])
-                for k, c in enumerate(chunks):
-                    gpu_ct, ev = nxt
-                    if k + 1 < len(chunks):
-                        nxt = upload(chunks[k + 1])
-                    compute.wait_event(ev)
-                    out.append((c, self.client.decompress(gpu_ct)))
-                    del gpu_ct
-            except BaseException:
-                side.synchronize()  # an upload in flight writes memory that is given back as the error unwinds
-                raise
-        return out
-
     # --- helpers ------------------------------------------------------------------------------------------
-    def _settle_copies(self) -> None:
-        """Waits for the copies into and out of the pinned slabs (before the host reads them)."""
-        for slabs in self._slabs.values():
-            for s in slabs:
-                ev = None if s is None else s.holder.get("event")
-                if ev is not None:
-                    ev.synchronize()
-
     def _materialize(self, state: dict, clone: bool = True, on_device: bool = False) -> dict:
         """``{index: {key: value}}`` with OffloadedTensors as CPU tensors (their chunks decompressed in one request;
         ``on_device``: then copied to the tensor's own device, as the plain optimizer's state dict holds them) and,
         when ``clone``, other tensors cloned (a snapshot that later steps leave alone)."""
-        self._settle_copies()
+        self._copies.settle()
         chunks: dict[int, _Chunk] = {}
         for d in state.values():
             if isinstance(d, dict):
@@ -711,7 +613,7 @@ class AttachedOffload:
         if isinstance(state, dict) and any(isinstance(v, OffloadedTensor) for d in state.values() if isinstance(d, dict)
                                            for v in d.values()):
             state_dict = {**state_dict, "state": e._materialize(state, clone=False, on_device=True)}
-        e._settle_copies()
+        e._copies.settle()
         e._chunks = []
         e._flats = {}
         return state_dict
@@ -735,15 +637,11 @@ class AttachedOffload:
                     # a view of the chunk's flat buffer (the client's shared memory for CPU state): a copy of its own
                     st[key] = view.clone(memory_format=torch.preserve_format)
         e._flats = {}
-        e._settle_copies()
+        e._copies.settle()
         for h in self._handles:
             h.remove()
         self._handles = []
-        for slabs in e._slabs.values():
-            for slab in slabs:
-                if slab is not None:
-                    slab.release()
-        e._slabs = {}
+        e._copies.release()
         self.removed = True
 
     def __repr__(self) -> str:
