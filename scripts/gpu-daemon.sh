@@ -11,7 +11,11 @@
 #   1. pytest of the test files that have GPU cases (their CPU cases run too)                        -> tests.log
 #   2. python -m tzip.bench.collectives --device cuda --data data/gpu: all-reduce of CUDA buckets over gloo on this
 #      GPU, tzip.distributed in pieces of 2, 8 and 25 MB against one piece   -> collectives-2.log, -8.log, -25.log
-# Environment: OUT (log folder), SKIP_BENCH=1, RANKS (default 2).
+# Environment: OUT (log folder), SKIP_BENCH=1, RANKS (default 2), TZIP_TEST_WEIGHTS: on a GPU host without the demo
+# model's package (88 MB, over what a device call carries) the ring tests read their real weights from this
+# safetensors file instead; make it where the package is installed (7 MB, one layer of all-MiniLM-L6-v2):
+#   .venv/bin/python -c "from tzip.demo_data import source_weights_path as p; from safetensors.torch import (load_file,
+#     save_file); w = load_file(str(p())); save_file({k: w[k] for k in w if 'layer.0.' in k}, 'weights.safetensors')"
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 source scripts/gpu-python-env.sh  # OUT, PY, PYTHONPATH; the GPU in $OUT/gpu.txt

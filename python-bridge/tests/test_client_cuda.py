@@ -103,6 +103,22 @@ def test_every_dtype_round_trips_bit_exact_on_the_gpu(client, sharing_client, dt
 
 
 @needs_cuda
+@pytest.mark.parametrize("mb", [0.5, 8, 12.5, 25])
+def test_frames_in_host_memory_decode_into_cuda_tensors_at_every_size(client, mb):
+    """tzip.distributed over gloo holds GPU-coded frames in host memory and decodes them into CUDA tensors: frames of
+    gradient-like bf16 moved to the CPU come back bit-exact on the GPU, one or two per blocking request, at the sizes
+    of DDP buckets' shards. (On an H100, 2026-12-07, `tzip.bench.collectives --device cuda` of a 25 MB bf16 bucket in
+    one piece failed with TZIP_CORRUPT from the GPU decode of such frames; this pins where to look.)"""
+    t = bf16_weights(int(mb * 1e6) // 2, seed=int(mb * 10))
+    ct = client.compress([t], codec="fast")[0]
+    host = CompressedTensor(ct.payload.cpu(), ct.dtype, ct.shape, ct.codec, ct.nbytes)
+    one = client.decompress([host], out=[torch.empty_like(t)])[0]
+    two = client.decompress([host, host], out=[torch.empty_like(t), None])
+    torch.cuda.synchronize()
+    assert same_bits(one, t) and same_bits(two[0], t) and same_bits(two[1], t)
+
+
+@needs_cuda
 def test_a_protocol_version_1_session_names_the_staging_buffer_in_full(shared_daemon, client, monkeypatch):
     """A client that speaks only version 1 (no handle tables) stages a batch with a full handle per region, and gets
     the same frames and tensors back as a version-2 client, which names the buffer once (docs/protocol.md)."""

@@ -733,6 +733,16 @@ def w_cuda(rank, world):
         side.synchronize()
         assert same(t, plain), ("pieces", codec)
         checked += 1
+    # a DDP-sized bucket (25 MB of bf16) in one piece and in pieces, as `tzip.bench.collectives --device cuda` runs it
+    x = data(rank, (25_000_000 // 2,), torch.bfloat16, 91, special=False)
+    plain = x.clone().cuda()
+    dist.all_reduce(plain)
+    for piece_bytes in (0, None):
+        t = x.cuda()
+        tzd.all_reduce(t, codec="fast", piece_bytes=piece_bytes)
+        torch.cuda.synchronize()
+        assert same(t, plain), ("25 MB", piece_bytes)
+        checked += 1
     return checked
 
 
