@@ -94,6 +94,26 @@ class RingGpu:
         spec = cuda_region(ordinal, buf.share.handle, buf.share.offset, buf.size)
         return self._rings.regions(ring, [(("gpubuf", buf), spec)])[0]
 
+    def _staging_for(self, ring: _ring.Ring, g: "_Gpu", stream, places: list, sizes: list[tuple[int, int]]):
+        """The staging of one GPU batch of n items: ``places`` (n source places, then n destination places, from
+        :meth:`_caller_places`) split in two, and one staging buffer of ``g``'s arena for what is not in place, each
+        item's source and destination bytes (``sizes``) at aligned offsets, with its region on ``ring``. Returns
+        (source places, destination places, the buffer or None, its region id, its generation; 0, 0 without one). A
+        buffer whose registration fails goes back to the arena before the error is raised."""
+        n = len(sizes)
+        src_places, dst_places = places[:n], places[n:]
+        stage = sum((_align(s) if sp is None else 0) + (_align(d) if dp is None else 0)
+                    for (s, d), sp, dp in zip(sizes, src_places, dst_places))
+        buf = self._staging_take(g, stage, stream) if stage else None
+        if buf is None:
+            return src_places, dst_places, None, 0, 0
+        try:
+            region = self._ring_gpu_buffer(ring, g, buf)
+        except BaseException:
+            g.arena.give(buf, stream)
+            raise
+        return src_places, dst_places, buf, region.id, region.generation
+
     def _caller_places(self, ring: _ring.Ring, g: "_Gpu", ranges: list) -> list:
         """Where the daemon finds caller memory in place (tzip._cuda_segments): per ``(address, bytes)`` of memory of
         ``g`` (None: to be staged anyway), the (region id, generation, offset) of the allocation holding it,
@@ -258,16 +278,9 @@ class RingGpu:
                      for p, o in zip(plan, into or [None] * n)]
             places = self._caller_places(ring, g, [(p[0].data_ptr(), p[3][0]) if blocking and plain(p[0]) else None for p in plan] +
                                          [None if f is None else (f.data_ptr(), f.numel()) for f in fulls])
-            src_places, dst_places = places[:n], places[n:]
-            stage = sum((((p[3][0] + _A) & ~_A) if sp is None else 0) + (((p[3][4] + _A) & ~_A) if dp is None else 0)
-                        for p, sp, dp in zip(plan, src_places, dst_places))
-            buf = self._staging_take(g, stage, stream) if stage else None
+            src_places, dst_places, buf, rid, rgen = self._staging_for(ring, g, stream, places,
+                                                                       [(p[3][0], p[3][4]) for p in plan])
             try:
-                if buf is not None:
-                    region = self._ring_gpu_buffer(ring, g, buf)
-                    rid, rgen = region.id, region.generation
-                else:
-                    rid = rgen = 0
                 ccode = _ring.CODEC_CODES[codec]
                 sq = bytearray(n * _SQE_BYTES)
                 ud = h.ud
@@ -365,16 +378,9 @@ class RingGpu:
             dsts = [f if f is not None else (o if blocking and plain(o) else None) for f, o in zip(flats, outs)]
             places = self._caller_places(ring, g, [None if t else (f.data_ptr(), f.numel()) for f, t in zip(frames, temps)] +
                                          [None if d is None else (d.data_ptr(), ct.nbytes) for d, ct in zip(dsts, cts)])
-            src_places, dst_places = places[:n], places[n:]
-            stage = sum((_align(f.numel()) if sp is None else 0) + (_align(ct.nbytes) if dp is None else 0)
-                        for f, ct, sp, dp in zip(frames, cts, src_places, dst_places))
-            buf = self._staging_take(g, stage, stream) if stage else None
+            src_places, dst_places, buf, rid, rgen = self._staging_for(ring, g, stream, places,
+                                                                       [(f.numel(), ct.nbytes) for f, ct in zip(frames, cts)])
             try:
-                if buf is not None:
-                    region = self._ring_gpu_buffer(ring, g, buf)
-                    rid, rgen = region.id, region.generation
-                else:
-                    rid = rgen = 0
                 flags = _LINK | (_ring.F_VERIFY if verify else 0)
                 sq = bytearray(n * _SQE_BYTES)
                 ud = h.ud
