@@ -737,12 +737,13 @@ def w_cuda(rank, world):
     x = data(rank, (25_000_000 // 2,), torch.bfloat16, 91, special=False)
     plain = x.clone().cuda()
     dist.all_reduce(plain)
-    for piece_bytes in (0, None):
-        t = x.cuda()
-        tzd.all_reduce(t, codec="fast", piece_bytes=piece_bytes)
-        torch.cuda.synchronize()
-        assert same(t, plain), ("25 MB", piece_bytes)
-        checked += 1
+    for codec in ("raw", "fast"):  # raw: the same algorithm uncompressed; with 2 ranks both equal plain PyTorch
+        for piece_bytes in (0, None):
+            t = x.cuda()
+            tzd.all_reduce(t, codec=codec, piece_bytes=piece_bytes)
+            torch.cuda.synchronize()
+            assert same(t, plain), ("25 MB", codec, piece_bytes)
+            checked += 1
     return checked
 
 
