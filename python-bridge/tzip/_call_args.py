@@ -1,6 +1,7 @@
-"""The arguments of a compress or decompress call, checked once at the public API before any route runs: the items
-(lazily conjugated or negated views resolved), ``out=`` as one entry per item, destinations that must not overlap
-each other or the call's sources, and the frames written into their ``out=`` buffers afterwards."""
+"""The arguments of a compress or decompress call, checked once at the public API before any route runs and made into
+its :class:`tzip._request.Request` there (:func:`compress_request`, :func:`decompress_request`): the items (lazily
+conjugated or negated views resolved), ``out=`` as one entry per item, destinations that must not overlap each other
+or the call's sources, and the frames written into their ``out=`` buffers afterwards."""
 
 from __future__ import annotations
 
@@ -8,8 +9,79 @@ import torch
 
 from ._codec_choice import check_codec
 from ._dlpack import byte_range, check_supported, has_internal_overlap
+from ._gpu_path import _caller_streams
+from ._job import _checked_sm_budget, _stream_tag
+from ._request import Request
 from ._wire import _device, layout
 from .compressed import CompressedTensor, check_layout
+
+
+def frame_bound(t: torch.Tensor) -> int:
+    """Bytes that hold any frame of ``t`` (any codec): the size of a ``compress(t, out=)`` buffer. The format's size
+    bound (docs/format.md, section 10): ``align16(48 + 8*ndim) + 16*chunks + nbytes`` of the frame's shape."""
+    return layout(t.dtype, tuple(t.shape)).capacity
+
+
+def compress_request(tensors, codec: str | None, sm_budget: int | None, out=None, *, asynchronous: bool = False) -> Request:
+    """The :class:`Request` of ``Client.compress(tensors, codec, sm_budget=, out=)`` (``compress_async`` when
+    ``asynchronous``: the caller's current streams recorded, no ``out``), with the stream tag in force. Raises
+    ValueError for an sm_budget that is not an int in 0..1024 and, when ``out`` is given, the errors of
+    :func:`_compress_outs` (the inputs' own errors first); the inputs are otherwise checked by the route."""
+    budget = _checked_sm_budget(sm_budget)
+    single = isinstance(tensors, torch.Tensor)
+    items = _resolved([tensors] if single else list(tensors))
+    streams = _caller_streams(t for t in items if isinstance(t, torch.Tensor)) if asynchronous else None
+    return Request(items, single, _compress_outs(items, out, single, codec), codec=codec, sm_budget=budget,
+                   stream=_stream_tag.get(), streams=streams)
+
+
+def _compress_outs(items: list, out, single: bool, codec: str | None) -> list | None:
+    """``out=`` of a compress as one entry per item (None: no out at all), checked (see ``Client.compress``)."""
+    if out is None:
+        return None
+    check_compress_args(items, codec)  # (the inputs first: their errors are the call's first)
+    outs = _outs_per_item(out, len(items), single, "a uint8 tensor or None per tensor", "tensors")
+    for i, (t, o) in enumerate(zip(items, outs)):
+        if o is None:
+            continue
+        if not isinstance(o, torch.Tensor) or not isinstance(t, torch.Tensor):
+            raise TypeError(f"out {i} is a {type(o).__name__} for a {type(t).__name__}: out= takes uint8 tensors for tensors")
+        if o.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(f"out {i} was made in inference mode: outside it, it cannot be written")
+        if o.dtype != torch.uint8 or o.dim() != 1 or not o.is_contiguous():
+            raise ValueError(f"out {i} is {o.dtype} of shape {tuple(o.shape)} (strides {o.stride()}): a frame goes into a "
+                             "contiguous 1-D uint8 tensor")
+        if o.device != t.device:
+            raise ValueError(f"out {i} is on {o.device}, its tensor on {t.device}: the frame stays on the tensor's device")
+        need = frame_bound(t)
+        if o.numel() < need:
+            raise ValueError(f"out {i} holds {o.numel()} bytes; a frame of a {t.dtype} {tuple(t.shape)} tensor needs up "
+                             f"to {need} (Client.frame_bound)")
+    _check_outs_apart(items, outs, "tensor")
+    return outs
+
+
+def decompress_request(cts, out, verify: bool, sm_budget: int | None, *, asynchronous: bool = False) -> Request:
+    """The :class:`Request` of ``Client.decompress(cts, out, verify, sm_budget=)`` (``decompress_async`` when
+    ``asynchronous``: the caller's current streams of the outs' and frames' GPUs recorded), with the stream tag in
+    force; ``outs`` is always one entry per item. Raises TypeError for bytes instead of CompressedTensors or one
+    tensor as ``out`` of a batch, ValueError for an sm_budget outside 0..1024 or an ``out`` list of another length;
+    the items and outs are otherwise checked by the route (:func:`check_decompress_args`)."""
+    budget = _checked_sm_budget(sm_budget)
+    if isinstance(cts, (bytes, bytearray, memoryview)):
+        raise TypeError(f"expected a CompressedTensor or a list of them, got {type(cts).__name__} "
+                        "(bytes from CompressedTensor.to_bytes(): CompressedTensor.from_bytes(...) first)")
+    single = isinstance(cts, CompressedTensor)
+    items = [cts] if single else list(cts)
+    if out is None and not single:
+        outs = [None] * len(items)
+    else:
+        outs = _outs_per_item(out, len(items), single, "a tensor or None per compressed tensor", "compressed tensors")
+    streams = None
+    if asynchronous:
+        streams = _caller_streams([*(o for o in outs if isinstance(o, torch.Tensor)),
+                                   *(ct.payload for ct in items if isinstance(ct, CompressedTensor))])
+    return Request(items, single, outs, verify=verify, sm_budget=budget, stream=_stream_tag.get(), streams=streams)
 
 
 def check_compress_args(items: list, codec: str | None) -> None:

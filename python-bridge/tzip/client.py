@@ -111,15 +111,15 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from . import _ring, _shm
-from ._call_args import (_check_outs_apart, _into_outs, _outs_per_item, _resolved, check_compress_args,
-                         check_decompress_args)
+from ._call_args import (_into_outs, check_compress_args, check_decompress_args, compress_request, decompress_request,
+                         frame_bound)
 from ._codec_choice import CODECS
 from ._cpu_path import DEDICATED_MIN_BYTES, RESULT_POOL_KEEP_BYTES
 from ._dlpack import copy_into_bytes
 from ._errors import DaemonSpawnError, DaemonUnavailableError, DeviceUnavailableError, OutOfMemoryError, TzipDaemonError
-from ._gpu_path import GPU_ARENA_KEEP_BYTES, GPU_SHARE_MIN_BYTES, _caller_streams, _Gpu
+from ._gpu_path import GPU_ARENA_KEEP_BYTES, GPU_SHARE_MIN_BYTES, _Gpu
 from ._heartbeat import Heartbeat
-from ._job import MAX_SM_BUDGET, STREAMS, _checked_sm_budget, _stream_tag, job_info, tagged
+from ._job import MAX_SM_BUDGET, STREAMS, _stream_tag, job_info, tagged
 from ._ring_one import RingOne
 from ._request import Request
 from ._ring_path import RING_ENTRIES, RING_SPIN_S, _done_handle, _raiser
@@ -127,7 +127,7 @@ from ._rings import Rings
 from ._session import PROTOCOL_VERSIONS, RETRY_INTERVAL_S, Session
 from ._spawn import default_ipc_path, default_socket_path, normalize_endpoint
 from ._transport import Transport
-from ._wire import MAX_STAGE_BYTES, _device, layout
+from ._wire import MAX_STAGE_BYTES, _device
 from ._zmq_path import ZmqPath
 from .compressed import CompressedTensor
 
@@ -435,43 +435,9 @@ class Client(RingOne, ZmqPath):
                 cannot serve the tensor's GPU (otherwise raw frames, and one warning).
         """
         self._check_pid()
-        budget = _checked_sm_budget(sm_budget)
-        single = isinstance(tensors, torch.Tensor)
-        items = _resolved([tensors] if single else list(tensors))
-        outs = self._compress_outs(items, out, single, codec)
-        return self._compress(Request(items, single, outs, codec=codec, sm_budget=budget, stream=_stream_tag.get()))
+        return self._compress(compress_request(tensors, codec, sm_budget, out))
 
-    @staticmethod
-    def frame_bound(t: torch.Tensor) -> int:
-        """Bytes that hold any frame of ``t`` (any codec): the size of a ``compress(t, out=)`` buffer. The format's
-        size bound (docs/format.md, section 10): ``align16(48 + 8*ndim) + 16*chunks + nbytes`` of the frame's
-        shape."""
-        return layout(t.dtype, tuple(t.shape)).capacity
-
-    def _compress_outs(self, items: list, out, single: bool, codec: str | None) -> list | None:
-        """``out=`` of a compress as one entry per item (None: no out at all), checked (see :meth:`compress`)."""
-        if out is None:
-            return None
-        check_compress_args(items, codec)  # (the inputs first: their errors are the call's first)
-        outs = _outs_per_item(out, len(items), single, "a uint8 tensor or None per tensor", "tensors")
-        for i, (t, o) in enumerate(zip(items, outs)):
-            if o is None:
-                continue
-            if not isinstance(o, torch.Tensor) or not isinstance(t, torch.Tensor):
-                raise TypeError(f"out {i} is a {type(o).__name__} for a {type(t).__name__}: out= takes uint8 tensors for tensors")
-            if o.is_inference() and not torch.is_inference_mode_enabled():
-                raise ValueError(f"out {i} was made in inference mode: outside it, it cannot be written")
-            if o.dtype != torch.uint8 or o.dim() != 1 or not o.is_contiguous():
-                raise ValueError(f"out {i} is {o.dtype} of shape {tuple(o.shape)} (strides {o.stride()}): a frame goes into a "
-                                 "contiguous 1-D uint8 tensor")
-            if o.device != t.device:
-                raise ValueError(f"out {i} is on {o.device}, its tensor on {t.device}: the frame stays on the tensor's device")
-            need = self.frame_bound(t)
-            if o.numel() < need:
-                raise ValueError(f"out {i} holds {o.numel()} bytes; a frame of a {t.dtype} {tuple(t.shape)} tensor needs up "
-                                 f"to {need} (Client.frame_bound)")
-        _check_outs_apart(items, outs, "tensor")
-        return outs
+    frame_bound = staticmethod(frame_bound)
 
     def compress_async(self, tensors, codec: str | None = None, *, sm_budget: int | None = None) -> _ring.Handle:
         """:meth:`compress` without waiting: returns a :class:`tzip._ring.Handle`, a concurrent.futures.Future of
@@ -488,18 +454,14 @@ class Client(RingOne, ZmqPath):
 
         Raises: as :meth:`compress`, from ``result()`` (an invalid ``sm_budget`` at once)."""
         self._check_pid()
-        budget = _checked_sm_budget(sm_budget)
-        single = isinstance(tensors, torch.Tensor)
-        items = _resolved([tensors] if single else list(tensors))
-        streams = _caller_streams(t for t in items if isinstance(t, torch.Tensor))
-        req = Request(items, single, codec=codec, sm_budget=budget, stream=_stream_tag.get(), streams=streams)
+        req = compress_request(tensors, codec, sm_budget, asynchronous=True)
         try:
             handle = self._compress_start_call(req)
         except (ValueError, TypeError, TzipDaemonError) as e:
             return _done_handle(_raiser(e), None)
         if handle is not None:
             return handle
-        return self._pool_handle(streams, self._compress_zmq, req)
+        return self._pool_handle(req.streams, self._compress_zmq, req)
 
     def _compress_start_call(self, req: Request) -> _ring.Handle | None:
         """Checks the call's arguments and submits it through the ring when it can (else None)."""
@@ -556,9 +518,7 @@ class Client(RingOne, ZmqPath):
                 decode it.
         """
         self._check_pid()
-        budget = _checked_sm_budget(sm_budget)
-        items, outs, single = self._decompress_args(cts, out)
-        return self._decompress(Request(items, single, outs, verify=verify, sm_budget=budget, stream=_stream_tag.get()))
+        return self._decompress(decompress_request(cts, out, verify, sm_budget))
 
     def decompress_async(self, cts, out=None, verify: bool = True, *, sm_budget: int | None = None) -> _ring.Handle:
         """:meth:`decompress` without waiting: returns a :class:`tzip._ring.Handle`, a concurrent.futures.Future of
@@ -574,18 +534,14 @@ class Client(RingOne, ZmqPath):
 
         Raises: as :meth:`decompress`, from ``result()`` (argument errors at once)."""
         self._check_pid()
-        budget = _checked_sm_budget(sm_budget)
-        items, outs, single = self._decompress_args(cts, out)
-        streams = _caller_streams([*(o for o in outs if isinstance(o, torch.Tensor)),
-                                   *(ct.payload for ct in items if isinstance(ct, CompressedTensor))])
-        req = Request(items, single, outs, verify=verify, sm_budget=budget, stream=_stream_tag.get(), streams=streams)
+        req = decompress_request(cts, out, verify, sm_budget, asynchronous=True)
         try:
             handle = self._decompress_start_call(req)
         except (ValueError, TypeError, TzipDaemonError) as e:
             return _done_handle(_raiser(e), None)
         if handle is not None:
             return handle
-        return self._pool_handle(streams, self._decompress_zmq, req)
+        return self._pool_handle(req.streams, self._decompress_zmq, req)
 
     def _decompress_start_call(self, req: Request) -> _ring.Handle | None:
         check_decompress_args(req.items, req.outs)
@@ -596,18 +552,6 @@ class Client(RingOne, ZmqPath):
             for r in list(self._rings.values()):
                 r.watch()
         return h
-
-    @staticmethod
-    def _decompress_args(cts, out) -> tuple[list, list, bool]:
-        if isinstance(cts, (bytes, bytearray, memoryview)):
-            raise TypeError(f"expected a CompressedTensor or a list of them, got {type(cts).__name__} "
-                            "(bytes from CompressedTensor.to_bytes(): CompressedTensor.from_bytes(...) first)")
-        single = isinstance(cts, CompressedTensor)
-        items = [cts] if single else list(cts)
-        if out is None and not single:
-            return items, [None] * len(items), single
-        outs = _outs_per_item(out, len(items), single, "a tensor or None per compressed tensor", "compressed tensors")
-        return items, outs, single
 
     def _decompress(self, req: Request):
         """Serves the blocking call ``req`` as :meth:`_compress` does: the one-frame ring path, the general ring path,
