@@ -212,11 +212,13 @@ class RingGpu:
             ring.order_event = torch.cuda.Event()  # type: ignore[attr-defined]
         return cuda_device(ordinal)
 
-    def _gpu_submit(self, ring: _ring.Ring, g: "_Gpu", stream, h: _ring.Handle, sq: bytearray, n: int, vbox: list) -> _ring.Handle:
+    def _gpu_submit(self, ring: _ring.Ring, g: "_Gpu", stream, h: _ring.Handle, sq: bytearray, n: int, vbox: list,
+                    buf=None) -> _ring.Handle:
         """Submits a GPU batch (``n`` SQEs packed in ``sq`` for ``h``, whose finishing step and GPU wait are set)
         ordered after the work queued so far on ``stream`` (its inputs): ``produced = v`` is written once that work is
         done, the batch is marked WAIT (first SQE) / SIGNAL (last) with ``v`` (put in ``vbox``, read by the finishing
-        step and the GPU wait), and published.
+        step and the GPU wait), and published. The batch's staging buffer ``buf`` (or None) goes back to the arena
+        when nothing of the batch reached the ring; once it did, the finishing step gives it back.
 
         One ``produced`` word serves every stream of the ring, so its writes must happen in ``v`` order and each only
         after its own producer work: they are queued on the ring's own stream (``ring.order_stream``), which first waits
@@ -249,9 +251,10 @@ class RingGpu:
                         ring.order_stream.wait_event(ev)  # type: ignore[attr-defined]
                         write_value64(ring.order_stream, ring.produced_dptr, v)  # type: ignore[attr-defined]
             except BaseException:
-                # Nothing of the batch reached the ring: the caller gives its staging buffer back. (The value is spent;
-                # later batches wait for later values, which produced reaches in order all the same.)
+                # Nothing of the batch reached the ring: its staging buffer goes back. (The value is spent; later
+                # batches wait for later values, which produced reaches in order all the same.)
                 vbox.clear()
+                _give_staging(g, buf, stream)
                 raise
             last = (n - 1) * _SQE_BYTES
             sq[_ring.SQE_OFF_FLAGS] |= _ring.F_WAIT
@@ -347,12 +350,7 @@ class RingGpu:
             self._gpu_wait_done(ring, s if s is not None else current_stream(g.index), vbox[0])
 
         h._finish, h._on_wait = finish, on_wait
-        try:
-            return self._gpu_submit(ring, g, stream, h, sq, n, vbox)
-        except BaseException:
-            if not vbox:
-                _give_staging(g, buf, stream)
-            raise
+        return self._gpu_submit(ring, g, stream, h, sq, n, vbox, buf)
 
     def _decompress_start_gpu(self, ring: _ring.Ring, g: "_Gpu", cts: list[CompressedTensor], outs: list, verify: bool,
                               stream, budget: int, tag: int, post, fallback, blocking: bool = False) -> _ring.Handle:
@@ -476,9 +474,4 @@ class RingGpu:
             queue_copies(s if s is not None else current_stream(g.index), False)
 
         h._finish, h._on_wait = finish, on_wait
-        try:
-            return self._gpu_submit(ring, g, stream, h, sq, n, vbox)
-        except BaseException:
-            if not vbox:
-                _give_staging(g, buf, stream)
-            raise
+        return self._gpu_submit(ring, g, stream, h, sq, n, vbox, buf)
