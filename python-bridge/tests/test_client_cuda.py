@@ -119,6 +119,46 @@ def test_frames_in_host_memory_decode_into_cuda_tensors_at_every_size(client, mb
 
 
 @needs_cuda
+def test_two_sessions_coding_at_once_on_one_gpu_stay_bit_exact(shared_daemon):
+    """Two clients (two rings, so two ring threads and streams in the daemon, as two ranks of one GPU have) compress
+    and decompress at the same time, at sizes above the CUDA-graph limit (4 MiB: every call uploads its descriptors
+    through the codec's shared pinned staging buffers) and below it. Each result equals its input bit for bit. (On an
+    H100, 2026-12-07, two ranks' 12.5 MB shards coded at once hit cudaErrorIllegalAddress in the daemon: a staging
+    buffer whose upload was not yet recorded was handed to the other thread, which overwrote its descriptors.)"""
+    import threading
+
+    clients = [tz.connect(shared_daemon.socket, spawn=False, strict=True) for _ in range(2)]
+    sizes = [6_250_000, 5_000_001, 1_000_000, 7_777_777]
+    errors: list = []
+
+    def work(k: int) -> None:
+        c = clients[k]
+        try:
+            ts = [bf16_weights(n // 2, seed=100 * k + i) for i, n in enumerate(sizes)]
+            for rep in range(12):
+                t = ts[(rep + k) % len(ts)]
+                ct = c.compress([t], codec="auto" if rep % 2 else "fast")[0]
+                back = c.decompress([ct])[0]
+                torch.cuda.synchronize()
+                if not same_bits(back, t):
+                    errors.append((k, rep, "differs"))
+        except Exception as e:  # noqa: BLE001 - reported below, with which thread
+            errors.append((k, "raised", repr(e)))
+
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(300)
+        assert not errors, errors
+        assert all(len(c.ring_info["rings"]) >= 1 for c in clients)  # both went through rings of their own
+    finally:
+        for c in clients:
+            c.close()
+
+
+@needs_cuda
 def test_a_protocol_version_1_session_names_the_staging_buffer_in_full(shared_daemon, client, monkeypatch):
     """A client that speaks only version 1 (no handle tables) stages a batch with a full handle per region, and gets
     the same frames and tensors back as a version-2 client, which names the buffer once (docs/protocol.md)."""

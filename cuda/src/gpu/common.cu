@@ -43,6 +43,10 @@ struct Staging {
   cudaEvent_t done = nullptr;
   int device = -1;
   bool busy = false;
+  // Whether `done` was recorded after the copy of the current use. Until then the buffer is its user's whatever the
+  // event says: queried between the take and the record, it still answers for the previous use (or, never recorded,
+  // cudaSuccess), and a second thread (another ring's, another stream's) would overwrite descriptors not yet copied.
+  bool recorded = false;
 };
 std::mutex g_staging_mu;
 std::vector<Staging*> g_staging;
@@ -184,7 +188,7 @@ Status upload(void* d_dst, const void* h_src, size_t bytes, void* stream) {
     for (Staging* c : g_staging) {
       if (c->device != dev || c->bytes < bytes) continue;
       if (c->busy) {
-        if (cudaEventQuery(c->done) != cudaSuccess) continue;
+        if (!c->recorded || cudaEventQuery(c->done) != cudaSuccess) continue;
         c->busy = false;
       }
       s = c;
@@ -205,10 +209,18 @@ Status upload(void* d_dst, const void* h_src, size_t bytes, void* stream) {
       g_staging.push_back(s);
     }
     s->busy = true;
+    s->recorded = false;
   }
   std::memcpy(s->host, h_src, bytes);
   cudaError_t e = cudaMemcpyAsync(d_dst, s->host, bytes, cudaMemcpyHostToDevice, cudaStream_t(stream));
-  if (e == cudaSuccess) e = cudaEventRecord(s->done, cudaStream_t(stream));
+  const bool queued = e == cudaSuccess;
+  if (queued) e = cudaEventRecord(s->done, cudaStream_t(stream));
+  {
+    std::lock_guard<std::mutex> lock(g_staging_mu);
+    if (!queued) s->busy = false;  // nothing reads it
+    else if (e == cudaSuccess) s->recorded = true;
+    // (a copy queued but no event recorded: the buffer stays busy for good, never handed out while it may be read)
+  }
   return cuda_status(e, "upload of descriptors");
 }
 

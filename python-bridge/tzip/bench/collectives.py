@@ -46,9 +46,11 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
+import traceback
 from statistics import median
 
 import numpy as np
@@ -284,6 +286,15 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
         if rank == 0:
             with open(out, "w") as f:
                 json.dump({"results": results, "ddp": ddp, "daemon": client.connected}, f)
+    except BaseException:
+        # mp.spawn shows the first rank to fail and stops the others: a rank that only learned another's failure
+        # (tzip.distributed raises "rank(s) [...] failed" there) waits, so that the failing rank's own error is printed
+        why = traceback.format_exc()
+        told = re.search(r"rank\(s\) \[([0-9, ]+)\] failed", why)
+        if told and str(rank) not in told.group(1).replace(" ", "").split(","):
+            time.sleep(5)
+        print(f"rank {rank} failed:\n{why}", file=sys.stderr, flush=True)
+        raise
     finally:
         dist.destroy_process_group()
 
