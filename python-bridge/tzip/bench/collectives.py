@@ -372,7 +372,7 @@ def report(res: dict, args) -> str:
                   f"{dd['step_s_raw']:.3f}, hook {dd['step_s_hook']:.3f}; gradients bit-identical: "
                   f"{_identity(dd['identical'], 'hook_vs_raw', n)}"]
     given = args.codec_rates is not None
-    label = "given with --codec-rates (not measured here)" if given else "measured here (CPU, through the daemon)"
+    label = "given with --codec-rates (not measured here)" if given else f"measured here ({args.device.upper() if args.device == 'cpu' else 'GPU'} tensors, through the daemon)"
     lines += ["", f"PROJECTION (a model, not a measurement): all-reduce milliseconds per rank at a link of B GB/s, codec rates "
               f"{label}, no overlap of codec and link:"]
     # the model is of CUDA buckets: their piece size (--piece-mb 0: one piece)
