@@ -10,10 +10,13 @@ from tzip import _ring
 from tzip._request import Request
 
 
-@pytest.mark.parametrize("budget, sqe", [(None, 0), (1, 1), (10, 10), (255, 255), (0, None), (256, None), (1024, None)])
-def test_the_sqe_says_a_budget_of_1_to_255_and_leaves_the_rest_to_zeromq(budget, sqe):
-    # 0 in an SQE is "the ring's default": a call for all SMs (0) or more than 255 cannot be said there.
-    assert Request([], False, sm_budget=budget).ring_sm_budget == sqe
+@pytest.mark.parametrize("budget, sms, sqe", [(None, 132, 0), (1, 132, 1), (10, 132, 10), (255, 132, 255),
+                                              (0, 132, 255), (256, 132, 255), (1024, 132, 255), (0, 255, 255),
+                                              (10, 300, 10), (255, 300, 255), (0, 300, None), (256, 300, None)])
+def test_the_sqe_says_a_budget_of_1_to_255_and_all_sms_where_255_is_all(budget, sms, sqe):
+    # 0 in an SQE is "the ring's default". All SMs (0), or more than 255, is 255 on a GPU of at most 255 SMs (the
+    # kernels take min(budget, SMs)); on a larger GPU such a call goes through ZeroMQ.
+    assert Request([], False, sm_budget=budget).ring_sm_budget(sms) == sqe
 
 
 def test_stream_tag_and_budget_on_the_wire_only_where_given():

@@ -69,6 +69,8 @@ class _Gpu:
     arena: Any
     events: Any
     daemon_events: Any
+    #: streaming multiprocessors of the GPU (what an SM budget of "all" means on it)
+    sms: int
     #: _gpu_reachable's answer and the daemon hello (``Client._daemon``, replaced on reconnect) it was read from
     reach: tuple[Any, bool] | None = None
 
@@ -136,7 +138,8 @@ class GpuPath:
                 device = torch.device("cuda", index)
                 uuid = _cuda.device_uuid(index)
                 g = _Gpu(index, device, uuid, _normalize_uuid(uuid), _cuda.GpuArena(device, self.gpu_arena_keep_bytes),
-                         _cuda.EventPool(device), _cuda.DaemonEvents(device))
+                         _cuda.EventPool(device), _cuda.DaemonEvents(device),
+                         torch.cuda.get_device_properties(index).multi_processor_count)
                 self._gpus[index] = g
             if self._shares is None:
                 self._shares = _cuda.ShareCache()

@@ -51,15 +51,18 @@ class Request:
             outs=None if self.outs is None else [self.outs[i] for i in idx],
             streams=self.streams if streams is _SAME else streams)
 
-    @property
-    def ring_sm_budget(self) -> int | None:
-        """The SQE's sm_budget byte for this call (0: the ring's default), or None when an SQE cannot say it (0 = all
-        SMs, or more than 255: such GPU requests go through ZeroMQ). The job's budget (``tzip set JOB
-        sm_budget=N``) is not the client's to apply: the daemon hands it to the ring thread, which applies it over
-        every SQE's (docs/ring.md, "Who applies the job's settings")."""
+    def ring_sm_budget(self, sms: int) -> int | None:
+        """The SQE's sm_budget byte for this call on a GPU of ``sms`` SMs (0: the ring's default), or None when an SQE
+        cannot say it (such GPU requests go through ZeroMQ). A budget of 1 to 255 is said as it is. All SMs (0) and
+        budgets above 255 are said as 255 on a GPU of at most 255 SMs: the kernels run on min(budget, SMs) SMs
+        (gpu::detail::persistent_grid), so 255 there is every SM, as 0 and 300 are; on a larger GPU they go through
+        ZeroMQ. The job's budget (``tzip set JOB sm_budget=N``) is not the client's to apply: the daemon hands it to
+        the ring thread, which applies it over every SQE's (docs/ring.md, "Who applies the job's settings")."""
         if self.sm_budget is None:
             return 0
-        return self.sm_budget if 1 <= self.sm_budget <= 255 else None
+        if 1 <= self.sm_budget <= 255:
+            return self.sm_budget
+        return 255 if sms <= 255 else None
 
     @property
     def ring_tag(self) -> int:

@@ -67,8 +67,8 @@ class RingOne(RingPath):
         if ring is None or ring.sid != self._session.sid or not ring.usable:
             return None
         g = self._gpus.get(index)
-        budget = req.ring_sm_budget
-        if g is None or budget is None or not self._gpu_reachable(g):
+        budget = None if g is None else req.ring_sm_budget(g.sms)
+        if budget is None or not self._gpu_reachable(g):
             return None
         return ring, g, current_stream(index), budget, req.ring_tag
 

@@ -136,7 +136,7 @@ class RingPath(RingGpu):
                 starters.append((idx, key, planned, None))
             else:
                 g = self._gpu(key)
-                budget = req.ring_sm_budget
+                budget = req.ring_sm_budget(g.sms)
                 if budget is None or not self._gpu_reachable(g):
                     return None
                 planned = self._ring_plan_compress_gpu(part)
@@ -323,7 +323,8 @@ class RingPath(RingGpu):
                 if o is not None and torch_files and o.is_contiguous() and _shm.find(o.data_ptr(), nbytes) is None \
                         and _shm.torch_shm_handle(o) is not None:
                     return None  # PyTorch's shared memory: zero copy through ZeroMQ
-            elif key not in groups and (req.ring_sm_budget is None or not self._gpu_reachable(self._gpu(key))):
+            elif key not in groups and (req.ring_sm_budget(self._gpu(key).sms) is None
+                                        or not self._gpu_reachable(self._gpu(key))):
                 return None
             groups.setdefault(key, []).append(i)
             # Staging bytes of the ring request (GPU: frames and results; CPU: frames and the small results).
@@ -362,8 +363,9 @@ class RingPath(RingGpu):
         try:
             if key is None:
                 return self._decompress_start_cpu(ring, cts, outs, verify, tag, post, fallback)
-            return self._decompress_start_gpu(ring, self._gpu(key), cts, outs, verify, stream, req.ring_sm_budget or 0, tag,
-                                              post, fallback, blocking)
+            g = self._gpu(key)
+            return self._decompress_start_gpu(ring, g, cts, outs, verify, stream, req.ring_sm_budget(g.sms) or 0, tag, post,
+                                              fallback, blocking)
         except (DaemonUnavailableError, TzipDaemonError) as e:
             return _done_handle(fallback, e)
 

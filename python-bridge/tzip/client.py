@@ -77,7 +77,8 @@ with ``cuStreamWriteValue64`` after that copy) says so, and the caller's stream 
 (``cuStreamWaitValue64``; :mod:`tzip._memops`) before the results are copied out. ``compress_async`` /
 ``decompress_async`` return a :class:`tzip._ring.Handle` (a Future with ``wait(stream)``). ZeroMQ stays for daemons
 without the ring and for what an SQE cannot describe: tensors without bytes, frames of more than 6 dimensions,
-PyTorch's ``file_system`` shared memory, GPU calls with ``sm_budget`` 0 or above 255, batches over 256 MiB of staging.
+PyTorch's ``file_system`` shared memory, GPU calls with ``sm_budget`` 0 or above 255 on a GPU of more than 255 SMs,
+batches over 256 MiB of staging.
 The daemon applies the job's settings to ring requests itself, from the reply of the ``set`` that changed them on.
 :attr:`Client.ring_info` says what is open and why a ring was not.
 
