@@ -19,8 +19,12 @@ from ._collectives import _check_ops, _reduce_in_rank_order, _start_exchange, _s
 # bytes. On the 2-vCPU development VM (CPU codec through the daemon, gloo on loopback) a 100 MB bf16 all-reduce took
 # 0.43 s in one piece and 0.47-0.56 s in pieces of 8-25 MB: every step is CPU work there, and a piece adds two small
 # gathers and three codec requests (docs/benchmarks.md, "Compressed all-reduce"). For CUDA tensors the GPU codes
-# while the CPU moves the previous piece; 8 MiB keeps a 25 MB DDP bucket in 3 pieces. Not yet measured on a GPU.
-PIECE_BYTES = 8 << 20
+# while the CPU moves the previous piece, but each codec request costs ~0.45 ms of host time whatever its size, and a
+# piece makes four. On an H100 (gloo over loopback, fast, 2 ranks; docs/benchmarks.md, "First GPU figures") a 25 MB
+# bucket took 21-25 ms in one piece against 32-33 ms in 8 MiB pieces and 46-48 in 4 MiB pieces; at 100 MB, 8 MiB
+# pieces won for fp32 (101 against 124-136 ms) and not for bf16 (102 against 89-120). So 32 MiB: a DDP bucket of 25
+# MB stays whole, a 100 MB one goes in 3 pieces (that size itself not yet measured).
+PIECE_BYTES = 32 << 20
 
 
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, codec: str | None = None, client: Client | None = None,
