@@ -32,6 +32,7 @@ from tzip._dlpack import int_alias
 from tzip.compressed import CompressedTensor
 
 from test_client_support import PYTHON, DaemonProcess, RawConn, daemon, shared_daemon, sock_dir, wait_for, ALL_DTYPES, daemon_stats  # noqa: F401
+from test_client_support import run_in_threads
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False): "
@@ -125,8 +126,6 @@ def test_two_sessions_coding_at_once_on_one_gpu_stay_bit_exact(shared_daemon):
     through the codec's shared pinned staging buffers) and below it. Each result equals its input bit for bit. (On an
     H100, 2026-12-07, two ranks' 12.5 MB shards coded at once hit cudaErrorIllegalAddress in the daemon: a staging
     buffer whose upload was not yet recorded was handed to the other thread, which overwrote its descriptors.)"""
-    import threading
-
     clients = [tz.connect(shared_daemon.socket, spawn=False, strict=True) for _ in range(2)]
     sizes = [6_250_000, 5_000_001, 1_000_000, 7_777_777]
     errors: list = []
@@ -146,11 +145,7 @@ def test_two_sessions_coding_at_once_on_one_gpu_stay_bit_exact(shared_daemon):
             errors.append((k, "raised", repr(e)))
 
     try:
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(300)
+        run_in_threads(work, 2, 300)
         assert not errors, errors
         assert all(len(c.ring_info["rings"]) >= 1 for c in clients)  # both went through rings of their own
     finally:

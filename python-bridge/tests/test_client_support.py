@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,16 @@ def daemon_stats(socket: str, sid: str | None = None) -> dict:
         return c.req({"id": 1, "op": "stats", **({"sid": sid} if sid else {})})
     finally:
         c.close()
+
+
+def run_in_threads(fn, n: int, timeout: float) -> None:
+    """``fn(k)`` on ``n`` threads at once (k = 0..n-1), each joined within ``timeout`` seconds; ``fn`` records its
+    own failures (an exception on a thread is not raised here)."""
+    threads = [threading.Thread(target=fn, args=(k,)) for k in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout)
 
 
 def wait_for(cond, timeout=10.0, step=0.02):

@@ -37,7 +37,8 @@ from tzip._dlpack import int_alias
 from tzip._errors import DaemonUnavailableError, TzipDaemonError
 from tzip.demo_data import source_weights_path
 
-from test_client_support import ALL_DTYPES, PYTHON, daemon, daemon_stats, shared_daemon, sock_dir, wait_for  # noqa: F401
+from test_client_support import (ALL_DTYPES, PYTHON, daemon, daemon_stats, run_in_threads, shared_daemon, sock_dir,  # noqa: F401
+                                 wait_for)
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False): run on the GPU host")
@@ -381,11 +382,7 @@ def test_many_threads_share_one_ring(clients):
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
+    run_in_threads(worker, 4, 120)
     assert not errors, errors
 
 
