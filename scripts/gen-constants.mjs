@@ -47,6 +47,9 @@ function load(root) {
     if (s.tag !== i) throw new Error(`${SPEC}: stream tags must be 0..n-1`);
   });
   if (spec.frame.magic.length !== 4) throw new Error(`${SPEC}: frame.magic must be 4 ASCII bytes`);
+  if (spec.ring.magic.length !== 8) throw new Error(`${SPEC}: ring.magic must be 8 ASCII bytes`);
+  const flags = Object.values(spec.ring.flags);
+  if (flags.some((v) => v & (v - 1)) || new Set(flags).size !== flags.length) throw new Error(`${SPEC}: ring.flags must be distinct bits`);
   return { spec, codes, of, byTag };
 }
 
@@ -191,8 +194,36 @@ function cpp({ spec, codes, of, byTag }) {
   L.push(`constexpr uint32_t kMinChunkBytes = ${f.min_chunk_bytes};`);
   L.push(`constexpr uint32_t kMaxChunkBytes = ${f.max_chunk_bytes};`);
   L.push(`constexpr uint32_t kChunkBytesMultiple = ${f.chunk_bytes_multiple};`, '');
+  L.push(...cppRing(spec.ring));
   L.push('}  // namespace tzip', '');
   return L.join('\n');
+}
+
+/** PascalCase of a spec key: sq_head -> SqHead. */
+const pascal = (k) => k.split('_').map((w) => w[0].toUpperCase() + w.slice(1)).join('');
+
+/** The ring's layout and SQE codes (docs/ring.md) as C++, in namespace tzip::ring. */
+function cppRing(r) {
+  const L = [];
+  L.push('// ---- Submission ring (docs/ring.md): the file layout and an SQE\'s codes ----------------------------------');
+  L.push('namespace ring {');
+  L.push(`constexpr uint64_t kHeaderBytes = ${r.header_bytes};`);
+  L.push(`constexpr uint64_t kSqeBytes = ${r.sqe_bytes};`);
+  L.push(`constexpr uint64_t kCqeBytes = ${r.cqe_bytes};`);
+  L.push(`constexpr uint32_t kMinEntries = ${r.min_entries};`);
+  L.push(`constexpr uint32_t kMaxEntries = ${r.max_entries};`);
+  L.push(`constexpr uint32_t kMaxBatch = ${r.max_batch};  // SQEs of one LINKed batch`);
+  L.push(`constexpr uint32_t kMaxNdim = ${r.max_ndim};  // dimensions an SQE describes`);
+  L.push(`inline constexpr char kMagic[8] = {${[...r.magic].map((c) => `'${c}'`).join(', ')}};`);
+  L.push('/// Header word offsets.');
+  for (const [k, v] of Object.entries(r.offsets)) L.push(`constexpr uint64_t kOff${pascal(k)} = ${v};`);
+  L.push('/// Values of the header\'s `state` word.');
+  L.push(`enum class State : uint32_t { ${Object.entries(r.states).map(([k, v]) => `${pascal(k)} = ${v}`).join(', ')} };`);
+  L.push(`enum Op : uint8_t { ${Object.entries(r.ops).map(([k, v]) => `k${pascal(k)} = ${v}`).join(', ')} };`);
+  L.push(`enum Flag : uint8_t { ${Object.entries(r.flags).map(([k, v]) => `k${pascal(k)} = ${v}`).join(', ')} };`);
+  L.push(`constexpr uint8_t kKnownFlags = ${Object.keys(r.flags).map((k) => `k${pascal(k)}`).join(' | ')};`);
+  L.push('}  // namespace ring', '');
+  return L;
 }
 
 function python({ spec, codes, byTag }) {
@@ -235,6 +266,16 @@ function python({ spec, codes, byTag }) {
   L.push(`MIN_CHUNK = ${f.min_chunk_bytes}`);
   L.push(`MAX_CHUNK = ${f.max_chunk_bytes}`);
   L.push(`CHUNK_MULTIPLE = ${f.chunk_bytes_multiple}`, '');
+  const r = spec.ring;
+  L.push('#: The submission ring (docs/ring.md): file layout, header word offsets, state values, SQE ops and flags.');
+  L.push(`RING_MAGIC = b${q(r.magic)}`);
+  for (const k of ['header_bytes', 'sqe_bytes', 'cqe_bytes', 'min_entries', 'max_entries', 'max_batch', 'max_ndim'])
+    L.push(`RING_${k.toUpperCase()} = ${r[k]}`);
+  for (const [k, v] of Object.entries(r.offsets)) L.push(`RING_OFF_${k.toUpperCase()} = ${v}`);
+  for (const [k, v] of Object.entries(r.states)) L.push(`RING_STATE_${k.toUpperCase()} = ${v}`);
+  for (const [k, v] of Object.entries(r.ops)) L.push(`RING_OP_${k.toUpperCase()} = ${v}`);
+  for (const [k, v] of Object.entries(r.flags)) L.push(`RING_F_${k.toUpperCase()} = ${v}`);
+  L.push('');
   return L.join('\n');
 }
 

@@ -51,27 +51,32 @@ __all__ = ["MAGIC", "HEADER_BYTES", "SQE_BYTES", "CQE_BYTES", "SQE", "CQE", "OP_
            "ring_bytes", "sqe", "supported", "full_barrier", "futex_wake", "futex_wait", "Ring", "Handle", "Region",
            "RingClosed", "DEFAULT_SPIN_S"]
 
-MAGIC = b"TZRING01"
-HEADER_BYTES = 4096
-SQE_BYTES = 128
-CQE_BYTES = 64
+# The ring file's layout and an SQE's codes (docs/ring.md, "The ring file" and "Submission queue entry"): src/errors.json
+# ("ring"), generated, as the daemon's ring thread reads them (cuda/include/tzip/generated/constants.h).
+MAGIC = _generated.RING_MAGIC
+HEADER_BYTES = _generated.RING_HEADER_BYTES
+SQE_BYTES = _generated.RING_SQE_BYTES
+CQE_BYTES = _generated.RING_CQE_BYTES
 #: Most dimensions an SQE describes (frames of more go through ZeroMQ).
-MAX_NDIM = 6
+MAX_NDIM = _generated.RING_MAX_NDIM
 
-# Header offsets (docs/ring.md, "The ring file"): each group of words on its own cache line.
-OFF_MAGIC, OFF_ENTRIES = 0, 8
-OFF_SQ_HEAD = 64
-OFF_SQ_TAIL, OFF_SQ_SLEEPING = 128, 132
-OFF_SQ_DOORBELL = 192
-OFF_CQ_HEAD, OFF_STATE = 256, 260
-OFF_CQ_TAIL, OFF_CQ_WAITING = 320, 324
-OFF_CQ_DOORBELL = 384
-OFF_PRODUCED, OFF_DONE = 448, 512  # u64 GPU ordering words (docs/ring.md, "GPU ordering flags")
+# Header offsets: each group of words on its own cache line; produced and done are the u64 GPU ordering words
+# (docs/ring.md, "GPU ordering flags").
+OFF_MAGIC, OFF_ENTRIES = _generated.RING_OFF_MAGIC, _generated.RING_OFF_ENTRIES
+OFF_SQ_HEAD = _generated.RING_OFF_SQ_HEAD
+OFF_SQ_TAIL, OFF_SQ_SLEEPING = _generated.RING_OFF_SQ_TAIL, _generated.RING_OFF_SQ_SLEEPING
+OFF_SQ_DOORBELL = _generated.RING_OFF_SQ_DOORBELL
+OFF_CQ_HEAD, OFF_STATE = _generated.RING_OFF_CQ_HEAD, _generated.RING_OFF_STATE
+OFF_CQ_TAIL, OFF_CQ_WAITING = _generated.RING_OFF_CQ_TAIL, _generated.RING_OFF_CQ_WAITING
+OFF_CQ_DOORBELL = _generated.RING_OFF_CQ_DOORBELL
+OFF_PRODUCED, OFF_DONE = _generated.RING_OFF_PRODUCED, _generated.RING_OFF_DONE
 
-STATE_SERVING, STATE_CLOSED, STATE_BROKEN = 0, 1, 2
+STATE_SERVING, STATE_CLOSED, STATE_BROKEN = (_generated.RING_STATE_SERVING, _generated.RING_STATE_CLOSED,
+                                             _generated.RING_STATE_BROKEN)
 
-OP_NOP, OP_COMPRESS, OP_DECOMPRESS = 0, 1, 2
-F_LINK, F_VERIFY, F_WAIT, F_SIGNAL = 1, 2, 4, 8
+OP_NOP, OP_COMPRESS, OP_DECOMPRESS = _generated.RING_OP_NOP, _generated.RING_OP_COMPRESS, _generated.RING_OP_DECOMPRESS
+F_LINK, F_VERIFY, F_WAIT, F_SIGNAL = (_generated.RING_F_LINK, _generated.RING_F_VERIFY, _generated.RING_F_WAIT,
+                                      _generated.RING_F_SIGNAL)
 CODEC_CODES = {**_generated.CODEC_IDS, "auto": _generated.CODEC_AUTO_ID}  # src/errors.json (generated)
 CODEC_NAMES = {v: k for k, v in CODEC_CODES.items() if k != "auto"}
 #: SQE stream tags (docs/ring.md): the client's stream names (tzip.client.STREAMS) -> their codes.
@@ -324,9 +329,10 @@ class Ring:
     CHECK_S = 0.1
 
     def __init__(self, name: str, entries: int, alive: Callable[[], bool] = lambda: True, *, spin_s: float = DEFAULT_SPIN_S,
-                 max_batch: int = 1024, shm_dir: str = "/dev/shm"):
-        if entries < 8 or entries > 4096 or entries & (entries - 1):
-            raise ValueError(f"ring entries are a power of two in [8, 4096], not {entries}")
+                 max_batch: int = _generated.RING_MAX_BATCH, shm_dir: str = "/dev/shm"):
+        lo, hi = _generated.RING_MIN_ENTRIES, _generated.RING_MAX_ENTRIES
+        if entries < lo or entries > hi or entries & (entries - 1):
+            raise ValueError(f"ring entries are a power of two in [{lo}, {hi}], not {entries}")
         if "/" in name or not name:
             raise ValueError(f"bad ring file name {name!r}")
         self.name = name

@@ -11,6 +11,7 @@ import logging
 import threading
 from typing import Any, Callable
 
+from . import _generated_constants as _generated
 from . import _ring
 from ._errors import DaemonUnavailableError, TzipDaemonError
 from ._session import Session
@@ -107,8 +108,8 @@ class Rings:
     def _open(self, key: int | None) -> _ring.Ring | None:
         """(lock held) ``ring_open`` of a new ring file; None (and the reason noted) when it cannot be opened."""
         caps = self.caps or {}
-        entries = min(self.entries, int(caps.get("entries_max", 4096)))
-        entries = 1 << max(3, entries.bit_length() - 1)  # a power of two, at least 8
+        entries = min(self.entries, int(caps.get("entries_max", _generated.RING_MAX_ENTRIES)))
+        entries = max(_generated.RING_MIN_ENTRIES, 1 << max(0, entries.bit_length() - 1))  # a power of two, at least 8
         self._counter += 1
         name = f"{self.shm_prefix}ring-{self._counter}"
         sid = self.session.sid

@@ -13,25 +13,13 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "tzip/generated/constants.h"  // tzip::ring: the ring file's layout, an SQE's ops and flags
 
 namespace tzip::ring {
 
 // ---- the ring file (docs/ring.md, "The ring file") -------------------------------------------------------------
-constexpr uint64_t kHeaderBytes = 4096;
-constexpr uint64_t kSqeBytes = 128;
-constexpr uint64_t kCqeBytes = 64;
-constexpr uint32_t kMinEntries = 8;
-constexpr uint32_t kMaxEntries = 4096;
-constexpr uint32_t kMaxBatch = 1024;
-constexpr char kMagic[8] = {'T', 'Z', 'R', 'I', 'N', 'G', '0', '1'};
-
-// Header word offsets.
-constexpr uint64_t kOffMagic = 0, kOffEntries = 8, kOffSqHead = 64, kOffSqTail = 128, kOffSqSleeping = 132,
-                   kOffSqDoorbell = 192, kOffCqHead = 256, kOffState = 260, kOffCqTail = 320, kOffCqWaiting = 324,
-                   kOffCqDoorbell = 384, kOffProduced = 448, kOffDone = 512;
-
-/// Values of the header's `state` word.
-enum class State : uint32_t { Serving = 0, Closed = 1, Broken = 2 };
+// Its sizes, the header's word offsets, the state word's values (kHeaderBytes, kOffProduced, State, ...) and an SQE's
+// ops and flags are in generated/constants.h (from src/errors.json, "ring"), shared with the Python client.
 
 /// Whether `entries` is a power of two in [kMinEntries, kMaxEntries].
 constexpr bool valid_entries(uint64_t entries) {
@@ -62,13 +50,9 @@ enum Status : int32_t {
   kLimit = int32_t(ProtocolErrorCode::Limit),      // TZIP_LIMIT: the batch would take the session's tensor bytes in flight above its limit
 };
 
-// ---- SQE (docs/ring.md, "Submission queue entry") -------------------------------------------------------------
-enum Op : uint8_t { kNop = 0, kCompress = 1, kDecompress = 2 };
-enum Flag : uint8_t { kLink = 1, kVerify = 2, kWait = 4, kSignal = 8 };
-constexpr uint8_t kKnownFlags = kLink | kVerify | kWait | kSignal;
+// ---- SQE (docs/ring.md, "Submission queue entry"; Op, Flag, kKnownFlags and kMaxNdim: generated/constants.h) -----
 using tzip::kCodecAuto;     // 255 (generated/constants.h)
 using tzip::kMaxStreamTag;  // 4: 0 other, 1 gradients, 2 optimizer, 3 checkpoint, 4 sendrecv (generated/constants.h)
-constexpr uint32_t kMaxNdim = 6;
 
 /// One SQE as the thread's own copy (decoded from little-endian bytes).
 struct Sqe {

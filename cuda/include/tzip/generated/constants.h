@@ -151,4 +151,35 @@ constexpr uint32_t kMinChunkBytes = 4096;
 constexpr uint32_t kMaxChunkBytes = 65536;
 constexpr uint32_t kChunkBytesMultiple = 256;
 
+// ---- Submission ring (docs/ring.md): the file layout and an SQE's codes ----------------------------------
+namespace ring {
+constexpr uint64_t kHeaderBytes = 4096;
+constexpr uint64_t kSqeBytes = 128;
+constexpr uint64_t kCqeBytes = 64;
+constexpr uint32_t kMinEntries = 8;
+constexpr uint32_t kMaxEntries = 4096;
+constexpr uint32_t kMaxBatch = 1024;  // SQEs of one LINKed batch
+constexpr uint32_t kMaxNdim = 6;  // dimensions an SQE describes
+inline constexpr char kMagic[8] = {'T', 'Z', 'R', 'I', 'N', 'G', '0', '1'};
+/// Header word offsets.
+constexpr uint64_t kOffMagic = 0;
+constexpr uint64_t kOffEntries = 8;
+constexpr uint64_t kOffSqHead = 64;
+constexpr uint64_t kOffSqTail = 128;
+constexpr uint64_t kOffSqSleeping = 132;
+constexpr uint64_t kOffSqDoorbell = 192;
+constexpr uint64_t kOffCqHead = 256;
+constexpr uint64_t kOffState = 260;
+constexpr uint64_t kOffCqTail = 320;
+constexpr uint64_t kOffCqWaiting = 324;
+constexpr uint64_t kOffCqDoorbell = 384;
+constexpr uint64_t kOffProduced = 448;
+constexpr uint64_t kOffDone = 512;
+/// Values of the header's `state` word.
+enum class State : uint32_t { Serving = 0, Closed = 1, Broken = 2 };
+enum Op : uint8_t { kNop = 0, kCompress = 1, kDecompress = 2 };
+enum Flag : uint8_t { kLink = 1, kVerify = 2, kWait = 4, kSignal = 8 };
+constexpr uint8_t kKnownFlags = kLink | kVerify | kWait | kSignal;
+}  // namespace ring
+
 }  // namespace tzip
