@@ -511,6 +511,17 @@ def test_strict_needs_a_strict_client(sock_dir):
         lenient.close()
 
 
+@pytest.mark.parametrize("bad", [-1, 1025, 2.5, "8", True])
+def test_a_bad_sm_budget_is_refused_before_anything_is_offloaded(client, bad):
+    model = Toy()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    toy_step(model, opt, toy_batches(1)[0])  # the state exists: wrapping would offload it at once
+    with pytest.raises(ValueError, match="sm_budget"):
+        CompressedOffload(opt, client=client, sm_budget=bad)
+    values = [v for st in opt.state.values() for v in st.values()]
+    assert values and not offloaded(opt)
+
+
 def _restart(daemon) -> None:
     again = DaemonProcess(daemon.socket, "--lease-ms", "2000").start()
     daemon.proc = again.proc  # so that the fixture stops it
@@ -739,14 +750,16 @@ _ALIGN_SLACK = 256  # frames start at multiples of 256 bytes in the pinned slabs
 
 
 @needs_cuda
-def test_gpu_several_chunks_and_a_state_dict_round_trip(shared_daemon, tmp_path):
+@pytest.mark.parametrize("sm_budget", [None, 0])  # the daemon's budget; every SM (through the ring: 255 in the SQE)
+def test_gpu_several_chunks_and_a_state_dict_round_trip(shared_daemon, tmp_path, sm_budget):
     client = _gpu_client(shared_daemon)
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).cuda()
         twin = copy.deepcopy(model)
         plain = torch.optim.Adam(model.parameters(), lr=1e-3)
-        off = CompressedOffload(torch.optim.Adam(twin.parameters(), lr=1e-3), client=client, chunk_bytes=1 << 20)
+        off = CompressedOffload(torch.optim.Adam(twin.parameters(), lr=1e-3), client=client, chunk_bytes=1 << 20,
+                                sm_budget=sm_budget)
         x = torch.randn(16, 512, device="cuda")
         for _ in range(2):
             for m, o in ((model, plain), (twin, off)):

@@ -63,9 +63,10 @@ class OffloadCopies:
         return s
 
     def offload(self, index: int, planned: list, codec: str | None, flat_of: Callable[[_Chunk, list], torch.Tensor],
-                place: Callable[[_Chunk, list, torch.Tensor], None]) -> None:
+                place: Callable[[_Chunk, list, torch.Tensor], None], sm_budget: int | None = None) -> None:
         """Per chunk of ``planned`` ((chunk, items, flat buffer or None) on GPU ``index``): the daemon encodes the flat
-        buffer (``flat_of(chunk, items)`` when None) on the GPU in the current stream's order, then the frame is
+        buffer (``flat_of(chunk, items)`` when None) on the GPU, on ``sm_budget`` SMs (as Client.compress's), in the
+        current stream's order, then the frame is
         copied into the chunk's pinned slab on the side stream while the next chunk is encoded, and ``place(chunk,
         items, flat)`` puts the chunk's placeholders into the state. Returns when the copies are done; slabs of chunk
         positions past the last are released."""
@@ -79,7 +80,7 @@ class OffloadCopies:
                     while in_flight and in_flight[0][0].query():
                         in_flight.pop(0)  # copied: the frame's GPU memory goes back to the caching allocator
                     flat = flat if flat is not None else flat_of(chunk, items)
-                    gpu_ct = self.client.compress(flat, codec=codec)
+                    gpu_ct = self.client.compress(flat, codec=codec, sm_budget=sm_budget)
                     n = gpu_ct.compressed_nbytes
                     slab = self._slab(index, k, n)
                     side.wait_stream(compute)  # the frame is ready in the compute stream's order
@@ -103,10 +104,11 @@ class OffloadCopies:
                     s.release()
             del slabs[len(planned):]
 
-    def restore(self, index: int, chunks: list[_Chunk]) -> list[tuple[_Chunk, torch.Tensor]]:
+    def restore(self, index: int, chunks: list[_Chunk],
+                sm_budget: int | None = None) -> list[tuple[_Chunk, torch.Tensor]]:
         """Per chunk (on GPU ``index``): its frame copied host to device on the side stream (the next chunk's copy runs
-        while the daemon decodes this one on the GPU), then one decompress request in the compute stream's order.
-        Returns (chunk, decoded flat buffer) pairs."""
+        while the daemon decodes this one on the GPU), then one decompress request in the compute stream's order, on
+        ``sm_budget`` SMs (as Client.decompress's). Returns (chunk, decoded flat buffer) pairs."""
         out: list[tuple[_Chunk, torch.Tensor]] = []
         device = torch.device("cuda", index)
         with torch.cuda.device(index):
@@ -130,7 +132,7 @@ class OffloadCopies:
                     if k + 1 < len(chunks):
                         nxt = upload(chunks[k + 1])
                     compute.wait_event(ev)
-                    out.append((c, self.client.decompress(gpu_ct)))
+                    out.append((c, self.client.decompress(gpu_ct, sm_budget=sm_budget)))
                     del gpu_ct
             except BaseException:
                 side.synchronize()  # an upload in flight writes memory that is given back as the error unwinds

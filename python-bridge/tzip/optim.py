@@ -79,6 +79,7 @@ import torch
 from ._default import resolve_client
 from ._dlpack import int_alias
 from ._codec_choice import check_codec
+from ._job import _checked_sm_budget
 from .client import Client, tagged
 from ._offload_copies import OffloadCopies
 from ._offload_state import (OffloadedTensor, _align, _check_plain_parameters, _Chunk, _dense_permutation, _is_wrapper,
@@ -165,19 +166,23 @@ class CompressedOffload(torch.optim.Optimizer):
         min_bytes: state tensors of fewer bytes stay resident (see "Which state is offloaded").
         chunk_bytes: most uncompressed state bytes per chunk (one frame, one request, one host<->device copy on a
             GPU); None: one chunk per device, dtype and state key.
+        sm_budget: SMs the daemon's GPU codec may use for the requests of state on a GPU (0: all SMs: the training
+            step waits for them, and the rest of the GPU is idle during the optimizer step); None (default): the
+            daemon's budget (``tzip serve --sm-budget``, 10), as for ``Client.compress``. A job's budget wins over it.
 
     Raises:
         TypeError: ``optimizer`` is not a torch.optim.Optimizer, or is a CompressedOffload or a
             ZeroRedundancyOptimizer (:func:`tzip.attach` takes that one), or has parameters of a tensor subclass
             other than DTensor (DTensor parameters, as FSDP2 and tensor parallelism make, are taken: the local
             shards of their state are offloaded and the DTensors rebuilt around them at each step).
-        ValueError: unknown codec, negative sizes, or ``strict=True`` with a lenient client.
+        ValueError: unknown codec, negative sizes, an sm_budget that is not an int in 0..1024, or ``strict=True``
+            with a lenient client.
         DaemonUnavailableError: ``strict=True``, ``client=None`` and no daemon can be reached or started.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, codec: str | None = None, client: Client | None = None,
                  strict: bool = False, *, min_bytes: int = DEFAULT_MIN_BYTES,
-                 chunk_bytes: int | None = DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int | None = DEFAULT_CHUNK_BYTES, sm_budget: int | None = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"CompressedOffload wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, CompressedOffload):
@@ -189,6 +194,7 @@ class CompressedOffload(torch.optim.Optimizer):
                             ".optim); keep stepping it and call tzip.attach(optimizer=zero) instead")
         _check_plain_parameters(optimizer)
         check_codec(codec)
+        sm_budget = _checked_sm_budget(sm_budget)
         if min_bytes < 1 or (chunk_bytes is not None and chunk_bytes < 1):
             raise ValueError(f"min_bytes ({min_bytes}) and chunk_bytes ({chunk_bytes}) must be positive")
         if client is not None and strict and not client.strict:
@@ -207,6 +213,7 @@ class CompressedOffload(torch.optim.Optimizer):
         self.strict = bool(strict or (client is not None and client.strict))
         self.min_bytes = int(min_bytes)
         self.chunk_bytes = None if chunk_bytes is None else int(chunk_bytes)
+        self.sm_budget = sm_budget
         self.client = resolve_client(client, strict)
         self._patch_step_function()
         self._chunks: list[_Chunk] = []  # offloaded now, between steps
@@ -470,7 +477,7 @@ class CompressedOffload(torch.optim.Optimizer):
                 else:
                     gpu.setdefault(chunk.device.index or 0, []).append((chunk, items, flat))
             for index, planned in gpu.items():
-                self._copies.offload(index, planned, codec, self._flat, self._place)
+                self._copies.offload(index, planned, codec, self._flat, self._place, self.sm_budget)
         # Kept after a failure (strict, daemon away): the views still in the state are then offloaded next time.
         self._flats = {}
         self._timings["offload_s"] = time.perf_counter() - t0
@@ -492,7 +499,7 @@ class CompressedOffload(torch.optim.Optimizer):
                 if c.device.type != "cpu":
                     gpu.setdefault(c.device.index or 0, []).append(c)
             for index, cs in gpu.items():
-                flats.extend(self._copies.restore(index, cs))
+                flats.extend(self._copies.restore(index, cs, self.sm_budget))
         for c, flat in flats:
             placed = {}
             for st, key, ph in c.entries:
@@ -564,7 +571,7 @@ class AttachedOffload:
 
     def __init__(self, optimizer: torch.optim.Optimizer, codec: str | None = None, client: Client | None = None,
                  strict: bool = False, *, min_bytes: int = DEFAULT_MIN_BYTES,
-                 chunk_bytes: int | None = DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int | None = DEFAULT_CHUNK_BYTES, sm_budget: int | None = None):
         if isinstance(optimizer, torch.optim.Optimizer) and optimizer_holding_state(optimizer) is not optimizer:
             # Hooks on a wrapper that runs none (AcceleratedOptimizer) failed after the state was offloaded, leaving
             # placeholders its next step crashed on: refused before anything changes (tzip.attach unwraps it).
@@ -573,7 +580,8 @@ class AttachedOffload:
         self.optimizer = optimizer
         # The offload's machinery (plan, chunks, pinned slabs, restore and offload): its step() is never called,
         # the optimizer's own step is, between the hooks below.
-        self._engine = CompressedOffload(optimizer, codec, client, strict, min_bytes=min_bytes, chunk_bytes=chunk_bytes)
+        self._engine = CompressedOffload(optimizer, codec, client, strict, min_bytes=min_bytes, chunk_bytes=chunk_bytes,
+                                         sm_budget=sm_budget)
         pre = optimizer.register_step_pre_hook(self._before_step)
         optimizer._optimizer_step_pre_hooks.move_to_end(pre.id, last=False)  # first: other pre-hooks see tensors
         self._handles = [

@@ -65,7 +65,7 @@ def _make_optimizer(case: str, params, args, client: Client):
         return torch.optim.AdamW(params, **kw)
     if case in ("offload", "raw"):
         return CompressedOffload(torch.optim.AdamW(params, **kw), codec=args.codec if case == "offload" else "raw",
-                                 client=client, chunk_bytes=chunk)
+                                 client=client, chunk_bytes=chunk, sm_budget=args.sm_budget)
     if case == "torchao":
         from torchao.optim import CPUOffloadOptimizer
 
@@ -204,7 +204,7 @@ def run(args) -> dict:
     return {"machine": machine, "device": args.device, "torch": torch.__version__, "commit": commit,
             "threads": torch.get_num_threads(), "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "pairs": args.pairs,
             "max_length": args.max_length, "codec": args.codec, "chunk_mib": args.chunk_mib, "notes": notes,
-            "gpu_arena_keep_mib": args.gpu_arena_keep_mib,
+            "gpu_arena_keep_mib": args.gpu_arena_keep_mib, "sm_budget": args.sm_budget,
             "command": "python -m tzip.bench.offload " + " ".join(sys.argv[1:]), "results": results}
 
 
@@ -218,7 +218,9 @@ def report(r: dict) -> str:
              f"{2 * r['pairs']} sentences x {r['max_length']} tokens per step; {r['machine']}, torch {r['torch']}, "
              f"{r['threads']} threads, tzip {r['commit']}, codec {r['codec']!r}, chunks of {r['chunk_mib']} MiB"
              + ("" if r["gpu_arena_keep_mib"] is None or r["device"] != "cuda" else
-                f", client gpu_arena_keep_bytes {r['gpu_arena_keep_mib']} MiB"),
+                f", client gpu_arena_keep_bytes {r['gpu_arena_keep_mib']} MiB")
+             + ("" if r.get("sm_budget") is None or r["device"] != "cuda" else
+                f", sm_budget {r['sm_budget']} ({'every SM' if r['sm_budget'] == 0 else 'SMs'})"),
              f"command: {r['command']}"]
     head = ["case", "opt step ms", "train step ms"]
     if gpu:
@@ -273,6 +275,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--chunk-mib", type=float, default=64, help="CompressedOffload chunk_bytes in MiB (0: one request)")
     ap.add_argument("--gpu-arena-keep-mib", type=float, default=None,
                     help="the offload client's gpu_arena_keep_bytes in MiB (default: the client's, 128)")
+    ap.add_argument("--sm-budget", type=int, default=None,
+                    help="CompressedOffload's sm_budget: SMs of the GPU codec during the optimizer step (0: every SM; "
+                         "default: the daemon's, 10)")
     ap.add_argument("--cases", default=",".join(ALL_CASES), help=f"comma-separated, of {', '.join(ALL_CASES)}")
     ap.add_argument("--socket", help="use the daemon on this socket instead of starting one")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
