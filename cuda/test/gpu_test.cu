@@ -733,6 +733,63 @@ void small_calls(int runs) {
   cudaStreamDestroy(s);
 }
 
+/// Host threads coding at once, each on a stream of its own, as the daemon's ring threads do for two clients of one
+/// GPU: every call uploads its descriptors through the codec's shared pinned staging buffers (gpu/common.cu, upload),
+/// so a buffer handed to a second thread before its first user's copy was recorded shows here as a frame or tensor of
+/// another thread's call (on an H100 it showed as cudaErrorIllegalAddress in the daemon, 2026-12-07). Each thread
+/// encodes and decodes tensors of its own sizes and contents and checks both round trips byte for byte.
+void concurrent_calls(int threads, int iterations) {
+  std::vector<std::thread> pool;
+  std::vector<int> bad(threads, 0);
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([t, iterations, &bad] {
+      cudaStream_t s;
+      CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      gpu::keep_scratch(s);
+      const uint64_t sizes[3] = {uint64_t(65536) * (t + 1) + 2 * t, uint64_t(1) << (19 + t % 3), 4096u + 64u * t};
+      const uint64_t most = uint64_t(1) << 21;
+      // (allocated once: cudaFree synchronises the device, which would keep the threads' calls apart)
+      DevBuf din(most), dfr(max_frame_bytes(most, 1, 65536)), dout(most), dsz(8), derr(4);
+      for (int i = 0; i < iterations && !bad[t]; ++i) {
+        const uint64_t nb = sizes[i % 3] & ~uint64_t(1);
+        std::vector<uint8_t> h(nb);
+        fill(h, Dtype::BF16, kWeights, 1000 * uint64_t(t) + uint64_t(i));
+        CK(cudaMemcpyAsync(din.p, h.data(), nb, cudaMemcpyHostToDevice, s));
+        const uint64_t shape[1] = {nb / 2};
+        gpu::EncodeItem it;
+        it.data = din.p; it.nbytes = nb; it.dtype = uint8_t(Dtype::BF16); it.codec = uint8_t(i % 2 ? 1 : 0);
+        it.ndim = 1; it.shape = shape; it.frame = dfr.p;
+        gpu::EncodeOptions eo;
+        eo.sm_budget = 4;
+        eo.stream = s;
+        check_status(gpu::encode(&it, 1, eo, reinterpret_cast<uint64_t*>(dsz.p)), "concurrent encode");
+        uint64_t fb = 0;
+        CK(cudaMemcpyAsync(&fb, dsz.p, 8, cudaMemcpyDeviceToHost, s));
+        CK(cudaStreamSynchronize(s));
+        if (fb == 0 || fb > dfr.n) { bad[t] = 1; break; }
+        gpu::DecodeItem di;
+        di.frame = dfr.p; di.frame_bytes = fb; di.out = dout.p; di.out_bytes = nb;
+        gpu::DecodeOptions dopt;
+        dopt.sm_budget = 4;
+        dopt.stream = s;
+        check_status(gpu::decode(&di, 1, dopt, reinterpret_cast<int32_t*>(derr.p)), "concurrent decode");
+        int32_t err = -1;
+        std::vector<uint8_t> back(nb);
+        CK(cudaMemcpyAsync(&err, derr.p, 4, cudaMemcpyDeviceToHost, s));
+        CK(cudaMemcpyAsync(back.data(), dout.p, nb, cudaMemcpyDeviceToHost, s));
+        CK(cudaStreamSynchronize(s));
+        if (err != 0 || back != h) bad[t] = 2 + i;
+      }
+      gpu::release_scratch(s);
+      CK(cudaStreamSynchronize(s));
+      cudaStreamDestroy(s);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  for (int t = 0; t < threads; ++t)
+    if (bad[t]) fail("concurrent calls: thread %d: %s", t, bad[t] == 1 ? "bad frame size" : "a round trip differs");
+}
+
 struct DataSrc {
   std::string name;
   Dtype dtype;
@@ -1098,6 +1155,9 @@ int main(int argc, char** argv) {
       std::printf("encoder variants (general kernel only, one SM): %s\n", g_fail == before ? "all match" : "MISMATCHES");
     }
     golden_tests(golden, 10);
+    before = g_fail;
+    concurrent_calls(4, small ? 40 : 150);
+    std::printf("concurrent calls (4 host threads, a stream each): %s\n", g_fail == before ? "all match" : "MISMATCHES");
     // Corrupt frames from a selection of cases.
     {
       std::vector<Case> sel;
