@@ -15,17 +15,9 @@
 # memory, barrier, mbarrier waits). Logs and the .ncu-rep files in ${OUT:-/tmp/out}; a table of the key metrics last.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-GPU_TEST=${GPU_TEST:-build/gpu-check/gpu_test}
-NVCC=${NVCC:-$(command -v nvcc || echo .venv/cuda/bin/nvcc)}
+source scripts/gpu-decode-env.sh || exit 1  # OUT, GPU_TEST, NVCC, SC (stream_copy)
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 DATA=${1:-data/gpu/minilm-weights-bf16.BF16.bin}
-SC=build/Release/stream_copy
-if [ ! -x "$SC" ]; then
-  SC=build/stream_copy
-  [ -x "$SC" ] || "$NVCC" -O3 -std=c++17 -arch=sm_90 -Icuda/include cuda/bench/stream_copy.cu -o "$SC" || exit 1
-fi
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
           --section MemoryWorkloadAnalysis)
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__block_size,launch__grid_size

@@ -15,18 +15,10 @@
 # Logs in ${OUT:-/tmp/out}; the table of step 2 last.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-GPU_TEST=${GPU_TEST:-build/gpu-check/gpu_test}
-NVCC=${NVCC:-$(command -v nvcc || echo .venv/cuda/bin/nvcc)}
+source scripts/gpu-decode-env.sh || exit 1  # OUT, GPU_TEST, NVCC, SC (stream_copy)
 warps=("$@")
 [ ${#warps[@]} = 0 ] && warps=(0 8 12 16)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-SC=build/Release/stream_copy  # the native build's; else built here
-if [ ! -x "$SC" ]; then
-  SC=build/stream_copy
-  [ -x "$SC" ] || "$NVCC" -O3 -std=c++17 -arch=sm_90 -Icuda/include cuda/bench/stream_copy.cu -o "$SC" || exit 1
-fi
 "$SC" 1024 | tee "$OUT/stream_copy.txt"
 for w in "${warps[@]}"; do
   TZIP_GPU_DECODE_WARPS=$w "$GPU_TEST" --bench-only --no-cpu-check --codecs fast,raw --bench-mib 1024 ${DATA:-data/gpu/*.bin} \
