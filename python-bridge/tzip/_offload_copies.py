@@ -66,10 +66,9 @@ class OffloadCopies:
                 place: Callable[[_Chunk, list, torch.Tensor], None], sm_budget: int | None = None) -> None:
         """Per chunk of ``planned`` ((chunk, items, flat buffer or None) on GPU ``index``): the daemon encodes the flat
         buffer (``flat_of(chunk, items)`` when None) on the GPU, on ``sm_budget`` SMs (as Client.compress's), in the
-        current stream's order, then the frame is
-        copied into the chunk's pinned slab on the side stream while the next chunk is encoded, and ``place(chunk,
-        items, flat)`` puts the chunk's placeholders into the state. Returns when the copies are done; slabs of chunk
-        positions past the last are released."""
+        current stream's order, then the frame is copied into the chunk's pinned slab on the side stream while the next
+        chunk is encoded, and ``place(chunk, items, flat)`` puts the chunk's placeholders into the state. Returns when
+        the copies are done; slabs of chunk positions past the last are released."""
         with torch.cuda.device(index):
             compute = torch.cuda.current_stream(index)
             side = self._stream(index)

@@ -115,7 +115,7 @@ class Rings:
         sid = self.session.sid
         try:
             ring = _ring.Ring(name, entries, self.session.alive, spin_s=self.spin_s,
-                              max_batch=int(caps.get("max_batch", 1024)))
+                              max_batch=int(caps.get("max_batch", _generated.RING_MAX_BATCH)))
         except OSError as e:
             self.refused[key] = f"cannot make the ring file: {e}"
             return None

@@ -59,6 +59,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .._dlpack import int_alias
+from .._codec_choice import codec_for
 from ..distributed import PIECE_BYTES
 from ..distributed._all_reduce import _checked_piece_bytes
 from ..distributed._call import _shards
@@ -441,8 +442,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--device cuda: no CUDA GPU visible to PyTorch")
     if args.backend == "nccl" and torch.cuda.device_count() < args.ranks:
         ap.error(f"--backend nccl: {args.ranks} ranks need as many GPUs, {torch.cuda.device_count()} visible")
-    if args.codec is None:
-        args.codec = "fast" if args.device == "cuda" else "auto"
+    args.codec = codec_for(args.codec, args.device == "cuda")
     args.sizes = [float(x) for x in args.sizes.split(",")]
     args.links = [float(x) for x in args.links.split(",")]
     if args.codec_rates is not None:

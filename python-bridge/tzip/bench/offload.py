@@ -44,6 +44,7 @@ import torch
 
 from .. import demo_data as dd
 from .daemon import _daemon_socket
+from .._codec_choice import codec_for
 from ..client import CODECS, Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -286,8 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.steps <= args.warmup:
         ap.error("--steps must exceed --warmup")
-    if args.codec is None:
-        args.codec = "fast" if args.device == "cuda" else "auto"
+    args.codec = codec_for(args.codec, args.device == "cuda")
     return args
 
 

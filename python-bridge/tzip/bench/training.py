@@ -55,6 +55,8 @@ from typing import Any, Callable
 
 import torch
 
+from .._codec_choice import codec_for  # (no dependencies: safe to import here)
+
 # The benchmark modules (and the client under them, which needs pyzmq) are imported when the cases run, so that a
 # machine without them gets rows saying why instead of an ImportError.
 
@@ -421,8 +423,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(a, k, v)
     if a.steps <= a.warmup:
         ap.error("--steps must exceed --warmup")
-    if a.codec is None:
-        a.codec = "fast" if a.device == "cuda" else "auto"
+    a.codec = codec_for(a.codec, a.device == "cuda")
     return a
 
 
