@@ -35,7 +35,7 @@ _LAZY = {
     "attach": "attaching", "detach": "attaching",
 }
 _SUBMODULES = {"client", "compressed", "saving", "attaching", "checkpoint", "ddp", "distributed", "fsdp", "optim",
-               "inference", "demo_data", "reference", "gpu_data", "integrations"}
+               "inference", "in_process", "demo_data", "reference", "gpu_data", "integrations"}
 
 
 def __getattr__(name: str):
