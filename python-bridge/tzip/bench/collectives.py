@@ -17,7 +17,7 @@ ends each timed call with ``torch.cuda.synchronize()``:
   reduces its own gradients of the same parameters. Each method's result (of the first, untimed round) is compared bit
   for bit (integer views) on every rank: tzip raw and tzip ``--codec`` with each other, and with plain
   ``dist.all_reduce`` (which only two ranks must match: with more, the backend's reduction order differs);
-* the codec's rates through the daemon on the same data, rank 0 alone (the others wait at a barrier): compress of
+* the codec's rates through the daemon (``--in-process``: in the rank's own process, tzip.in_process) on the same data, rank 0 alone (the others wait at a barrier): compress of
   the n-1 shards a rank sends and decompress of the n-1 shards it receives, GB/s of original bytes;
 * bytes on the wire per DDP step of the real model (all-MiniLM-L6-v2, fp32, real text, 4 sentence pairs of 32
   tokens per rank; the last of 4 steps) with and without the hook, and the step time (forward and backward, median
@@ -63,6 +63,7 @@ from .._codec_choice import codec_for
 from ..distributed import PIECE_BYTES
 from ..distributed._all_reduce import _checked_piece_bytes
 from ..distributed._call import _shards
+from ..in_process import InProcessCodec
 from .daemon import _daemon_socket
 
 MB = 1_000_000
@@ -141,7 +142,7 @@ def _window(flat: torch.Tensor, numel: int) -> torch.Tensor:
     return (flat.repeat(reps) if reps > 1 else flat)[:numel].clone()
 
 
-def _ddp_step(codec: str, device: torch.device, steps: int = 4) -> dict:
+def _ddp_step(codec: str, device: torch.device, client=None, steps: int = 4) -> dict:
     """DDP training steps (forward, backward) of the real model on ``device``: plain, with the hook and codec raw, with
     the hook and ``codec``: this rank's bytes per step, the median step time after DDP's bucket rebuild (steps 2 on)
     and whether the gradients after the last step are bit-identical across the three, on every rank
@@ -166,7 +167,7 @@ def _ddp_step(codec: str, device: torch.device, steps: int = 4) -> dict:
         ddp = DDP(copy.deepcopy(model).to(device), gradient_as_bucket_view=True, device_ids=[device] if cuda else None)
         state = None
         if mode != "plain":
-            state = tzddp.LosslessState(codec="raw" if mode == "raw" else codec)
+            state = tzddp.LosslessState(codec="raw" if mode == "raw" else codec, client=client)
             ddp.register_comm_hook(state, tzddp.lossless_allreduce_hook)
         times, per_step = [], []
         for step in range(steps):
@@ -215,7 +216,9 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
         from .. import distributed as tzd
         from .._default import default_client
 
-        client = default_client()
+        # --in-process: the codec in this process (tzip.in_process) instead of the daemon, for every tzip row
+        client = InProcessCodec() if args.in_process else default_client()
+        via = {"client": client} if args.in_process else {}
         grads = None if args.data else _rank_gradients(rank, world).to(device)
         results = []
         for dtype in ("bfloat16", "float32"):
@@ -227,11 +230,11 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
                 methods = {
                     "plain": lambda x: dist.all_reduce(x),
                     "raw": lambda x: tzd.all_reduce(x, codec="raw", piece_bytes=pb),
-                    args.codec: lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=pb),
+                    args.codec: lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=pb, **via),
                 }
                 if _in_pieces(pb, device, numel * data.element_size()):  # and in one piece, to compare
                     methods["raw/1"] = lambda x: tzd.all_reduce(x, codec="raw", piece_bytes=0)
-                    methods[f"{args.codec}/1"] = lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=0)
+                    methods[f"{args.codec}/1"] = lambda x, c=args.codec: tzd.all_reduce(x, codec=c, piece_bytes=0, **via)
                 times: dict[str, list[float]] = {m: [] for m in methods}
                 traffic = {}
                 first: dict[str, torch.Tensor] = {}
@@ -283,10 +286,10 @@ def _rank_main(rank: int, world: int, args, store: str, socket: str, out: str) -
                 results.append({"dtype": dtype, "mb": size, "bytes": numel * data.element_size(),
                                 "seconds": {m: median(v) for m, v in times.items()},
                                 "traffic": traffic, "rates": rates, "identical": identical})
-        ddp = None if args.no_ddp else _ddp_step(args.codec, device)
+        ddp = None if args.no_ddp else _ddp_step(args.codec, device, via.get("client"))
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"results": results, "ddp": ddp, "daemon": client.connected}, f)
+                json.dump({"results": results, "ddp": ddp, "daemon": "in-process" if args.in_process else client.connected}, f)
     except BaseException:
         # mp.spawn shows the first rank to fail and stops the others: a rank that only learned another's failure
         # (tzip.distributed raises "rank(s) [...] failed" there) waits, so that the failing rank's own error is printed
@@ -347,7 +350,7 @@ def report(res: dict, args) -> str:
     n, c = res["ranks"], res["codec"]
     lines = [f"machine: {res['machine']}", f"data: {res['data']}", f"command: {res['command']}",
              f"{n} ranks, {res['backend']}, tensors on {res['device']}, one torch thread per rank; daemon: "
-             f"{'connected' if res['daemon'] else 'AWAY (raw frames)'}",
+             f"{'in-process codec (--in-process)' if res['daemon'] == 'in-process' else 'connected' if res['daemon'] else 'AWAY (raw frames)'}",
              "", f"one all-reduce (SUM) of a bucket, rank 0's wall clock, median of {args.repeat} (seconds):"]
     pieces = ("all_reduce's default (PIECE_BYTES = " f"{PIECE_BYTES / MB:g} MB for CUDA tensors, one piece on the CPU)"
               if args.piece_mb is None else f"{args.piece_mb:g} MB")
@@ -373,7 +376,7 @@ def report(res: dict, args) -> str:
                   f"{dd['step_s_raw']:.3f}, hook {dd['step_s_hook']:.3f}; gradients bit-identical: "
                   f"{_identity(dd['identical'], 'hook_vs_raw', n)}"]
     given = args.codec_rates is not None
-    label = "given with --codec-rates (not measured here)" if given else f"measured here ({args.device.upper() if args.device == 'cpu' else 'GPU'} tensors, through the daemon)"
+    label = "given with --codec-rates (not measured here)" if given else f"measured here ({args.device.upper() if args.device == 'cpu' else 'GPU'} tensors, {'in this process' if args.in_process else 'through the daemon'})"
     lines += ["", f"PROJECTION (a model, not a measurement): all-reduce milliseconds per rank at a link of B GB/s, codec rates "
               f"{label}, no overlap of codec and link:"]
     # the model is of CUDA buckets: their piece size (--piece-mb 0: one piece)
@@ -432,6 +435,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data", default=None, help="a folder of scripts/gpu-data.sh (data/gpu): its gradient samples, "
                     "tiled, instead of a backward pass of the model (no model package needed; implies --no-ddp)")
     ap.add_argument("--no-ddp", action="store_true", help="skip the DDP step of the real model")
+    ap.add_argument("--in-process", action="store_true", help="code in each rank's process (tzip.in_process."
+                    "InProcessCodec, libtzip.so) instead of through the daemon")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.data:
