@@ -52,7 +52,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec: str | None = No
         call.traffic.bytes_raw += nbytes * (call.n - 1)
         call.traffic.bytes_sent += size * (call.n - 1)
     else:
-        buf = torch.empty(size, dtype=torch.uint8, device=call.wire)
+        buf = call.wire_buffer(size)
     if size:
         dist.broadcast(buf, src=src, group=call.group)
     if call.me != g_src:
@@ -81,7 +81,7 @@ def _start_gather(call: _Call, w: _Wire, sizes: list[int]):
     send_sizes = [0 if r == me else mine for r in range(n)]
     recv_sizes = [0 if r == me else sizes[r] for r in range(n)]
     send = w.data if n == 2 else torch.cat([w.data] * (n - 1)) if mine else w.data
-    out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=call.wire)
+    out = call.wire_buffer(sum(recv_sizes))
     work = dist.all_to_all_single(out, send, recv_sizes, send_sizes, group=call.group, async_op=True)
     call.traffic.bytes_sent += mine * (n - 1)
     parts, off = [], 0
@@ -150,7 +150,7 @@ def _start_exchange(call: _Call, sizes: list[list[int]], send_buf: torch.Tensor)
     me = call.me
     send_sizes = sizes[me]
     recv_sizes = [row[me] for row in sizes]
-    out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=call.wire)
+    out = call.wire_buffer(sum(recv_sizes))
     work = None
     if any(any(row) for row in sizes):
         work = dist.all_to_all_single(out, send_buf, recv_sizes, send_sizes, group=call.group, async_op=True)

@@ -187,7 +187,7 @@ def _recv(call: _Call, tensor: torch.Tensor, src: int, seq: int) -> torch.Tensor
     if _key(peer.desc) != _key(desc):
         raise _p2p_mismatch(src, peer.desc, dist.get_rank(), desc)
     size, codec = peer.frames[0]
-    buf = torch.empty(size, dtype=torch.uint8, device=call.wire)
+    buf = call.wire_buffer(size)
     if size:
         dist.recv(buf, src, group=call.group, tag=_tag(seq, 2))
     call.decode([_Wire(buf, codec)], [(tensor.dtype, tensor.shape)], [tensor])
