@@ -112,6 +112,11 @@ def test_cuda_frames_are_the_cpu_codecs_bytes(codec, dtype):
         assert same(codec.decompress(g), x) and same(codec.decompress(h, out=torch.empty_like(x, device="cuda")), x)
         strided = torch.empty(257, 1000, dtype=dtype, device="cuda").t()
         assert same(codec.decompress(g, out=strided), x)
+        from tzip.client import Client
+
+        buf = torch.empty(Client.frame_bound(x), dtype=torch.uint8, device="cuda")
+        inplace = codec.compress(x.cuda(), name, out=buf)
+        assert inplace.payload.data_ptr() == buf.data_ptr() and torch.equal(inplace.payload, g.payload)
 
 
 @needs_cuda

@@ -73,8 +73,10 @@ class InProcessCodec:
                 gpu.setdefault(t.device, []).append(i)
             else:
                 cts[i] = self._compress_cpu(t, codec)
+        outs = req.outs or [None] * len(items)
         for device, idx in gpu.items():
-            for i, ct in zip(idx, self._compress_gpu(device, [items[i] for i in idx], codec, self._budget(sm_budget))):
+            for i, ct in zip(idx, self._compress_gpu(device, [items[i] for i in idx], [outs[i] for i in idx], codec,
+                                                     self._budget(sm_budget))):
                 cts[i] = ct
         return _into_outs(cts[0] if req.single else cts, req.outs, req.single)
 
@@ -85,16 +87,22 @@ class InProcessCodec:
         name = _CODEC_NAMES[_native.frame_info(frame)["codec"]]
         return CompressedTensor(frame.to(t.device), t.dtype, t.shape, name, t.numel() * t.element_size())
 
-    def _compress_gpu(self, device: torch.device, ts: list[torch.Tensor], codec: str | None,
+    def _compress_gpu(self, device: torch.device, ts: list[torch.Tensor], outs: list, codec: str | None,
                       budget: int) -> list[CompressedTensor]:
-        """One library call for the CUDA tensors ``ts`` of ``device``, each frame in a buffer of its own (of the frame
-        bound: a payload is a view of it, never of another tensor's frame, so that torch.save of one writes one)."""
+        """One library call for the CUDA tensors ``ts`` of ``device``, each frame written into its ``outs`` entry
+        (checked to hold the frame bound) or a buffer of its own (of the frame bound: a payload is a view of it, never
+        of another tensor's frame, so that torch.save of one writes one)."""
         c = codec_for(codec, True)
         with torch.cuda.device(device):
             srcs = [t.detach().contiguous() for t in ts]
-            frames = [torch.empty(_native.max_frame_bytes(t.numel() * t.element_size(), len(_native.frame_spec(t)[1]),
-                                                          self.chunk_bytes), dtype=torch.uint8, device=device)
+            bounds = [_native.max_frame_bytes(t.numel() * t.element_size(), len(_native.frame_spec(t)[1]), self.chunk_bytes)
                       for t in srcs]
+            for i, (o, b) in enumerate(zip(outs, bounds)):
+                if o is not None and o.numel() < b:  # (the encoder writes up to the bound: never past a buffer)
+                    raise ValueError(f"out {i} holds {o.numel()} bytes; a frame of {b} bytes at most needs them "
+                                     f"(chunks of {self.chunk_bytes} bytes)")
+            frames = [o if o is not None else torch.empty(b, dtype=torch.uint8, device=device)
+                      for o, b in zip(outs, bounds)]
             sizes = torch.zeros(len(srcs), dtype=torch.int64, device=device)
             _native.gpu_encode(srcs, [c] * len(srcs), frames, sizes, torch.cuda.current_stream(device).cuda_stream,
                                self.chunk_bytes, budget)
