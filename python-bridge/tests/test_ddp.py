@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tzip.ddp
 import tzip.distributed as tzd
+from tzip.in_process import InProcessCodec
 
 from dist_support import Pools, bits, minilm_batches, run_without_daemon
 from test_client_support import shared_daemon  # noqa: F401
@@ -62,8 +63,9 @@ def mlp_batches(rank: int, n: int, dtype: torch.dtype, device: str = "cpu"):
 def run(rank, mode: str, model: torch.nn.Module, batches, steps: int, accum: int, bucket_view: bool,
         bucket_cap_mb: float, strict: bool = False, lr: float = 0.05, find_unused: bool = False):
     """Trains ``model`` with DDP: ``steps`` optimizer steps of ``accum`` micro-batches (all but the last under
-    no_sync()). ``mode``: "plain" (no hook) or the hook's codec. Returns the loss bits, the parameters' sha256 and
-    the hook state's counters."""
+    no_sync()). ``mode``: "plain" (no hook) or the hook's codec, coded by the daemon, or in this process
+    (tzip.in_process) when it ends in "@in-process". Returns the loss bits, the parameters' sha256 and the hook state's
+    counters."""
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     torch.manual_seed(7 + rank)  # dropout masks: the same in every mode
@@ -72,7 +74,9 @@ def run(rank, mode: str, model: torch.nn.Module, batches, steps: int, accum: int
               find_unused_parameters=find_unused)
     state = None
     if mode != "plain":
-        state = tzip.ddp.LosslessState(codec=mode, strict=strict)
+        codec, _, where = mode.partition("@")
+        client = InProcessCodec() if where == "in-process" else None
+        state = tzip.ddp.LosslessState(codec=codec, strict=strict, client=client)
         ddp.register_comm_hook(state, tzip.ddp.lossless_allreduce_hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=lr)
     losses = []
@@ -183,6 +187,14 @@ def test_two_ranks_hook_equals_plain_ddp(pools, bucket_view):
         assert auto_sent < auto_raw  # the gradients compress
 
 
+def test_two_ranks_hook_coding_in_process_equals_plain_ddp(pools):
+    modes = ["plain", "raw", "auto@in-process", "fast@in-process"]
+    results = pools(2).run(w_mlp, timeout=600, modes=modes, steps=3, accum=2)
+    assert_identical(results, modes, 2)
+    for res in results:
+        assert res["fast@in-process"][2][1] < res["fast@in-process"][2][0]  # the gradients compress
+
+
 def test_two_ranks_bf16_model_equals_plain_ddp(pools):
     modes = ["plain", "raw", "auto"]
     results = pools(2).run(w_mlp, timeout=600, modes=modes, dtype="bfloat16", steps=3, accum=3)
@@ -286,6 +298,6 @@ def test_state_pickles_without_group_client_or_thread():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_two_ranks_one_gpu_hook_equals_plain_ddp(pools):
-    modes = ["plain", "raw", "auto"]
+    modes = ["plain", "raw", "auto", "fast@in-process"]
     results = pools(2).run(w_mlp, timeout=600, modes=modes, device="cuda", steps=3, accum=2)
     assert_identical(results, modes, 2)
