@@ -77,6 +77,22 @@ def test_quick_cpu_run_prints_one_bit_identical_table(tmp_path):
     assert r["machine"]["cores"] == os.cpu_count() and r["machine"]["gpus"] == []
 
 
+def test_quick_collectives_coded_in_process(tmp_path):
+    try:
+        from tzip.demo_data import source_weights_path
+
+        source_weights_path()
+    except Exception as e:  # the DDP row trains the bundled model
+        pytest.skip(f"the bundled model is not installed: {e}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(BRIDGE), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "tzip.bench.training", "--quick", "--device", "cpu", "--cases",
+                           "collectives", "--in-process"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    rows = [_cells(line) for line in _last_table(proc.stdout)[2:]]
+    assert rows and all(r[5] == "yes" and ", in-process" in r[2] for r in rows), rows
+    assert any(r[0].startswith("DDP fwd+bwd step") for r in rows), rows
+
+
 def test_a_row_that_is_not_bit_identical_fails_the_run():
     """What the smoke test relies on: a row whose tzip run differs prints NO and makes the exit status 1; a skipped
     row does not."""

@@ -5,6 +5,7 @@ each against what a job would use without tzip, on whatever this machine has, in
                                   [--json PATH] [--socket PATH] [--codec auto|fast|max]
                                   [--steps N] [--warmup N] [--rounds N] [--pairs N] [--max-length N]
                                   [--sizes MB,MB] [--ranks N] [--repeat N] [--inputs minilm-f32,minilm-bf16]
+                                  [--in-process]
 
 Every case is one of the project's benchmark modules, run in this process (or its ranks) with the options shown
 in the report, its figures turned into rows here:
@@ -18,7 +19,8 @@ in the report, its figures turned into rows here:
 * ``collectives`` (:mod:`tzip.bench.collectives`): ``--ranks`` processes, gloo on 127.0.0.1, each rank's own real
   MiniLM gradients, bf16 and fp32 buckets of ``--sizes`` MB: ``tzip.distributed.all_reduce`` against plain
   ``dist.all_reduce`` (median of ``--repeat``, rank 0's wall clock), and the DDP forward+backward step of the model
-  with ``tzip.ddp.lossless_allreduce_hook`` against plain DDP. With ``--device cuda`` the tensors are CUDA tensors
+  with ``tzip.ddp.lossless_allreduce_hook`` against plain DDP; ``--in-process``: tzip codes in each rank's own
+  process (:mod:`tzip.in_process`) instead of through the daemon. With ``--device cuda`` the tensors are CUDA tensors
   (the frames cross the host: gloo), ranks sharing the GPUs there are. Bytes saved: what rank 0 sends (per
   all-reduce, per DDP step).
 * ``nccl``: the same with ``--backend nccl``: needs ``--device cuda`` and one GPU per rank.
@@ -149,6 +151,7 @@ def _collective_rows(r: dict, label: str) -> list[dict]:
     from . import collectives
 
     n, codec = r["ranks"], r["codec"]
+    where = ", in-process" if r.get("daemon") == "in-process" else ""  # (tzip.bench.collectives --in-process)
 
     def identical(flags: dict, compressed_vs_raw: str) -> bool:
         # the project's rule: equal to the raw run; on two ranks also to plain PyTorch
@@ -159,13 +162,13 @@ def _collective_rows(r: dict, label: str) -> list[dict]:
         bytes_raw, bytes_sent = x["traffic"][codec]
         dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(x["dtype"], x["dtype"])
         rows.append(_row(f"all-reduce {dtype} {x['mb']:g} MB, {n} {label} ranks", "dist.all_reduce",
-                         x["seconds"]["plain"], f"tzip.distributed {codec}", x["seconds"][codec],
+                         x["seconds"]["plain"], f"tzip.distributed {codec}{where}", x["seconds"][codec],
                          bytes_raw - bytes_sent, "sent by rank 0", bytes_sent / bytes_raw,
                          identical(x["identical"], "codec_vs_raw")))
     d = r.get("ddp")
     if d:
         rows.append(_row(f"DDP fwd+bwd step, MiniLM fp32, {n} {label} ranks", "plain DDP", d["step_s_plain"],
-                         f"lossless hook {codec}", d["step_s_hook"], d["bytes_plain"] - d["bytes_hook"],
+                         f"lossless hook {codec}{where}", d["step_s_hook"], d["bytes_plain"] - d["bytes_hook"],
                          "sent by rank 0 per step", d["bytes_hook"] / d["bytes_plain"],
                          identical(d["identical"], "hook_vs_raw")))
     return rows
@@ -246,7 +249,7 @@ def _cases(a: argparse.Namespace, socket: str) -> list[_Case | dict]:
                 out.append(_row(f"all-reduce and DDP, {a.ranks} NCCL ranks", skipped=why))
                 continue
             argv = ["--ranks", str(a.ranks), "--device", dev, "--backend", backend, "--sizes", a.sizes,
-                    "--repeat", str(a.repeat), "--codec", a.codec, "--socket", socket]
+                    "--repeat", str(a.repeat), "--codec", a.codec, "--socket", socket] + (["--in-process"] if a.in_process else [])
             out.append(_Case(name, "tzip.bench.collectives", argv,
                              lambda argv: collectives.run(collectives.parse_args(argv)),
                              lambda r, label=backend if backend == "gloo" else "NCCL": _collective_rows(r, label),
@@ -410,6 +413,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sizes", help="collectives: bucket sizes, MB, comma-separated")
     ap.add_argument("--repeat", type=int, help="collectives and checkpoint: timed runs per method")
     ap.add_argument("--inputs", help="checkpoint: comma-separated inputs of tzip.bench.checkpoint")
+    ap.add_argument("--in-process", action="store_true", help="collectives and nccl: code in each rank's process "
+                    "(tzip.in_process.InProcessCodec) instead of through the daemon")
     a = ap.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
