@@ -98,6 +98,11 @@ def test_a_bad_frame_is_refused_naming_its_index(codec):
         codec.decompress(good, out=torch.empty(20001))
     with pytest.raises(ValueError, match="unknown codec"):
         codec.compress(torch.ones(3), "zip")
+    from tzip.in_process import InProcessCodec
+
+    for bad in (-1, 1025, True, 2.0):
+        with pytest.raises(ValueError, match="sm_budget"):
+            InProcessCodec(sm_budget=bad)
 
 
 @needs_cuda

@@ -21,7 +21,8 @@ from ._dlpack import frame_layout_of
 from ._errors import ERROR_CODES
 from ._frame import CODEC_IDS, DEFAULT_CHUNK, DTYPE_CODES
 
-__all__ = ["NativeCodecError", "library", "available", "CODEC_AUTO", "ALIGN", "align", "code_name", "codec_id", "frame_spec", "max_frame_bytes",
+__all__ = ["NativeCodecError", "library", "available", "CODEC_AUTO", "ALIGN", "align", "code_name", "codec_id", "frame_spec",
+           "max_frame_bytes", "tensor_frame_bytes",
            "cpu_encode", "cpu_decode", "frame_info", "gpu_encode", "gpu_decode", "PointerArrays", "DecodePlan", "gpu_encode_frames"]
 
 #: Codec id of "auto" in the C ABI (resolved per tensor from its data; gpu/codec.h kCodecAuto).
@@ -169,6 +170,12 @@ def max_frame_bytes(nbytes: int, ndim: int, chunk_bytes: int = DEFAULT_CHUNK) ->
     return n
 
 
+def tensor_frame_bytes(t: torch.Tensor, chunk_bytes: int = DEFAULT_CHUNK) -> int:
+    """:func:`max_frame_bytes` of tensor ``t``'s frame (its byte count and frame shape, :func:`frame_spec`): the bytes
+    a buffer given to the GPU encoder for it must hold, since the encoder may write up to the bound."""
+    return max_frame_bytes(t.numel() * t.element_size(), len(frame_spec(t)[1]), chunk_bytes)
+
+
 def _shape_array(shape) -> ctypes.Array:
     return (ctypes.c_uint64 * max(len(shape), 1))(*shape)
 
@@ -278,7 +285,7 @@ def gpu_encode_frames(tensors: list[torch.Tensor], codec: str, chunk_bytes: int 
     one uint8 buffer on their device holding the frames (each starting 256-byte aligned) and each frame's
     (offset, size) in it. Byte for byte what :func:`cpu_encode` writes."""
     dev = tensors[0].device
-    bounds = [max_frame_bytes(t.numel() * t.element_size(), len(frame_spec(t)[1]), chunk_bytes) for t in tensors]
+    bounds = [tensor_frame_bytes(t, chunk_bytes) for t in tensors]
     offs, total = [], 0
     for b in bounds:
         offs.append(total)

@@ -6,7 +6,7 @@ blocking GPU request costs": the ring, the daemon's enqueue and its wait, the cl
 one library call on the current stream and, for ``compress``, one wait for the frame sizes. The frames are the same
 bytes the daemon writes (same kernels, same format), so either side of a transfer may use either.
 
-It has what :mod:`tzip.distributed` and :class:`tzip.ddp.CompressionState` ask of a client (``compress`` and
+It has what :mod:`tzip.distributed` and :class:`tzip.ddp.LosslessState` ask of a client (``compress`` and
 ``decompress`` of lists), so it is passed where they take ``client=``::
 
     codec = tzip.in_process.InProcessCodec()
@@ -28,12 +28,12 @@ from ._call_args import check_compress_args, check_decompress_args, compress_req
 from ._codec_choice import codec_for
 from ._cuda import gpu_copy_from_bytes
 from ._dlpack import copy_from_bytes, from_bytes
-from ._frame import CODEC_IDS, DEFAULT_CHUNK
+from ._frame import _CODEC_NAMES, DEFAULT_CHUNK
+from ._job import _checked_sm_budget
 from .compressed import CompressedTensor
 
 __all__ = ["InProcessCodec"]
 
-_CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 #: Byte offset of the codec id in a frame's fixed header (docs/format.md, section 3: magic 4, version 2, dtype 1).
 _CODEC_AT = 7
 
@@ -41,13 +41,14 @@ _CODEC_AT = 7
 class InProcessCodec:
     """``compress``/``decompress`` of CPU and CUDA tensors in this process (see the module docstring).
 
-    ``sm_budget``: SMs the GPU kernels may use (None or 0: every SM; a call's ``sm_budget=`` wins). ``threads``: CPU
+    ``sm_budget``: SMs the GPU kernels may use (None or 0: every SM; a call's ``sm_budget=`` wins; ValueError outside
+    0..1024, as for a call). ``threads``: CPU
     codec threads. ``chunk_bytes``: the frames' chunk size (the format's default unless you know better).
     """
 
     def __init__(self, sm_budget: int | None = None, threads: int = 1, chunk_bytes: int = DEFAULT_CHUNK):
         _native.library()  # a missing library raises here, not at the first call
-        self.sm_budget = sm_budget
+        self.sm_budget = _checked_sm_budget(sm_budget)  # (as a call's: ValueError outside 0..MAX_SM_BUDGET)
         self.threads = threads
         self.chunk_bytes = chunk_bytes
 
@@ -95,8 +96,7 @@ class InProcessCodec:
         c = codec_for(codec, True)
         with torch.cuda.device(device):
             srcs = [t.detach().contiguous() for t in ts]
-            bounds = [_native.max_frame_bytes(t.numel() * t.element_size(), len(_native.frame_spec(t)[1]), self.chunk_bytes)
-                      for t in srcs]
+            bounds = [_native.tensor_frame_bytes(t, self.chunk_bytes) for t in srcs]
             for i, (o, b) in enumerate(zip(outs, bounds)):
                 if o is not None and o.numel() < b:  # (the encoder writes up to the bound: never past a buffer)
                     raise ValueError(f"out {i} holds {o.numel()} bytes; a frame of {b} bytes at most needs them "
